@@ -1,0 +1,321 @@
+"""The FSD loop: prompt -> tokens -> draft -> verify -> accept -> trim -> stream.
+
+One round (FSD.md): the draft proposes up to k tokens, the target scores [last accepted, d_1..d_k] in ONE
+decode, `accept_round` keeps the longest acceptable prefix and picks one more token, then both KV caches are
+cut back to their longest common prefix with the accepted text. Every model's cache is always a prefix of
+the accepted text, so the next round, the next call and the next chat turn only evaluate what is new.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .accept import AR, DRAFT_ONLY, MODES, accept_round, emit_one
+from .config import SPECULATIVE_MODES, Settings
+from .divergence import DIVERGENCES
+from .errors import ConfigError, ContextOverflowError
+from .model import Model, ModelOptions
+from .sampling import pick
+from .stats import Stats
+from .stream import TextStream
+from .vocab import check_compatible
+
+ORIGINS = {0: "target", 1: "sd", 2: "fuzzy"}  # why each emitted token is there
+
+
+@dataclass
+class Piece:
+    """A streamed chunk: the text released now and the tokens that produced it, with their origins
+    ('sd' = draft token that passed the SD test, 'fuzzy' = draft token rescued by tau, 'target' = the
+    target's own token, 'draft' = draft-only baseline)."""
+    text: str
+    token_ids: list[int]
+    origins: list[str]
+    completion: "Completion | None" = None  # set on the final piece only
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # stop | length | cancelled
+    stats: dict
+    settings: dict
+    prompt_tokens: int
+    origins: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+                "prompt_tokens": self.prompt_tokens, "stats": self.stats, "settings": self.settings}
+
+
+class CancelToken(threading.Event):
+    """Set it (from any thread) to stop a running generation at the next round; finish_reason 'cancelled'."""
+
+    def cancel(self) -> None:
+        self.set()
+
+
+def _options(model, n_ctx, n_threads, n_gpu_layers) -> ModelOptions:
+    if isinstance(model, ModelOptions):
+        return model
+    return ModelOptions(path=str(model), n_ctx=n_ctx, n_threads=n_threads,
+                        n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers)
+
+
+class Engine:
+    """A loaded draft/target pair. Calls are serialised by a lock; settings may change on every call.
+
+        with Engine(target="big.gguf", draft="small.gguf", tau=0.3) as eng:
+            out = eng.generate("Once upon a time", max_tokens=64)
+            print(out.text, out.stats["acceptance_rate"])
+    """
+
+    def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_threads: int | None = None,
+                 n_gpu_layers: int | None = -1, draft_n_gpu_layers: int | None = None,
+                 settings: Settings | None = None, **setting_overrides):
+        self.defaults = (settings or Settings()).with_(**setting_overrides)
+        self.target = self.draft = None
+        try:
+            self.target = Model(_options(target, n_ctx, n_threads, n_gpu_layers), "target")
+            if draft is not None:
+                self.draft = Model(_options(draft, n_ctx, n_threads,
+                                            n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers),
+                                   "draft")
+                check_compatible(self.draft, self.target)
+        except BaseException:
+            self.close()
+            raise
+        # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries)
+        self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft else self.target.n_vocab
+        self._lock = threading.RLock()
+        self._cancel = CancelToken()
+        self._alloc(self.defaults.draft_max)
+
+    def _alloc(self, k: int) -> None:
+        nv = self.draft.n_vocab if self.draft else 1
+        self._q = np.empty((k, nv), np.float32)  # the draft's raw rows: its logits buffer is reused per token
+        self._q_stats = np.empty((k + 1, 3), np.float32)
+        self._q_prob = np.empty(k)
+        self._drafts = np.empty(k, np.int32)
+        self._reason = np.empty(k, np.int8)
+        self._divs = np.empty(k)
+        self._logprobs = np.empty(k + 1)
+        self._k_alloc = k
+
+    # ------------------------------------------------------------------ public API
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.target.tokenize(text, add_special=add_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.target.detokenize(tokens)
+
+    def generate(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None, **settings) -> Completion:
+        """Run to completion; returns text, token ids, finish reason and statistics."""
+        for piece in self.stream(prompt, cancel=cancel, **settings):
+            if piece.completion is not None:
+                return piece.completion
+        raise AssertionError("unreachable: the stream always ends with a completion")
+
+    def stream(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
+               **settings) -> Iterator[Piece]:
+        """Yield pieces as tokens are accepted; the last piece carries `.completion`."""
+        s = self.defaults.with_(**settings)
+        return self._run(prompt, s, cancel)
+
+    def cancel(self) -> None:
+        """Stop the generation that is running now (if any) at its next round."""
+        self._cancel.set()
+
+    def reset(self) -> None:
+        """Forget both KV caches (the next call re-evaluates its whole prompt)."""
+        with self._lock:
+            for m in self._models():
+                m.clear()
+
+    def close(self) -> None:
+        for m in (self.draft, self.target):
+            if m is not None:
+                m.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------ the loop
+    def _models(self):
+        return [m for m in (self.target, self.draft) if m is not None]
+
+    def _prompt_tokens(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            tokens = self.target.tokenize(prompt)
+        else:
+            tokens = [int(t) for t in prompt]
+            bad = [t for t in tokens if not 0 <= t < self.n_vocab]
+            if bad:
+                raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+        if not tokens:
+            raise ConfigError("the prompt is empty and the model adds no BOS token: give at least one token")
+        return tokens
+
+    def _run(self, prompt, s: Settings, cancel) -> Iterator[Piece]:
+        mode = MODES.index(s.mode)
+        speculative = s.mode in SPECULATIVE_MODES
+        if (speculative or mode == DRAFT_ONLY) and self.draft is None:
+            raise ConfigError(f"mode {s.mode!r} needs a draft model; load one or use mode 'ar'")
+        with self._lock:
+            self._cancel.clear()
+            models = [self.target, self.draft] if speculative else [self.draft if mode == DRAFT_ONLY else self.target]
+            seq = self._prompt_tokens(prompt)
+            n_ctx = min(m.n_ctx for m in models)
+            if len(seq) > n_ctx:
+                raise ContextOverflowError(
+                    f"the prompt has {len(seq)} tokens but the context holds {n_ctx}; "
+                    "shorten the prompt or raise --ctx")
+            if s.draft_max > self._k_alloc:
+                self._alloc(s.draft_max)
+            rng = np.random.default_rng(s.seed)
+            stats = Stats(prompt_tokens=len(seq))
+            text = TextStream(s.stop)
+            out_tokens: list[int] = []
+            out_origins: list[str] = []
+            finish = None
+            try:
+                t0 = perf_counter()
+                for m in models:
+                    evaluated = self._prefill(m, seq, cancel)
+                    if m is models[0]:
+                        stats.prompt_evaluated = evaluated
+                stats.prompt_seconds = perf_counter() - t0
+                t_start = perf_counter()
+                k = s.draft_max
+                while finish is None:
+                    if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
+                        finish = "cancelled"
+                        break
+                    remaining = s.max_tokens - stats.tokens
+                    if remaining <= 0 or len(seq) > n_ctx:
+                        finish = "length"
+                        break
+                    if speculative:
+                        k_round = max(0, min(k, remaining - 1, n_ctx - len(seq)))
+                        n_drafts = self._draft(seq, k_round, s, rng, stats)
+                        new, reasons = self._verify(seq, n_drafts, s, rng, stats, mode)
+                        if s.adaptive and n_drafts:
+                            k = min(k + 2, s.draft_max) if len(new) > n_drafts else max(k - 1, s.draft_min)
+                        origins = [ORIGINS[r] for r in reasons] + ["target"]
+                    else:
+                        new = self._plain_step(models[0], seq, s, rng, stats, mode)
+                        origins = ["draft" if mode == DRAFT_ONLY else "target"]
+                    start = len(seq)
+                    seq.extend(new)
+                    for m in models:  # trim: each cache keeps its longest common prefix with the accepted text
+                        m.keep_common_prefix(seq, start - 1)
+                    shown = []
+                    for t in new:
+                        if self.target.is_eog(t):
+                            finish = "stop"
+                            break
+                        shown.append(t)
+                    out_tokens.extend(shown)
+                    out_origins.extend(origins[:len(shown)])
+                    released = text.push(b"".join(self.target.piece(t) for t in shown))
+                    if text.stopped:
+                        finish = "stop"
+                    stats.seconds_total = perf_counter() - t_start
+                    if released or shown:
+                        yield Piece(released, shown, origins[:len(shown)])
+                stats.seconds_total = perf_counter() - t_start
+            finally:
+                for m in models:  # whatever happened (Ctrl-C, errors), leave each cache a prefix of seq
+                    m.forget_unknown_tail()
+                    m.keep_common_prefix(seq)
+            tail = text.flush()
+            completion = Completion(text=text.text, token_ids=out_tokens, finish_reason=finish,
+                                    stats=stats.to_dict(), settings=s.to_dict(), prompt_tokens=stats.prompt_tokens,
+                                    origins=out_origins)
+            if mode == DRAFT_ONLY:
+                completion.stats["target_logprob_mean"] = None
+            yield Piece(tail, [], [], completion)
+
+    def _prefill(self, m: Model, seq: list[int], cancel) -> int:
+        """Make the cache hold seq[:-1], reusing the common prefix; the last token goes into the first round."""
+        keep = m.keep_common_prefix(seq)
+        todo = seq[keep:-1]
+        for i in range(0, len(todo), m.n_batch):
+            if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
+                break
+            m.decode(todo[i:i + m.n_batch], logits="none")
+        return len(todo) + 1
+
+    def _draft(self, seq, k, s: Settings, rng, stats) -> int:
+        """Propose up to k tokens; keep each raw row (the draft context overwrites its buffer)."""
+        if k <= 0:
+            return 0
+
+        d, nv, q = self.draft, self.n_vocab, self._q
+        us = rng.random(k) if s.temperature > 0 else np.zeros(k)
+        t = perf_counter()
+        d.decode(seq[len(d.tokens):], "last")
+        d.synchronize()
+        stats.seconds_draft += perf_counter() - t
+        n = 0
+        for i in range(k):
+            q[i, :nv] = d.logits(1)[0, :nv]
+            tok, p_tok, p_top = pick(q[i], nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], self._q_stats[i])
+            if p_top < s.draft_p_min:
+                break
+            self._drafts[i] = tok
+            self._q_prob[i] = p_tok
+            n = i + 1
+            if n < k:
+                t = perf_counter()
+                d.decode([int(tok)], "last")
+                d.synchronize()
+                stats.seconds_draft += perf_counter() - t
+        return n
+
+    def _verify(self, seq, n_drafts, s: Settings, rng, stats, mode):
+        """Score [last accepted, d_1..d_n] in one target decode, then apply the acceptance rule."""
+        tgt = self.target
+        pending = seq[len(tgt.tokens):]
+        drafts = self._drafts[:n_drafts].tolist()
+        t = perf_counter()
+        tgt.decode(pending + drafts, f"from:{len(pending) - 1}")
+        tgt.synchronize()
+        stats.seconds_target += perf_counter() - t
+        p = tgt.logits(n_drafts + 1)
+        us = rng.random(n_drafts + 1) if s.temperature > 0 else np.zeros(n_drafts + 1)
+        accepted, nxt = accept_round(
+            p, self._q, self._drafts, n_drafts, self._q_prob, self._q_stats, self.n_vocab, mode,
+            DIVERGENCES.index(s.divergence), s.tau, s.topk, s.temperature, s.top_k, s.top_p, s.min_p, us,
+            self._reason, self._divs, self._logprobs)
+        stats.record_round(n_drafts, self._reason, self._divs, self._logprobs, accepted + 1)
+        return drafts[:accepted] + [int(nxt)], self._reason[:accepted].tolist()
+
+    def _plain_step(self, m: Model, seq, s: Settings, rng, stats, mode):
+        """The baselines: one token from one model (target for ar, draft for draft-only)."""
+        t = perf_counter()
+        m.decode(seq[len(m.tokens):], "last")
+        m.synchronize()
+        dt = perf_counter() - t
+        if mode == AR:
+            stats.seconds_target += dt
+        else:
+            stats.seconds_draft += dt
+        u = rng.random() if s.temperature > 0 else 0.0
+        tok, lp = emit_one(m.logits(1)[0], m.n_vocab, s.temperature, s.top_k, s.top_p, s.min_p, u,
+                           self._q_stats[0])
+        stats.rounds += 1
+        stats.tokens += 1
+        stats.target_calls += mode == AR
+        if mode == AR:
+            stats.logprob_sum += lp
+            stats.logprob_count += 1
+        return [int(tok)]

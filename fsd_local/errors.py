@@ -1,0 +1,29 @@
+"""Errors a user can act on. Every message names the problem and what to do about it."""
+
+
+class FSDError(Exception):
+    """Base class: the CLI prints these as one line, apps can catch them."""
+
+
+class ConfigError(FSDError, ValueError):
+    """A setting is out of range or unknown (tau, mode, divergence, sampling parameters...)."""
+
+
+class ModelLoadError(FSDError):
+    """A GGUF file is missing, unreadable, not GGUF, or llama.cpp refused it."""
+
+
+class VocabularyMismatchError(FSDError):
+    """Draft and target do not share a tokenizer, so draft tokens mean nothing to the target."""
+
+
+class ContextOverflowError(FSDError):
+    """The prompt does not fit in the context window."""
+
+
+class CacheTruncationError(FSDError):
+    """A model's KV cache cannot drop a partial range (recurrent / hybrid architectures)."""
+
+
+class GenerationCancelled(FSDError):
+    """Raised only where a caller asked for an exception instead of finish_reason 'cancelled'."""

@@ -1,0 +1,89 @@
+"""The statistics every generation returns (FSD.md, "Statistics every generation returns")."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+@dataclass
+class Stats:
+    tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted_sd: int = 0
+    accepted_fuzzy: int = 0
+    target_calls: int = 0
+    prompt_tokens: int = 0
+    prompt_evaluated: int = 0  # prompt tokens actually decoded (the rest came from the reused prefix)
+    seconds_draft: float = 0.0
+    seconds_target: float = 0.0
+    seconds_total: float = 0.0  # from the end of prompt processing to the last token
+    prompt_seconds: float = 0.0
+    logprob_sum: float = 0.0
+    logprob_count: int = 0
+    by_position_drafted: list = field(default_factory=list)
+    by_position_accepted: list = field(default_factory=list)
+    divergences: list = field(default_factory=list)
+
+    def record_round(self, n_drafts, reasons, divs, logprobs, emitted):
+        """One round: reasons/divs are the kernel's per-slot arrays, logprobs the emitted tokens' rows."""
+        self.rounds += 1
+        self.target_calls += 1
+        self.drafted += n_drafts
+        grow = n_drafts - len(self.by_position_drafted)
+        if grow > 0:
+            self.by_position_drafted.extend([0] * grow)
+            self.by_position_accepted.extend([0] * grow)
+        for i in range(n_drafts):
+            self.by_position_drafted[i] += 1
+            r = reasons[i]
+            if r:
+                self.by_position_accepted[i] += 1
+                if r == 1:
+                    self.accepted_sd += 1
+                else:
+                    self.accepted_fuzzy += 1
+            d = divs[i]
+            if d == d:
+                self.divergences.append(float(d))
+        for j in range(emitted):
+            self.logprob_sum += float(logprobs[j])
+        self.logprob_count += emitted
+        self.tokens += emitted
+
+    @property
+    def accepted(self) -> int:
+        return self.accepted_sd + self.accepted_fuzzy
+
+    def to_dict(self) -> dict:
+        other = max(0.0, self.seconds_total - self.seconds_draft - self.seconds_target)
+        divs = np.asarray(self.divergences, dtype=np.float64)
+        finite = divs[np.isfinite(divs)]
+        return {
+            "tokens": self.tokens,
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted_sd": self.accepted_sd,
+            "accepted_fuzzy": self.accepted_fuzzy,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "fuzzy_share": self.accepted_fuzzy / self.accepted if self.accepted else 0.0,
+            "mean_tokens_per_round": self.tokens / self.rounds if self.rounds else 0.0,
+            "target_calls": self.target_calls,
+            "acceptance_by_position": [a / d if d else 0.0 for a, d in
+                                       zip(self.by_position_accepted, self.by_position_drafted)],
+            "drafted_by_position": list(self.by_position_drafted),
+            "divergence_quantiles": {f"q{int(q * 100)}": float(np.quantile(finite, q)) for q in QUANTILES}
+            if finite.size else {},
+            "divergences_computed": int(divs.size),
+            "target_logprob_mean": self.logprob_sum / self.logprob_count if self.logprob_count else 0.0,
+            "target_logprob_sum": self.logprob_sum,
+            "seconds": {"draft": self.seconds_draft, "target": self.seconds_target, "other": other},
+            "seconds_total": self.seconds_total,
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_evaluated": self.prompt_evaluated,
+            "prompt_seconds": self.prompt_seconds,
+            "tokens_per_second": self.tokens / self.seconds_total if self.seconds_total > 0 else 0.0,
+        }

@@ -1,0 +1,47 @@
+"""Token bytes -> text that is safe to show now: never half a UTF-8 character, never part of a stop string."""
+from __future__ import annotations
+
+import codecs
+
+
+class TextStream:
+    def __init__(self, stop: tuple[str, ...] = ()):
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self.stop = tuple(stop)
+        self._held = ""  # decoded text not yet released: it could be the start of a stop string
+        self.stopped = False
+        self.text = ""  # everything released so far
+
+    def push(self, data: bytes) -> str:
+        """Feed token bytes; returns the text that can be released. After a stop string: nothing more."""
+        if self.stopped:
+            return ""
+        pending = self._held + self._utf8.decode(data)
+        if not self.stop:
+            self._held = ""
+            return self._release(pending)
+        hit = min((i for i in (pending.find(s) for s in self.stop) if i >= 0), default=-1)
+        if hit >= 0:
+            self.stopped = True
+            self._held = ""
+            return self._release(pending[:hit])
+        keep = 0  # longest tail of pending that is a proper prefix of some stop string
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(pending)), keep, -1):
+                if pending.endswith(s[:n]):
+                    keep = n
+                    break
+        self._held = pending[len(pending) - keep:] if keep else ""
+        return self._release(pending[: len(pending) - keep])
+
+    def flush(self) -> str:
+        """At the end of generation: release whatever is held (an incomplete character becomes U+FFFD)."""
+        if self.stopped:
+            return ""
+        rest = self._held + self._utf8.decode(b"", final=True)
+        self._held = ""
+        return self._release(rest)
+
+    def _release(self, s: str) -> str:
+        self.text += s
+        return s
