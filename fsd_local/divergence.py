@@ -11,26 +11,24 @@ import math
 import numpy as np
 from numba import njit
 
-from .fastmath import vexp, vlog
-
-# reassoc lets LLVM keep SIMD partial sums; we do NOT allow nnan/ninf: -inf logits are real input.
-FLAGS = {"reassoc", "contract", "nsz", "arcp"}
-MAX_FLAGS = {"reassoc", "nsz", "nnan"}  # max() only: a NaN there is caught by the sum pass after it
+from .fastmath import FLAGS, from_order_key, kernel, order_key, vexp, vlog
 
 DIVERGENCES = ("js", "kl", "rkl", "tv", "topk-js", "topk-kl", "topk-tv", "paper-js")
 JS, KL, RKL, TV, TOPK_JS, TOPK_KL, TOPK_TV, PAPER_JS = range(8)
 TOPK_DEFAULT = 50
 
 
-@njit(fastmath=MAX_FLAGS, cache=True)
+@kernel
 def row_max(x, n):
-    m = np.float32(-np.inf)
+    """max of x[:n] (NaN if any entry is NaN), through order-preserving integer keys so it vectorises."""
+    m = np.int32(-2147483647 - 1)
     for i in range(n):
-        m = max(m, x[i])
-    return m
+        k = order_key(x[i])
+        m = k if k > m else m
+    return from_order_key(m)
 
 
-@njit(fastmath=FLAGS, cache=True)
+@kernel
 def _sum_exp(x, n, shift):
     s = np.float32(0.0)
     for i in range(n):
@@ -48,34 +46,37 @@ def row_lse(x, n):
     return float(m) + math.log(s) if s == s else np.nan
 
 
-@njit(fastmath=FLAGS, cache=True)
+@kernel
 def _js(x, lx, y, ly, n):
     acc = np.float32(0.0)
     for i in range(n):
         lp = x[i] - lx
         lq = y[i] - ly
+        # log m = hi + log((1 + e^(lo - hi)) / 2): exact 0 offsets where p == q, no overflow
+        hi = max(lp, lq)
+        lm = hi + vlog(np.float32(0.5) + np.float32(0.5) * vexp(min(lp, lq) - hi))
         p = vexp(lp)
         q = vexp(lq)
-        lm = vlog(np.float32(0.5) * (p + q))
         tp = p * (lp - lm) if p > np.float32(0.0) else np.float32(0.0)
         tq = q * (lq - lm) if q > np.float32(0.0) else np.float32(0.0)
         acc += tp + tq
     return 0.5 * float(acc)
 
 
-@njit(fastmath=FLAGS, cache=True)
+@kernel
 def _paper_js(x, lx, y, ly, n):
     acc = np.float32(0.0)
     for i in range(n):
         lp = x[i] - lx
         lq = y[i] - ly
-        m = np.float32(0.5) * (vexp(lp) + vexp(lq))
-        lm = vlog(m)
+        hi = max(lp, lq)
+        lm = hi + vlog(np.float32(0.5) + np.float32(0.5) * vexp(min(lp, lq) - hi))
+        m = vexp(lm)
         acc += (m * ((lm - lp) + (lm - lq))) if m > np.float32(0.0) else np.float32(0.0)
     return 0.5 * float(acc)
 
 
-@njit(fastmath=FLAGS, cache=True)
+@kernel
 def _kl(x, lx, y, ly, n):
     """KL(p_x || p_y)."""
     acc = np.float32(0.0)
@@ -86,7 +87,7 @@ def _kl(x, lx, y, ly, n):
     return float(acc)
 
 
-@njit(fastmath=FLAGS, cache=True)
+@kernel
 def _tv(x, lx, y, ly, n):
     acc = np.float32(0.0)
     for i in range(n):

@@ -127,6 +127,25 @@ class Engine:
         s = self.defaults.with_(**settings)
         return self._run(prompt, s, cancel)
 
+    def chat_prompt(self, messages) -> list[int]:
+        """Token ids of a conversation rendered with the target's chat template, ready for the reply."""
+        from .chat_template import ChatTemplate
+
+        if getattr(self, "_template", None) is None:
+            self._template = ChatTemplate.from_model(self.target)
+        text = self._template.render(messages, add_generation_prompt=True)
+        bos = self._template.bos_token
+        # the template may write BOS itself; never add a second one
+        return self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
+
+    def chat(self, messages, *, cancel: CancelToken | None = None, **settings) -> Completion:
+        """Reply to a list of {'role', 'content'} messages. Earlier turns stay in both KV caches, so the next
+        call only evaluates what is new."""
+        return self.generate(self.chat_prompt(messages), cancel=cancel, **settings)
+
+    def chat_stream(self, messages, *, cancel: CancelToken | None = None, **settings) -> Iterator[Piece]:
+        return self.stream(self.chat_prompt(messages), cancel=cancel, **settings)
+
     def cancel(self) -> None:
         """Stop the generation that is running now (if any) at its next round."""
         self._cancel.set()

@@ -5,6 +5,7 @@ whole loop stays scalar. These versions use only arithmetic, `floor`, int/float 
 LLVM turns into SIMD instructions; accuracy is ~1e-7 relative, the float32 rounding level.
 """
 import math
+from functools import partial
 
 import numpy as np
 from llvmlite import ir
@@ -18,6 +19,11 @@ LN2_HI = np.float32(0.693359375)
 LN2_LO = np.float32(-2.12194440e-4)
 EXP_MIN = np.float32(-87.33)  # below this float32 exp underflows; we return exactly 0
 EXP_MAX = np.float32(88.7)
+
+# reassoc lets LLVM keep SIMD partial sums; we do NOT allow nnan/ninf: -inf logits are real input.
+# error_model="numpy": no ZeroDivisionError branch in divisions, which would stop vectorisation.
+FLAGS = {"reassoc", "contract", "nsz", "arcp"}
+kernel = partial(njit, fastmath=FLAGS, error_model="numpy", cache=True)
 
 
 @intrinsic
@@ -40,7 +46,7 @@ def _bits_from_f32(typingctx, x):
     return sig, codegen
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FLAGS, error_model="numpy")
 def vexp(x):
     """exp of a float32; exactly 0 for x below the float32 range (-inf included), NaN stays NaN."""
     xc = min(max(x, EXP_MIN), EXP_MAX)
@@ -58,7 +64,7 @@ def vexp(x):
     return np.float32(0.0) if x < EXP_MIN else r
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FLAGS, error_model="numpy")
 def vlog(x):
     """natural log of a positive normal float32; -inf for 0 (the callers only pass x >= 0)."""
     bits = _bits_from_f32(np.float32(x))
@@ -76,3 +82,16 @@ def vlog(x):
     poly = poly * s2 + np.float32(1.0)
     r = np.float32(e) * np.float32(LN2) + np.float32(2.0) * s * poly
     return np.float32(-np.inf) if x <= np.float32(0.0) else r
+
+
+@njit(inline="always")
+def order_key(x):
+    """An int32 that orders like the float32 x (NaN above +inf): integer max reductions vectorise,
+    float ones do not without nnan."""
+    b = _bits_from_f32(x)
+    return b ^ ((b >> np.int32(31)) & np.int32(0x7FFFFFFF))
+
+
+@njit(inline="always")
+def from_order_key(k):
+    return _f32_from_bits(k ^ ((k >> np.int32(31)) & np.int32(0x7FFFFFFF)))

@@ -12,13 +12,13 @@ import math
 import numpy as np
 from numba import njit
 
-from .divergence import FLAGS, row_max
-from .fastmath import vexp
+from .divergence import row_max
+from .fastmath import kernel, vexp
 
 BLOCK = 1024  # inverse-CDF sampling scans block sums (vectorised) before one scalar block
 
 
-@njit(fastmath=FLAGS, cache=True)
+@kernel
 def _kept_mass(x, n, mx, inv_t, cutoff):
     s = np.float32(0.0)
     for i in range(n):
@@ -94,7 +94,7 @@ def prob(x, i, temperature, mx, cutoff, lz):
     return math.exp((float(x[i]) - mx) / temperature - lz)
 
 
-@njit(fastmath=FLAGS, cache=True)
+@kernel
 def _block_mass(x, lo, hi, mx, inv_t, cutoff, lz):
     s = np.float32(0.0)
     for i in range(lo, hi):
@@ -131,7 +131,7 @@ def sample(x, n, temperature, mx, cutoff, lz, u):
     return last if last >= 0 else argmax(x, n)
 
 
-@njit(fastmath=FLAGS, cache=True)
+@kernel
 def _residual_mass(x, y, lo, hi, inv_t, px, py):
     # px, py = (mx, cutoff, lz) of target / draft
     s = np.float32(0.0)

