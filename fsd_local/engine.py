@@ -7,17 +7,18 @@ the accepted text, so the next round, the next call and the next chat turn only 
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .accept import AR, DRAFT_ONLY, MODES, accept_round, emit_one
 from .config import SPECULATIVE_MODES, Settings
 from .divergence import DIVERGENCES
-from .errors import ConfigError, ContextOverflowError
+from .errors import ConfigError, ContextOverflowError, FSDError
 from .model import Model, ModelOptions
 from .sampling import pick
 from .stats import Stats
@@ -75,11 +76,16 @@ class Engine:
             print(out.text, out.stats["acceptance_rate"])
     """
 
-    def __init__(self, target, draft=None, *, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_gpu_layers: int | None = -1, draft_n_gpu_layers: int | None = None,
-                 settings: Settings | None = None, **setting_overrides):
+    def __init__(self, target: str | os.PathLike | ModelOptions, draft: str | os.PathLike | ModelOptions | None = None,
+                 *, n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int | None = -1,
+                 draft_n_gpu_layers: int | None = None, settings: Settings | None = None, **setting_overrides: Any):
         self.defaults = (settings or Settings()).with_(**setting_overrides)
-        self.target = self.draft = None
+        self.target: Model | None = None
+        self.draft: Model | None = None
+        # before loading: close() (also called when loading fails) takes the lock
+        self._lock = threading.RLock()
+        self._cancel = CancelToken()
+        self._closed = False
         try:
             self.target = Model(_options(target, n_ctx, n_threads, n_gpu_layers), "target")
             if draft is not None:
@@ -92,8 +98,6 @@ class Engine:
             raise
         # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries)
         self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft else self.target.n_vocab
-        self._lock = threading.RLock()
-        self._cancel = CancelToken()
         self._alloc(self.defaults.draft_max)
 
     def _alloc(self, k: int) -> None:
@@ -109,12 +113,15 @@ class Engine:
 
     # ------------------------------------------------------------------ public API
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        self._check_open()
         return self.target.tokenize(text, add_special=add_special)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
+        self._check_open()
         return self.target.detokenize(tokens)
 
-    def generate(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None, **settings) -> Completion:
+    def generate(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
+                 **settings: Any) -> Completion:
         """Run to completion; returns text, token ids, finish reason and statistics."""
         for piece in self.stream(prompt, cancel=cancel, **settings):
             if piece.completion is not None:
@@ -122,15 +129,17 @@ class Engine:
         raise AssertionError("unreachable: the stream always ends with a completion")
 
     def stream(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
-               **settings) -> Iterator[Piece]:
-        """Yield pieces as tokens are accepted; the last piece carries `.completion`."""
+               **settings: Any) -> Iterator[Piece]:
+        """Yield pieces as tokens are accepted; the last piece carries `.completion`. The engine's lock is held
+        from the first piece until the stream ends or is closed: iterate it in one thread, to the end or close()."""
         s = self.defaults.with_(**settings)
         return self._run(prompt, s, cancel)
 
-    def chat_prompt(self, messages) -> list[int]:
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids of a conversation rendered with the target's chat template, ready for the reply."""
         from .chat_template import ChatTemplate
 
+        self._check_open()
         if getattr(self, "_template", None) is None:
             self._template = ChatTemplate.from_model(self.target)
         text = self._template.render(messages, add_generation_prompt=True)
@@ -138,12 +147,14 @@ class Engine:
         # the template may write BOS itself; never add a second one
         return self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
 
-    def chat(self, messages, *, cancel: CancelToken | None = None, **settings) -> Completion:
+    def chat(self, messages: Sequence[Mapping[str, str]], *, cancel: CancelToken | None = None,
+             **settings: Any) -> Completion:
         """Reply to a list of {'role', 'content'} messages. Earlier turns stay in both KV caches, so the next
         call only evaluates what is new."""
         return self.generate(self.chat_prompt(messages), cancel=cancel, **settings)
 
-    def chat_stream(self, messages, *, cancel: CancelToken | None = None, **settings) -> Iterator[Piece]:
+    def chat_stream(self, messages: Sequence[Mapping[str, str]], *, cancel: CancelToken | None = None,
+                    **settings: Any) -> Iterator[Piece]:
         return self.stream(self.chat_prompt(messages), cancel=cancel, **settings)
 
     def cancel(self) -> None:
@@ -157,15 +168,24 @@ class Engine:
                 m.clear()
 
     def close(self) -> None:
-        for m in (self.draft, self.target):
-            if m is not None:
-                m.close()
+        """Free both models now. A generation running in another thread is cancelled and waited for; calling
+        close() again does nothing; any later call raises FSDError."""
+        self._cancel.set()
+        with self._lock:
+            self._closed = True
+            for m in (self.draft, self.target):
+                if m is not None:
+                    m.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Engine":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FSDError("this Engine is closed (its models were freed); load a new one")
 
     # ------------------------------------------------------------------ the loop
     def _models(self):
@@ -189,6 +209,7 @@ class Engine:
         if (speculative or mode == DRAFT_ONLY) and self.draft is None:
             raise ConfigError(f"mode {s.mode!r} needs a draft model; load one or use mode 'ar'")
         with self._lock:
+            self._check_open()
             self._cancel.clear()
             models = [self.target, self.draft] if speculative else [self.draft if mode == DRAFT_ONLY else self.target]
             seq = self._prompt_tokens(prompt)
@@ -252,8 +273,8 @@ class Engine:
                         yield Piece(released, shown, origins[:len(shown)])
                 stats.seconds_total = perf_counter() - t_start
             finally:
-                for m in models:  # whatever happened (Ctrl-C, errors), leave each cache a prefix of seq
-                    m.forget_unknown_tail()
+                for m in models if not self._closed else ():  # close() from this thread while a stream was paused
+                    m.forget_unknown_tail()  # whatever happened (Ctrl-C, errors), leave each cache a prefix of seq
                     m.keep_common_prefix(seq)
             tail = text.flush()
             completion = Completion(text=text.text, token_ids=out_tokens, finish_reason=finish,
