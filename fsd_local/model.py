@@ -22,6 +22,9 @@ except ImportError as exc:  # pragma: no cover - the package is a hard dependenc
 
 SEQ = 0
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+UNQUANTISED_KV = ("f32", "f16", "bf16")
+# none: the whole model on main_gpu; layer: layers spread over the GPUs; row: rows of each matrix spread
+SPLIT_MODES = {"none": lc.LLAMA_SPLIT_MODE_NONE, "layer": lc.LLAMA_SPLIT_MODE_LAYER, "row": lc.LLAMA_SPLIT_MODE_ROW}
 
 # llama.cpp logs go to a ring buffer (shown in load errors) instead of the terminal; FSD_LOCAL_VERBOSE=1 prints.
 _LOG = deque(maxlen=64)
@@ -60,7 +63,9 @@ def default_threads() -> int:
 
 @dataclass
 class ModelOptions:
-    """How to load one model. `n_gpu_layers=-1` offloads every layer when the build has a GPU backend."""
+    """How to load one model. `n_gpu_layers=-1` offloads every layer when the build has a GPU backend
+    (fsd_local.placement chooses counts from free GPU memory). `rpc_servers`: "host:port,..." of llama.cpp
+    `ggml-rpc-server`s whose devices this model may use; models without it never touch them."""
     path: str
     n_ctx: int = 4096
     n_threads: int | None = None
@@ -68,6 +73,7 @@ class ModelOptions:
     n_gpu_layers: int = -1
     n_batch: int = 512
     main_gpu: int = 0
+    split_mode: str = "layer"
     tensor_split: list[float] | None = None
     flash_attn: bool | None = None  # None = llama.cpp decides
     cache_type_k: str = "f16"
@@ -75,6 +81,7 @@ class ModelOptions:
     use_mmap: bool = True
     use_mlock: bool = False
     rpc_servers: str | None = None
+    vocab_only: bool = False  # tokenizer and metadata only: no weights, no context (doctor's compatibility check)
     extra: dict = field(default_factory=dict)
 
 
@@ -98,6 +105,37 @@ def check_gguf_file(path: str, role: str = "model") -> None:
         )
 
 
+def _check_options(opts: ModelOptions, role: str) -> None:
+    """Say what is wrong before llama.cpp fails with a log line."""
+    for name in ("cache_type_k", "cache_type_v"):
+        if getattr(opts, name) not in KV_TYPES:
+            raise ModelLoadError(f"{role}: unknown KV cache type {getattr(opts, name)!r}; "
+                                 f"choose one of {', '.join(KV_TYPES)}")
+    if opts.flash_attn is False and opts.cache_type_v not in UNQUANTISED_KV:
+        raise ModelLoadError(f"{role}: a quantised V cache ({opts.cache_type_v}) needs flash attention; "
+                             "use --flash-attn on or auto, or an f16 V cache")
+    if opts.split_mode not in SPLIT_MODES:
+        raise ModelLoadError(f"{role}: unknown split mode {opts.split_mode!r}; choose one of {', '.join(SPLIT_MODES)}")
+    if opts.tensor_split and (len(opts.tensor_split) > lc.llama_max_devices()
+                              or any(x < 0 for x in opts.tensor_split) or not any(opts.tensor_split)):
+        raise ModelLoadError(f"{role}: tensor split {opts.tensor_split} must be at most {lc.llama_max_devices()} "
+                             "non-negative proportions, one per GPU, not all zero (e.g. 3,1)")
+
+
+def _device_list(opts: ModelOptions):
+    """None = llama.cpp's default device choice. Registered RPC servers are process-wide devices, so once any
+    model added some, every other model gets an explicit list of the local devices (NULL-terminated)."""
+    from . import backend
+
+    if opts.rpc_servers:
+        backend.add_rpc_servers(opts.rpc_servers)
+        return None
+    if not backend.rpc_registered() or opts.vocab_only:
+        return None
+    local = backend.local_offload_devices()
+    return (ctypes.c_void_p * (len(local) + 1))(*local, None)
+
+
 class Model:
     def __init__(self, opts: ModelOptions, role: str = "model"):
         self.opts = opts
@@ -106,16 +144,22 @@ class Model:
         self.model = self.ctx = None
         self._batch = None
         check_gguf_file(opts.path, role)
+        _check_options(opts, role)
         init_backend()
 
         mp = lc.llama_model_default_params()
         mp.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers >= 0 else 2**31 - 1
+        mp.split_mode = SPLIT_MODES[opts.split_mode]
         mp.main_gpu = opts.main_gpu
+        mp.vocab_only = opts.vocab_only
         mp.load_mode = (lc.LLAMA_LOAD_MODE_MMAP if opts.use_mmap else lc.LLAMA_LOAD_MODE_NONE) | (
             lc.LLAMA_LOAD_MODE_MLOCK if opts.use_mlock else 0)
-        if opts.tensor_split:
-            self._tensor_split = (ctypes.c_float * len(opts.tensor_split))(*opts.tensor_split)
+        if opts.tensor_split:  # llama.cpp reads llama_max_devices() entries
+            self._tensor_split = (ctypes.c_float * lc.llama_max_devices())(*opts.tensor_split)
             mp.tensor_split = self._tensor_split
+        self._devices = _device_list(opts)
+        if self._devices is not None:
+            mp.devices = ctypes.cast(self._devices, ctypes.c_void_p).value
         _LOG.clear()
         self.model = lc.llama_model_load_from_file(opts.path.encode(), mp)
         if not self.model:
@@ -132,6 +176,8 @@ class Model:
             )
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        if opts.vocab_only:
+            return
 
         cp = lc.llama_context_default_params()
         cp.n_ctx = opts.n_ctx
@@ -142,12 +188,7 @@ class Model:
         cp.no_perf = True
         if opts.flash_attn is not None:
             cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        for name, attr in (("cache_type_k", "type_k"), ("cache_type_v", "type_v")):
-            value = getattr(opts, name)
-            if value not in KV_TYPES:
-                self.close()
-                raise ModelLoadError(f"unknown KV cache type {value!r}; choose one of {', '.join(KV_TYPES)}")
-            setattr(cp, attr, KV_TYPES[value])
+        cp.type_k, cp.type_v = KV_TYPES[opts.cache_type_k], KV_TYPES[opts.cache_type_v]
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
             self.close()
