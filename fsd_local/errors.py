@@ -27,3 +27,11 @@ class CacheTruncationError(FSDError):
 
 class GenerationCancelled(FSDError):
     """Raised only where a caller asked for an exception instead of finish_reason 'cancelled'."""
+
+
+class RegistryError(FSDError):
+    """models.toml is malformed, or names a pair that it does not define."""
+
+
+class DownloadError(FSDError):
+    """A model file could not be fetched or failed its checksum (no network, offline mode, disk full...)."""
