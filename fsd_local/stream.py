@@ -12,19 +12,19 @@ class TextStream:
         self.stopped = False
         self.text = ""  # everything released so far
 
-    def push(self, data: bytes) -> str:
-        """Feed token bytes; returns the text that can be released. After a stop string: nothing more."""
+    def push(self, data: bytes, final: bool = False) -> str:
+        """Feed token bytes; returns the text that can be released. After a stop string: nothing more.
+        final=True (see flush) releases everything: an incomplete character becomes U+FFFD."""
         if self.stopped:
             return ""
-        pending = self._held + self._utf8.decode(data)
-        if not self.stop:
-            self._held = ""
-            return self._release(pending)
+        pending = self._held + self._utf8.decode(data, final=final)
+        self._held = ""
         hit = min((i for i in (pending.find(s) for s in self.stop) if i >= 0), default=-1)
         if hit >= 0:
             self.stopped = True
-            self._held = ""
             return self._release(pending[:hit])
+        if final:
+            return self._release(pending)
         keep = 0  # longest tail of pending that is a proper prefix of some stop string
         for s in self.stop:
             for n in range(min(len(s) - 1, len(pending)), keep, -1):
@@ -35,12 +35,8 @@ class TextStream:
         return self._release(pending[: len(pending) - keep])
 
     def flush(self) -> str:
-        """At the end of generation: release whatever is held (an incomplete character becomes U+FFFD)."""
-        if self.stopped:
-            return ""
-        rest = self._held + self._utf8.decode(b"", final=True)
-        self._held = ""
-        return self._release(rest)
+        """At the end of generation: release whatever is held, still honouring the stop strings."""
+        return self.push(b"", final=True)
 
     def _release(self, s: str) -> str:
         self.text += s
