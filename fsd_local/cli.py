@@ -10,6 +10,7 @@ import click
 from .accept import MODES
 from .divergence import DIVERGENCES
 from .errors import FSDError
+from .model import KV_TYPES, SPLIT_MODES
 
 TAU_HELP = ("divergence threshold for fuzzy acceptance. 0 = standard speculative decoding (output exactly the "
             "target's); larger = more draft tokens accepted, faster, further from the target. "
@@ -58,15 +59,65 @@ def model_options(f):
         click.option("--draft", type=click.Path(dir_okay=False), help="draft (small) GGUF file, same tokenizer"),
         click.option("--pair", help="a pair from models.toml (see `fsd-local models`)"),
         click.option("--ctx", "n_ctx", type=click.IntRange(16), default=4096, show_default=True,
-                     help="context size per model"),
+                     help="context size of the target (and of the draft unless --draft-ctx)"),
+        click.option("--draft-ctx", "draft_n_ctx", type=click.IntRange(16), help="context size of the draft"),
         click.option("--threads", "n_threads", type=click.IntRange(1), help="CPU threads (default: all)"),
-        click.option("--ngl", "n_gpu_layers", type=int, default=-1, show_default=True,
-                     help="target layers on the GPU (-1 = all)"),
-        click.option("--draft-ngl", "draft_n_gpu_layers", type=int, help="draft layers on the GPU (default: --ngl)"),
+        click.option("--ngl", "n_gpu_layers", type=GPU_LAYERS, default="auto", show_default=True,
+                     help="target layers on the GPU: N, -1 = all, auto = what free GPU memory holds after the draft"),
+        click.option("--draft-ngl", "draft_n_gpu_layers", type=GPU_LAYERS, default="auto", show_default=True,
+                     help="draft layers on the GPU: N, -1 = all, auto = all if they fit (placed before the target)"),
+        click.option("--flash-attn", type=click.Choice(["on", "off", "auto"]), default="auto", show_default=True,
+                     help="flash attention for both models (a quantised V cache needs it)"),
+        click.option("--cache-type-k", type=click.Choice(KV_CHOICES), default="f16", show_default=True,
+                     help="target KV cache type for keys (q8_0 halves the cache, q4_0 quarters it)"),
+        click.option("--cache-type-v", type=click.Choice(KV_CHOICES), default="f16", show_default=True,
+                     help="target KV cache type for values (quantised needs flash attention)"),
+        click.option("--draft-cache-type-k", type=click.Choice(KV_CHOICES), help="draft K cache type (default: the target's)"),
+        click.option("--draft-cache-type-v", type=click.Choice(KV_CHOICES), help="draft V cache type (default: the target's)"),
+        click.option("--no-mmap", is_flag=True, help="read the model files into memory instead of mapping them"),
+        click.option("--mlock", is_flag=True, help="lock the models in RAM (no swapping)"),
+        click.option("--split-mode", type=click.Choice(list(SPLIT_MODES)), default="layer", show_default=True,
+                     help="how the target spreads over several GPUs (none = all on --main-gpu); the draft always "
+                          "stays on one GPU"),
+        click.option("--main-gpu", type=click.IntRange(0), default=0, show_default=True,
+                     help="GPU for the draft, and for the target with --split-mode none"),
+        click.option("--tensor-split", callback=_parse_split, metavar="P0,P1,...",
+                     help="share of the target per GPU, e.g. 3,1 (default: by free memory)"),
+        click.option("--rpc", "rpc_servers", metavar="HOST:PORT,...",
+                     help="ggml-rpc-server machines that hold part of the target (needs an RPC build)"),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
+
+
+class GpuLayers(click.ParamType):
+    """N >= 0 layers, -1 = all, or 'auto' (fsd_local.placement decides from free GPU memory)."""
+    name = "N|-1|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or isinstance(value, int):
+            return value
+        try:
+            n = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a layer count, -1 or auto", param, ctx)
+        if n < -1:
+            self.fail(f"{n} layers: use -1 for all, 0 for none", param, ctx)
+        return n
+
+
+GPU_LAYERS = GpuLayers()
+KV_CHOICES = list(KV_TYPES)
+
+
+def _parse_split(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return [float(x) for x in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give proportions like 3,1") from None
 
 
 def generation_options(f):
@@ -124,16 +175,33 @@ def resolve_models(target, draft, pair, need_draft=True, say=None) -> tuple[str,
     return target, draft
 
 
-def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu_layers, settings, say=None):
+def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu_layers, settings, say=None, *,
+                draft_n_ctx=None, flash_attn="auto", cache_type_k="f16", cache_type_v="f16", draft_cache_type_k=None,
+                draft_cache_type_v=None, no_mmap=False, mlock=False, split_mode="layer", main_gpu=0,
+                tensor_split=None, rpc_servers=None):
     from .config import Settings
     from .engine import Engine
+    from .model import ModelOptions
+    from .placement import resolve
 
     s = Settings(**{k: (tuple(v) if k == "stop" else v) for k, v in settings.items()})  # validates first
     t, d = resolve_models(target, draft, pair, say=say)
     if d is None and s.mode not in ("ar",):
         raise click.UsageError(f"mode {s.mode} needs --draft (or use --mode ar)")
-    return Engine(target=t, draft=d, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                  draft_n_gpu_layers=draft_n_gpu_layers, settings=s)
+    both = dict(n_threads=n_threads, flash_attn={"on": True, "off": False, "auto": None}[flash_attn],
+                use_mmap=not no_mmap, use_mlock=mlock, main_gpu=main_gpu)
+    target_auto, draft_auto = n_gpu_layers == "auto", draft_n_gpu_layers in (None, "auto")
+    t_opts = ModelOptions(t, n_ctx=n_ctx, n_gpu_layers=-1 if target_auto else n_gpu_layers, split_mode=split_mode,
+                          tensor_split=tensor_split, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                          rpc_servers=rpc_servers, **both)
+    # the draft decodes one token at a time: spreading it over GPUs would only add transfers
+    d_opts = d and ModelOptions(d, n_ctx=draft_n_ctx or n_ctx, n_gpu_layers=-1 if draft_auto else draft_n_gpu_layers,
+                                split_mode="none", cache_type_k=draft_cache_type_k or cache_type_k,
+                                cache_type_v=draft_cache_type_v or cache_type_v, **both)
+    t_opts, d_opts, placed = resolve(t_opts, d_opts, target_auto=target_auto, draft_auto=draft_auto)
+    if placed and say:
+        say(placed)
+    return Engine(target=t_opts, draft=d_opts, settings=s)
 
 
 def _say(msg):
@@ -168,6 +236,30 @@ def generate(prompt, as_json, **kwargs):
         _say(f"[{completion.finish_reason}] {st['tokens']} tokens, {st['tokens_per_second']:.1f} tok/s, "
              f"acceptance {st['acceptance_rate']:.0%}, {st['mean_tokens_per_round']:.2f} tokens/round, "
              f"fuzzy {st['fuzzy_share']:.0%}")
+
+
+@cli.command()
+@click.option("--target", type=click.Path(dir_okay=False), help="a target GGUF file to describe")
+@click.option("--draft", type=click.Path(dir_okay=False), help="a draft GGUF file; with --target: are they compatible?")
+@click.option("--pair", help="a pair from models.toml instead of --target/--draft")
+@click.option("--ctx", "n_ctx", type=click.IntRange(16), default=4096, show_default=True,
+              help="context size the automatic GPU placement is computed for")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def doctor(target, draft, pair, n_ctx, as_json):
+    """What this installation runs on: llama-cpp-python and llama.cpp versions, compiled-in backends (CPU, CUDA,
+    Metal, Vulkan...), devices and free memory, GPU offload, RPC, threads. With model files: architecture, size,
+    quantisation, layers, vocabulary, chat template, whether the draft can draft for the target, and the
+    automatic GPU placement. Exit code 1 when the draft and target are incompatible."""
+    from .doctor import render, report
+
+    if pair:
+        target, draft = resolve_models(target, draft, pair)
+    elif draft and not target:
+        raise click.UsageError("--draft given without --target")
+    r = report(target=target, draft=draft, n_ctx=n_ctx)
+    click.echo(json.dumps(r, indent=2) if as_json else render(r))
+    if r.get("compatible") is False:
+        sys.exit(1)
 
 
 def main():  # console-script entry point
