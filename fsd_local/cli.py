@@ -262,6 +262,28 @@ def doctor(target, draft, pair, n_ctx, as_json):
         sys.exit(1)
 
 
+@cli.command()
+@model_options
+@generation_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on (loopback = this machine only)")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--api-key", envvar="FSD_LOCAL_API_KEY", help="require 'Authorization: Bearer KEY' (env FSD_LOCAL_API_KEY)")
+@click.option("--max-queue", type=click.IntRange(0), default=16, show_default=True,
+              help="requests that may wait behind the running one; more get 503")
+@click.option("--model-name", help="model id reported by /v1/models (default: the pair's name or the target's file name)")
+def serve(host, port, api_key, max_queue, model_name, **kwargs):
+    """An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,
+    /metrics). The generation options are the defaults; requests override them, including fsd-local's own
+    (tau, mode, divergence, draft_max...) as extra body fields. One pair answers whatever `model` a request names."""
+    from .server import serve as run_server
+
+    settings = split_settings(kwargs)
+    with load_engine(**kwargs, settings=settings, say=_say) as engine:
+        _say(f"serving the OpenAI API on http://{host}:{port}/v1")
+        run_server(engine, host=host, port=port, api_key=api_key, max_queue=max_queue,
+                   model_name=model_name or kwargs["pair"])
+
+
 def main():  # console-script entry point
     cli()
 
