@@ -284,6 +284,100 @@ def serve(host, port, api_key, max_queue, model_name, **kwargs):
                    model_name=model_name or kwargs["pair"])
 
 
+CHAT_EXAMPLES = """
+\b
+Examples:
+  fsd-local chat --tau 0.3                       (the offline demo pair)
+  fsd-local chat --pair qwen2.5-0.5b-7b --tau 0.1 --color
+  fsd-local chat --target big.gguf --draft small.gguf --mode sd --temp 0.7
+  printf 'Hi\\n/tau 0.2\\nAnd now?\\n' | fsd-local chat --json
+"""
+PAIR_EPILOG = f"""
+A pair is a small draft model and a large target model with the same tokenizer; fsd-local runs them with
+Fuzzy Speculative Decoding. tau: {TAU_HELP}. Modes: {MODE_HELP}. Divergences: {DIV_HELP}. The suggested tau per
+divergence is a starting point; calibrate it with `fsd-local bench`.
+
+\b
+Examples:
+  fsd-local models
+  fsd-local pull qwen2.5-0.5b-7b
+  fsd-local chat --pair qwen2.5-0.5b-7b --tau 0.1 --divergence js
+"""
+
+
+@cli.command(epilog=CHAT_EXAMPLES)
+@model_options
+@generation_options
+@click.option("--system", help="system prompt for the conversation")
+@click.option("--color", is_flag=True, help="colour each token by origin: green = draft token that passed the SD "
+              "test, yellow = draft token rescued by tau (fuzzy), plain = the target's own token")
+@click.option("--json", "as_json", is_flag=True,
+              help="print one JSON object per reply (text, finish_reason, stats) instead of streaming text")
+def chat(system, color, as_json, **kwargs):
+    """Chat with a draft/target pair, using the target's own chat template. Replies stream as tokens are
+    accepted; earlier turns stay in both KV caches and are not evaluated again. After each reply a summary
+    line shows tokens/s, acceptance rate, tokens per round and the share rescued by tau (fuzzy). Slash
+    commands change settings live: /tau 0.2, /mode sd, /divergence kl, /temp 0.7, /stats, /reset, /help,
+    /quit. Ctrl-C stops a reply, Ctrl-D leaves. When standard input is not a terminal, each line is one
+    message and replies are plain text."""
+    from .chat import ChatSession, run_chat
+
+    settings = split_settings(kwargs)
+    with load_engine(**kwargs, settings=settings, say=_say) as engine:
+        run_chat(ChatSession(engine, engine.defaults, system=system), color=color, as_json=as_json)
+
+
+@cli.command(epilog=PAIR_EPILOG)
+@click.option("--json", "as_json", is_flag=True, help="print the pairs as one JSON object")
+def models(as_json):
+    """List the curated draft/target pairs of models.toml and which of their files are already in the local
+    Hugging Face cache (FSD_LOCAL_MODELS=FILE reads your own models.toml instead)."""
+    import dataclasses
+
+    from .registry import format_pairs, load_registry
+
+    registry = load_registry()
+    if as_json:
+        click.echo(json.dumps({name: {**dataclasses.asdict(p), "present": {
+            role: f.cached_path() for role, f in p.files()}} for name, p in registry.items()}, indent=2))
+    else:
+        click.echo(format_pairs(registry))
+
+
+@cli.command(epilog=PAIR_EPILOG)
+@click.argument("pair")
+def pull(pair):
+    """Download PAIR's draft and target into the Hugging Face cache (progress bars, HF_HUB_OFFLINE, HF_ENDPOINT
+    and HF_HUB_CACHE as usual; files already there are reused) and check each file's SHA-256."""
+    from .registry import pull as pull_pair
+
+    target, draft = pull_pair(pair, say=_say)
+    click.echo(f"target {target}\ndraft  {draft}")
+    _say(f"ready: fsd-local chat --pair {pair} --tau 0.1")
+
+
+from . import bench_cli  # noqa: E402  (bench / calibrate: options and bodies live there)
+
+BENCH_EXAMPLES = """
+\b
+Examples:
+  fsd-local bench --taus 0,0.1,0.2 --divergence js,kl --draft-max 2,4 --temp 0,0.7 --plot bench.png
+  fsd-local bench --pair qwen2.5-0.5b-7b --prompts my.jsonl --max-tokens 128 --json > bench.json
+  fsd-local bench --kernels
+"""
+
+
+@cli.command(epilog=BENCH_EXAMPLES)
+@model_options
+@bench_cli.bench_options
+def bench(**kwargs):
+    """Measure the speed / quality trade-off of a pair: every combination of modes, divergences, taus, draft
+    lengths and temperatures on the same prompts and seeds, interleaved, with the ar and sd baselines. Reports
+    tokens/s, speed-ups, acceptance, target log-prob, agreement with the target's greedy output and task accuracy
+    (JSON Lines prompts with answers). --kernels times the divergence kernels against NumPy instead."""
+    bench_cli.bench_command(**kwargs)
+
+
 def main():  # console-script entry point
     cli()
 
