@@ -127,8 +127,7 @@ def _refuse_unsupported(req: _Request) -> None:
 
 
 def settings_for(engine: "Engine", req: ChatRequest | CompletionRequest) -> dict[str, Any]:
-    """The request's overrides of the server's default settings, each validated on its own so that an error
-    names the field that caused it."""
+    """The request's overrides of the server's default settings, validated; an error names the field at fault."""
     given: dict[str, Any] = {name: getattr(req, name) for name in SETTING_FIELDS if getattr(req, name) is not None}
     max_tokens = getattr(req, "max_completion_tokens", None)
     given["max_tokens"] = max_tokens if max_tokens is not None else req.max_tokens
@@ -136,19 +135,24 @@ def settings_for(engine: "Engine", req: ChatRequest | CompletionRequest) -> dict
         del given["max_tokens"]
     if isinstance(given.get("stop"), list):
         given["stop"] = tuple(given["stop"])
-    for name, value in given.items():
-        try:
-            engine.defaults.with_(**{name: value})
-        except ConfigError as exc:
-            raise APIError(400, str(exc), param=name, code="invalid_value") from None
     try:
         merged: Settings = engine.defaults.with_(**given)
-    except ConfigError as exc:  # a combination, e.g. draft_min > draft_max
-        raise APIError(400, str(exc), code="invalid_value") from None
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param=_culprit(engine.defaults, given), code="invalid_value") from None
     if merged.mode != "ar" and engine.draft is None:
         raise APIError(400, f"mode {merged.mode!r} needs a draft model and this server has none; use mode 'ar'",
                        param="mode", code="invalid_value")
     return given
+
+
+def _culprit(defaults: Settings, given: dict[str, Any]) -> str | None:
+    """The first field that is invalid on its own (None: only the combination is, e.g. draft_min > draft_max)."""
+    for name, value in given.items():
+        try:
+            defaults.with_(**{name: value})
+        except ConfigError:
+            return name
+    return None
 
 
 def prompt_tokens(engine: "Engine", req: ChatRequest | CompletionRequest) -> list[int]:
