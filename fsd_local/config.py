@@ -23,6 +23,7 @@ class Settings:
     draft_p_min  stop drafting when the draft's top probability falls below this (0 = off)
     adaptive     grow k by 2 after a fully accepted round, shrink by 1 after a rejection
     temperature  0 = greedy; top_k (0 = off), top_p (1 = off), min_p (0 = off) as usual
+    ignore_eos   do not stop at the model's end-of-generation tokens (for benchmarks of a fixed length)
     """
     tau: float = 0.0
     mode: str = "fsd"
@@ -39,6 +40,7 @@ class Settings:
     seed: int | None = None
     max_tokens: int = 256
     stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
 
     def __post_init__(self):
         def bad(name, why):

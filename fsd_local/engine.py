@@ -15,7 +15,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .accept import AR, DRAFT_ONLY, MODES, accept_round, emit_one
+from .accept import AR, DRAFT_ONLY, MODES, accept_round, emit_one, warm_up
 from .config import SPECULATIVE_MODES, Settings
 from .divergence import DIVERGENCES
 from .errors import ConfigError, ContextOverflowError, FSDError
@@ -99,6 +99,7 @@ class Engine:
         # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries)
         self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft else self.target.n_vocab
         self._alloc(self.defaults.draft_max)
+        warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
 
     def _alloc(self, k: int) -> None:
         nv = self.draft.n_vocab if self.draft else 1
@@ -259,7 +260,7 @@ class Engine:
                         m.keep_common_prefix(seq, start - 1)
                     shown = []
                     for t in new:
-                        if self.target.is_eog(t):
+                        if not s.ignore_eos and self.target.is_eog(t):
                             finish = "stop"
                             break
                         shown.append(t)
