@@ -378,6 +378,17 @@ def bench(**kwargs):
     bench_cli.bench_command(**kwargs)
 
 
+@cli.command()
+@model_options
+@bench_cli.calibrate_options
+def calibrate(**kwargs):
+    """Find tau for a budget on your prompts: the largest tau whose agreement with the target's greedy output
+    (--min-agreement) or target log-prob drop per token vs sd (--max-logprob-drop) stays within budget, or the
+    smallest tau reaching an acceptance rate (--target-acceptance). Bisection over [0, --tau-max], assuming
+    quality falls and acceptance rises with tau; prints every tau tried and the speed at the answer."""
+    bench_cli.calibrate_command(**kwargs)
+
+
 def main():  # console-script entry point
     cli()
 
