@@ -64,7 +64,7 @@ def accept_round(P, Q, drafts, n_drafts, q_prob, q_stats, n_vocab, mode, div_kin
     if greedy:
         nxt = argmax(x, n)
     elif accepted == n_drafts or mode == FSD_PAPER:
-        nxt, _, _ = pick(x, n, temperature, top_k, top_p, min_p, u, stats_p)
+        nxt, _, _ = pick(x, n, temperature, top_k, top_p, min_p, u, stats_p, False)
     else:
         mx, cut, lz = processed(x, n, temperature, top_k, top_p, min_p)
         stats_p[0], stats_p[1], stats_p[2] = mx, cut, lz
@@ -80,7 +80,7 @@ def accept_round(P, Q, drafts, n_drafts, q_prob, q_stats, n_vocab, mode, div_kin
 @njit(cache=True)
 def emit_one(x, n, temperature, top_k, top_p, min_p, u, stats):
     """Plain decoding (the ar and draft-only baselines): (token, raw log-prob of the token)."""
-    t, _, _ = pick(x, n, temperature, top_k, top_p, min_p, u, stats)
+    t, _, _ = pick(x, n, temperature, top_k, top_p, min_p, u, stats, False)
     return t, float(x[t]) - row_lse(x, n)
 
 
@@ -101,7 +101,8 @@ def warm_up() -> None:
     q_prob = np.ones(k)
     drafts = np.zeros(k, np.int32)
     for temperature in (0.0, 1.0):
-        pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0])
+        pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], False)
+        pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], True)
         emit_one(P[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0])
         for mode in (FSD, FSD_PAPER, SD):
             accept_round(P, Q, drafts, k, q_prob, q_stats, n, mode, 0, 1.0, 50, temperature, 0, 1.0, 0.0,

@@ -309,7 +309,8 @@ class Engine:
         n = 0
         for i in range(k):
             q[i, :nv] = d.logits(1)[0, :nv]
-            tok, p_tok, p_top = pick(q[i], nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], self._q_stats[i])
+            tok, p_tok, p_top = pick(q[i], nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], self._q_stats[i],
+                                     s.draft_p_min > 0)
             if p_top < s.draft_p_min:
                 break
             self._drafts[i] = tok

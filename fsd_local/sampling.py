@@ -180,12 +180,14 @@ def argmax(x, n):
 
 
 @njit(cache=True)
-def pick(x, n, temperature, top_k, top_p, min_p, u, out_stats):
+def pick(x, n, temperature, top_k, top_p, min_p, u, out_stats, want_top=True):
     """One token from row x: argmax when temperature <= 0, else a draw from the processed distribution.
     Writes (mx, cutoff, lz) to out_stats and returns (token, p~(token), p~ of the most likely token).
-    Greedy rows report softmax probabilities at temperature 1 (used by the draft's p_min test)."""
+    Greedy rows report softmax probabilities at temperature 1 (the draft's p_min test), if want_top."""
     if temperature <= 0.0:
         t = argmax(x, n)
+        if not want_top:  # greedy needs no probabilities unless the draft's p_min test asks for them
+            return t, 1.0, 1.0
         mx = x[t]
         z = _kept_mass(x, n, mx, np.float32(1.0), np.float32(-np.inf))
         out_stats[0], out_stats[1], out_stats[2] = mx, -np.inf, math.log(z)
