@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Rebuild llama-cpp-python, at the version pyproject.toml pins, for one backend profile (native/profiles/*.env),
+# or build llama.cpp's ggml-rpc-server from the same sources for the machines that lend a target their devices.
+#
+#   native/build.sh [--dry-run] [--rpc] [--cuda-arch 89] [--source SDIST] PROFILE
+#   native/build.sh [--dry-run] --rpc-server [--cuda-arch 89] [--source SDIST] PROFILE
+#
+# PROFILE: cpu | cuda | metal | vulkan | hip | sycl. --rpc adds llama.cpp's RPC backend (--rpc HOST:PORT).
+# --source: an unpacked llama-cpp-python sdist or its .tar.gz, for machines without access to PyPI.
+# Environment: PYTHON (interpreter; default: python on PATH), FSD_CMAKE_ARGS (more CMake flags), FSD_PIP_ARGS
+# (more pip options), CMAKE_BUILD_PARALLEL_LEVEL (jobs; default: all cores), FSD_BUILD_DIR (ggml-rpc-server trees).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+die() { echo "build.sh: $*" >&2; exit 2; }
+
+dry=0 rpc=0 rpc_server=0 cuda_arch="" source="" profile=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) dry=1 ;;
+        --rpc) rpc=1 ;;
+        --rpc-server) rpc_server=1 ;;
+        --cuda-arch) [ $# -ge 2 ] || die "--cuda-arch needs a value, e.g. 89 or \"86;89\""; cuda_arch="$2"; shift ;;
+        --source) [ $# -ge 2 ] || die "--source needs a path"; source="$2"; shift ;;
+        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) die "unknown option $1 (see --help)" ;;
+        *) [ -z "$profile" ] || die "one PROFILE only"; profile="$1" ;;
+    esac
+    shift
+done
+profiles="$(cd "$here/profiles" && ls ./*.env | sed 's|^\./||; s|\.env$||' | tr '\n' ' ')"
+[ -n "$profile" ] || die "give a PROFILE: $profiles"
+profile_file="$here/profiles/$profile.env"
+[ -f "$profile_file" ] || die "unknown profile '$profile': choose one of $profiles"
+
+version="$(sed -n 's/.*"llama-cpp-python==\([0-9][0-9.]*\)".*/\1/p' "$root/pyproject.toml" | head -n 1)"
+[ -n "$version" ] || die "no llama-cpp-python==VERSION pin found in $root/pyproject.toml"
+
+CMAKE_ARGS="" NEEDS="" EXPECT=""
+# shellcheck disable=SC1090
+. "$profile_file"
+args="$CMAKE_ARGS"
+[ "$rpc" = 1 ] || [ "$rpc_server" = 1 ] && args="$args -DGGML_RPC=on"
+[ -n "$cuda_arch" ] && args="$args -DCMAKE_CUDA_ARCHITECTURES=$cuda_arch"
+[ -n "${FSD_CMAKE_ARGS:-}" ] && args="$args $FSD_CMAKE_ARGS"
+jobs="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 4)}"
+python="${PYTHON:-$(command -v python || command -v python3 || echo python3)}"
+
+if [ "$profile" = hip ] && command -v hipconfig >/dev/null 2>&1; then
+    # ROCm's clang compiles the HIP kernels (llama.cpp docs/build.md)
+    export HIPCXX="${HIPCXX:-$(hipconfig -l)/clang}" HIP_PATH="${HIP_PATH:-$(hipconfig -R)}"
+fi
+
+missing=""
+for tool in $NEEDS; do command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"; done
+if [ -n "$missing" ]; then
+    msg="profile $profile needs${missing} on PATH: $(grep '^# Needs' "$profile_file" | sed 's/^# //')"
+    [ "$dry" = 1 ] && echo "warning: $msg" >&2 || die "$msg"
+fi
+
+show() { local line; line="$(printf '%q ' "$@")"; echo "${line% }"; }
+
+if [ "$rpc_server" = 1 ]; then
+    build_dir="${FSD_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fsd-local/build}/rpc-server-$profile"
+    src_root="$build_dir/src"
+    echo "# ggml-rpc-server from llama-cpp-python $version's llama.cpp ($profile, RPC)"
+    if [ -z "$source" ]; then
+        fetch=("$python" -m pip download --no-deps --no-binary :all: -d "$build_dir/sdist" "llama-cpp-python==$version")
+        show "${fetch[@]}"
+        [ "$dry" = 1 ] || "${fetch[@]}"
+        source="$build_dir/sdist/llama_cpp_python-$version.tar.gz"
+    fi
+    if [ "${source%.tar.gz}" != "$source" ]; then
+        echo "tar -xzf $source -C $src_root"
+        [ "$dry" = 1 ] || { mkdir -p "$src_root" && tar -xzf "$source" -C "$src_root"; }
+        llama_src="$src_root/llama_cpp_python-$version/vendor/llama.cpp"
+    else
+        llama_src="$source/vendor/llama.cpp"
+    fi
+    # shellcheck disable=SC2086  # args is a list of flags
+    configure=(cmake -S "$llama_src" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release $args -DLLAMA_BUILD_TESTS=off
+               -DLLAMA_BUILD_EXAMPLES=off -DLLAMA_BUILD_SERVER=off -DLLAMA_BUILD_APP=off -DLLAMA_OPENSSL=off)
+    compile=(cmake --build "$build_dir" --config Release --target ggml-rpc-server -j "$jobs")
+    show "${configure[@]}"; show "${compile[@]}"
+    [ "$dry" = 1 ] && exit 0
+    "${configure[@]}" && "${compile[@]}"
+    echo "built $build_dir/bin/ggml-rpc-server; start it with: $build_dir/bin/ggml-rpc-server -H 0.0.0.0 -p 50052"
+    exit 0
+fi
+
+spec="llama-cpp-python==$version"
+[ -n "$source" ] && spec="$source"
+# --no-binary + --no-cache-dir: never reuse a prebuilt or previously built (CPU) wheel; --no-deps: keep numpy etc.
+# shellcheck disable=SC2206  # FSD_PIP_ARGS is a list of pip options, e.g. --no-build-isolation (offline)
+install=("$python" -m pip install --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python -v
+         ${FSD_PIP_ARGS:-} "$spec")
+echo "# llama-cpp-python $version, profile $profile$([ "$rpc" = 1 ] && echo ' + RPC')"
+echo "CMAKE_ARGS='${args# }' CMAKE_BUILD_PARALLEL_LEVEL=$jobs $(show "${install[@]}")"
+[ "$dry" = 1 ] && exit 0
+
+CMAKE_ARGS="${args# }" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "${install[@]}"
+
+# check that the new build has what the profile promised
+expect="$EXPECT"; [ "$rpc" = 1 ] && expect="$expect|RPC"
+"$python" - "$expect" <<'PY'
+import sys
+try:
+    from fsd_local.backend import detect
+except ImportError:
+    import llama_cpp
+    print("built; fsd-local is not installed here, so no check. System info:", llama_cpp.llama_print_system_info())
+    sys.exit(0)
+info = detect()
+missing = [name for name in sys.argv[1].split("|") if name not in info.backends]
+print(f"llama.cpp {info.llama_cpp}: backends {', '.join(info.backends)}; devices: "
+      + ", ".join(f"{d.name} ({d.description})" for d in info.devices))
+if missing:
+    sys.exit(f"build.sh: the new build lacks {', '.join(missing)}; see the pip log above")
+PY
