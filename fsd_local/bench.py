@@ -108,9 +108,11 @@ def prompt_tokens(engine, prompts: list[Prompt], chat: bool) -> list[list[int]]:
 
 
 def run_bench(engine, prompts: list[Prompt], configs: list[Config], *, max_tokens: int, repeats: int,
-              seed: int = 0, chat: bool = False, progress=None) -> BenchData:
+              seed: int = 0, chat: bool = False, ignore_eos: bool = False, progress=None) -> BenchData:
     """Run every configuration on every prompt `repeats` times, interleaved; `progress()` after each run.
-    The seed of a generation depends on (repeat, prompt) only, so all configurations share it."""
+    The seed of a generation depends on (repeat, prompt) only, so all configurations share it.
+    ignore_eos: every generation runs to max_tokens (fixed-length speed runs; the text past the end of
+    generation is not a real answer)."""
     if repeats < 1:
         raise ConfigError("--repeats must be >= 1")
     tokens = prompt_tokens(engine, prompts, chat)
@@ -121,7 +123,8 @@ def run_bench(engine, prompts: list[Prompt], configs: list[Config], *, max_token
             order = np.random.default_rng([seed, r, pi]).permutation(len(configs))
             for ci in order:
                 engine.reset()  # every configuration starts from the same (empty) cache
-                out = engine.generate(toks, **configs[ci].settings(max_tokens, seed + r * len(prompts) + pi))
+                settings = configs[ci].settings(max_tokens, seed + r * len(prompts) + pi)
+                out = engine.generate(toks, ignore_eos=ignore_eos, **settings)
                 data.runs[ci].append(Run(r, pi, out.token_ids, out.stats, prompt.is_correct(out.text)))
                 if progress:
                     progress()

@@ -49,6 +49,8 @@ def run_options(f):
                      help="tokens generated per prompt"),
         click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
                      help="base seed: every configuration gets the same seed for the same (repeat, prompt)"),
+        click.option("--ignore-eos", is_flag=True,
+                     help="generate --max-tokens every time, past end-of-generation tokens (fixed-length timing)"),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -94,8 +96,8 @@ def _progress(length, label):
     return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True, show_eta=True)
 
 
-def bench_command(*, prompts_file, chat, max_tokens, seed, taus, divergences, modes, draft_maxes, temperatures,
-                  repeats, as_json, as_csv, plot_path, kernels, vocabs, rows, **model_kwargs):
+def bench_command(*, prompts_file, chat, max_tokens, seed, ignore_eos, taus, divergences, modes, draft_maxes,
+                  temperatures, repeats, as_json, as_csv, plot_path, kernels, vocabs, rows, **model_kwargs):
     if as_json and as_csv:
         raise click.UsageError("choose one of --json and --csv")
     if kernels:
@@ -118,7 +120,7 @@ def bench_command(*, prompts_file, chat, max_tokens, seed, taus, divergences, mo
              f"{max_tokens} tokens each")
         with _progress(total, "bench") as bar:
             data = run_bench(engine, prompts, configs, max_tokens=max_tokens, repeats=repeats, seed=seed,
-                             chat=chat, progress=lambda: bar.update(1))
+                             chat=chat, ignore_eos=ignore_eos, progress=lambda: bar.update(1))
     rows_out = summarise(data)
     if as_json:
         click.echo(to_json(rows_out))
@@ -191,8 +193,8 @@ def calibrate_options(f):
     return run_options(f)
 
 
-def calibrate_command(*, prompts_file, chat, max_tokens, seed, divergence, mode, draft_max, temperature,
-                      min_agreement, max_logprob_drop, target_acceptance, tau_max, steps, repeats, as_json,
+def calibrate_command(*, prompts_file, chat, max_tokens, seed, ignore_eos, divergence, mode, draft_max,
+                      temperature, min_agreement, max_logprob_drop, target_acceptance, tau_max, steps, repeats, as_json,
                       **model_kwargs):
     import json
 
@@ -218,5 +220,5 @@ def calibrate_command(*, prompts_file, chat, max_tokens, seed, divergence, mode,
              f"{len(prompts)} prompts, {max_tokens} tokens each: {budget.describe()}")
         result = calibrate(engine, prompts, budget=budget, divergence=divergence, mode=mode, draft_max=draft_max,
                            temperature=temperature, tau_max=tau_max, steps=steps, max_tokens=max_tokens,
-                           repeats=repeats, seed=seed, chat=chat, on_step=step)
+                           repeats=repeats, seed=seed, chat=chat, ignore_eos=ignore_eos, on_step=step)
     click.echo(json.dumps(result, indent=1) if as_json else format_report(result, budget))

@@ -19,12 +19,13 @@ from .errors import ConfigError
 EXTRACTORS = ("letter", "number", "regex")
 EXAMPLE_FILE = Path(__file__).parent / "data" / "prompts-example.jsonl"
 
-# Letters: an explicit "answer is (B)" wins, then a letter opening the output ("B." / "(B)"), then any "(B)".
-# A bare capital elsewhere is not trusted: "A" and "I" are ordinary English words.
+# Letters: an explicit "answer is (B)" wins, then a letter opening the output ("(B)", "B." or "B" alone), then
+# any "(B)". A bare capital elsewhere, or followed by a space, is not trusted: "A" and "I" are English words.
+# Lower case only counts inside parentheses: "(d)" is a choice, "answer is a dolphin" is not.
 _LETTER_RES = (
-    re.compile(r"(?i:answer)\s*(?:(?i:is)|:)?\s*:?\s*\(?([A-J])(?![\w'])"),
-    re.compile(r"^\s*\(?([A-J])(?:[).:,]|\s|$)"),
-    re.compile(r"\(([A-J])\)"),
+    re.compile(r"(?i:answer)\s*(?:(?i:is)|:)?\s*:?\s*(?:\(([A-Ja-j])\)|([A-J])(?![\w']))"),
+    re.compile(r"^\s*(?:\(([A-Ja-j])\)|([A-J])(?:[).:,]|$))"),
+    re.compile(r"\(([A-Ja-j])\)"),
 )
 _NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
 _ANSWER_NUMBER_RE = re.compile(r"answer\s*(?:is|:)?\s*:?\s*\$?(" + _NUMBER + ")", re.IGNORECASE)
@@ -54,7 +55,7 @@ def extract_answer(output: str, extract: str, pattern: re.Pattern | None = None)
         for rx in _LETTER_RES:
             m = rx.search(output)
             if m:
-                return m.group(1).upper()
+                return next(g for g in m.groups() if g).upper()
         return None
     if extract == "number":
         # the number after the last "answer is"/"answer:", else the last number in the output

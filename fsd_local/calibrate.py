@@ -52,7 +52,8 @@ def logprob_drop(row: dict, sd_row: dict) -> float:
 
 def calibrate(engine, prompts, *, budget: Budget, divergence: str = "js", mode: str = "fsd", draft_max: int = 4,
               temperature: float = 0.0, tau_max: float | None = None, steps: int = 6, max_tokens: int = 64,
-              repeats: int = 3, seed: int = 0, chat: bool = False, on_step=None) -> dict:
+              repeats: int = 3, seed: int = 0, chat: bool = False, ignore_eos: bool = False,
+              on_step=None) -> dict:
     """Search tau; returns the chosen tau with its measured quality and speed, and every point visited.
     `on_step(tau, row)` is called after each tau is measured."""
     if budget.kind == "agreement" and temperature > 0:
@@ -67,7 +68,7 @@ def calibrate(engine, prompts, *, budget: Budget, divergence: str = "js", mode: 
     tau_max = TAU_CEILING.get(divergence, TAU_CEILING_UNBOUNDED) if tau_max is None else tau_max
     if tau_max <= 0:
         raise ConfigError("--tau-max must be > 0")
-    run = dict(max_tokens=max_tokens, repeats=1, seed=seed, chat=chat)
+    run = dict(max_tokens=max_tokens, repeats=1, seed=seed, chat=chat, ignore_eos=ignore_eos)
     ar, sd = Config("ar", temperature), Config("sd", temperature, draft_max=draft_max)
     base = run_bench(engine, prompts, [ar, sd], **run)
     sd_row = summarise(base)[1]
