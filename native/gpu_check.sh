@@ -3,9 +3,10 @@
 #   1. build llama-cpp-python (pinned version) with CUDA for the compute capability nvidia-smi reports,
 #   2. run the GPU-marked tests (tests/test_gpu.py: full offload of the demo pair, same greedy tokens as on the
 #      CPU, the KV-cache contract on the GPU), failing rather than skipping if no GPU is seen,
-#   3. time ar / sd / fsd at tau 0.1 and 0.3 on the SmolLM2 demo pair (native/gpu_bench.py),
-# writing everything to OUT (default $TMPDIR/fsd-gpu-check): build.log, doctor.txt, tests.txt, bench.json, bench.txt,
-# summary.txt.
+#   3. `fsd-local bench` on the SmolLM2 demo pair, both models fully offloaded: ar / sd / fsd at tau 0.1 and 0.3,
+#      8 prompts x 128 tokens x 3 repeats,
+# writing everything to OUT (default $TMPDIR/fsd-gpu-check): build.log, doctor.txt, tests.txt, bench.json,
+# bench.txt (the table), summary.txt.
 #
 #   native/gpu_check.sh [--dry-run] [--skip-build] [--source SDIST] [--out DIR]
 #
@@ -51,12 +52,14 @@ build_args=(--cuda-arch "$arch" cuda)
 # the multimodal library (mtmd) is not used by fsd-local: skipping it saves build minutes
 export FSD_CMAKE_ARGS="${FSD_CMAKE_ARGS:+$FSD_CMAKE_ARGS }-DLLAVA_BUILD=off"
 tests=("$python" -m pytest -m gpu tests/test_gpu.py -v -ra -s -p no:cacheprovider)
-bench=("$python" native/gpu_bench.py --out "$out/bench.json" --repeats 3 --max-tokens 128)
+bench=("$python" -m fsd_local.cli bench --ngl -1 --draft-ngl -1 --modes fsd --taus 0.1,0.3 --max-tokens 128
+       --repeats 3 --ignore-eos --json)
+table=("$python" -c "import json, sys; from fsd_local.bench import format_table; print(format_table(json.load(open(sys.argv[1]))))")
 
 if [ "$dry" = 1 ]; then
     "$here/build.sh" --dry-run "${build_args[@]}"
     echo "FSD_REQUIRE_GPU=1 ${tests[*]}"
-    echo "${bench[*]}"
+    echo "${bench[*]} > $out/bench.json"
     exit 0
 fi
 
@@ -73,11 +76,15 @@ stamp "GPU tests"
 status=0
 FSD_REQUIRE_GPU=1 "${tests[@]}" 2>&1 | tee "$out/tests.txt" || status=$?
 stamp "bench on the demo pair"
-"${bench[@]}" 2>&1 | tee "$out/bench.txt" || status=$((status ? status : 5))
+if "${bench[@]}" >"$out/bench.json" 2>"$out/bench.log"; then
+    "${table[@]}" "$out/bench.json" | tee "$out/bench.txt"
+else
+    tail -n 20 "$out/bench.log"; status=$((status ? status : 5))
+fi
 {
     echo "GPU check $(date -u +%Y-%m-%dT%H:%M:%SZ), $(( $(date +%s) - start )) s"
     echo "GPUs: $gpus (CUDA architectures $arch)"
-    grep -E "passed|failed|error" "$out/tests.txt" | tail -n 1
-    cat "$out/bench.txt"
+    grep -E "passed|failed|error" "$out/tests.txt" | tail -n 1 || true
+    cat "$out/bench.txt" 2>/dev/null || echo "bench failed: see bench.log"
 } | tee "$out/summary.txt"
 exit "$status"

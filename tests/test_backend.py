@@ -341,4 +341,4 @@ def test_build_script_prints_the_pinned_rebuild_per_profile():
 def test_gpu_check_dry_run_shows_every_step_without_a_gpu():
     out = _run("native/gpu_check.sh", "--dry-run")
     assert "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=" in out and "-DLLAVA_BUILD=off" in out
-    assert "FSD_REQUIRE_GPU=1" in out and "-m gpu tests/test_gpu.py" in out and "native/gpu_bench.py" in out
+    assert "FSD_REQUIRE_GPU=1" in out and "-m gpu tests/test_gpu.py" in out and "fsd_local.cli bench --ngl -1 --draft-ngl -1 --modes fsd --taus 0.1,0.3" in out
