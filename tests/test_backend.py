@@ -76,6 +76,31 @@ def test_gguf_header_of_a_tiny_model(tiny_pair):
     assert i.kv_bytes_per_layer(512, KV_TYPES["f16"], KV_TYPES["f16"]) == 512 * 2 * 64 * 2
 
 
+def test_a_split_model_is_read_across_its_files(tiny_pair, tmp_path):
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(tiny_pair[1])
+    writer = GGUFWriter(str(tmp_path / "split.gguf"), "llama", split_max_tensors=8)  # 21 tensors: 3 files
+    for name, f in reader.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
+            writer.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    parts = sorted(tmp_path.glob("split-*-of-00003.gguf"))
+    whole, split = gguf_info.read(tiny_pair[1]), gguf_info.read(str(parts[0]))
+    assert len(parts) == 3 and split.file_bytes == sum(p.stat().st_size for p in parts)
+    assert (split.layer_bytes, split.output_bytes, split.tensor_types) == (
+        whole.layer_bytes, whole.output_bytes, whole.tensor_types)
+    parts[2].unlink()
+    with pytest.raises(ModelLoadError, match="split part"):
+        gguf_info.read(str(parts[0]))
+
+
 def test_gguf_header_errors_are_clear(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 8)
@@ -326,7 +351,8 @@ def _run(*args, ok=True):
 def test_build_script_prints_the_pinned_rebuild_per_profile():
     out = _run("native/build.sh", "--dry-run", "cuda")
     assert "CMAKE_ARGS='-DGGML_CUDA=on'" in out
-    assert f"pip install --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python -v llama-cpp-python=={PIN}" in out
+    assert ("pip install --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python -v "
+            f"llama-cpp-python=={PIN}") in out
     out = _run("native/build.sh", "--dry-run", "--rpc", "--cuda-arch", "89", "cuda")
     assert "-DGGML_CUDA=on -DGGML_RPC=on -DCMAKE_CUDA_ARCHITECTURES=89" in out
     for profile, flag in (("metal", "-DGGML_METAL=on"), ("vulkan", "-DGGML_VULKAN=on"), ("cpu", "-DGGML_NATIVE=on"),
@@ -341,4 +367,5 @@ def test_build_script_prints_the_pinned_rebuild_per_profile():
 def test_gpu_check_dry_run_shows_every_step_without_a_gpu():
     out = _run("native/gpu_check.sh", "--dry-run")
     assert "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=" in out and "-DLLAVA_BUILD=off" in out
-    assert "FSD_REQUIRE_GPU=1" in out and "-m gpu tests/test_gpu.py" in out and "fsd_local.cli bench --ngl -1 --draft-ngl -1 --modes fsd --taus 0.1,0.3" in out
+    assert "FSD_REQUIRE_GPU=1" in out and "-m gpu tests/test_gpu.py" in out
+    assert "fsd_local.cli bench --ngl -1 --draft-ngl -1 --modes fsd --taus 0.1,0.3" in out
