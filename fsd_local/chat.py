@@ -236,7 +236,7 @@ def _read(interactive: bool) -> str | None:
         return line.rstrip("\r\n") if line else None
     while True:
         try:
-            return input(click.style("you> ", fg="cyan", bold=True))
+            return input("you> ")  # unstyled: readline miscounts the width of escape sequences
         except EOFError:
             return None
         except KeyboardInterrupt:  # Ctrl-C at the prompt clears the line, as in a shell
