@@ -92,7 +92,29 @@ def _say(msg):
     click.echo(msg, err=True)
 
 
+class _Lines:
+    """Progress for a log file: click's bar draws nothing when standard error is not a terminal."""
+
+    def __init__(self, length, label):
+        self.length, self.label, self.done, self.shown = length, label, 0, -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def update(self, n):
+        self.done += n
+        tenth = self.done * 10 // self.length
+        if tenth > self.shown:
+            self.shown = tenth
+            _say(f"{self.label}: {self.done}/{self.length}")
+
+
 def _progress(length, label):
+    if not sys.stderr.isatty():
+        return _Lines(length, label)
     return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True, show_eta=True)
 
 

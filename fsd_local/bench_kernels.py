@@ -77,14 +77,18 @@ def numpy_rows(kind: str, x, y, topk: int = TOPK_DEFAULT):
 
 
 def logit_rows(vocab: int, rows: int, seed: int = 0):
-    """Target/draft logit rows shaped like a language model's: a long low tail, a few strong candidates,
-    and a draft that is a noisy copy of the target."""
+    """Target/draft logit rows shaped like SmolLM2's: a Gaussian bulk (sd 3), a sparse right tail (1% of the
+    tokens, exponential, scale 2) and one leading token. Real rows measured on the demo pair hold 1-70 tokens
+    within 4 of the maximum, 2-600 within 8 and 100-32,000 within 16; these hold 2-10, 6-600 and 2,000-47,000.
+    The spread near the top matters: the top-k kernels' cost depends on it. The draft's row is the target's
+    plus noise of sd 1.3 (1.0-1.9 measured)."""
     rng = np.random.default_rng(seed)
-    x = rng.normal(0.0, 2.0, (rows, vocab)).astype(np.float32)
-    top = rng.integers(0, vocab, (rows, 8))
-    np.put_along_axis(x, top, x.max() + rng.uniform(0, 6, (rows, 8)).astype(np.float32), axis=1)
-    y = (x + rng.normal(0.0, 0.8, (rows, vocab))).astype(np.float32)
-    return x, y
+    x = rng.normal(0.0, 3.0, (rows, vocab))
+    x += (rng.random((rows, vocab)) < 0.01) * rng.exponential(2.0, (rows, vocab))
+    top = rng.integers(0, vocab, (rows, 1))
+    np.put_along_axis(x, top, x.max(axis=1, keepdims=True) + rng.uniform(0, 3, (rows, 1)), axis=1)
+    y = x + rng.normal(0.0, 1.3, (rows, vocab))
+    return x.astype(np.float32), y.astype(np.float32)
 
 
 def _time(fn, number):
