@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import click
 
 from .accept import MODES
+from .chat_template import ChatTemplate
 from .config import SPECULATIVE_MODES, Settings
 from .divergence import DIVERGENCES
 from .engine import CancelToken
@@ -250,6 +251,8 @@ def run_chat(session: ChatSession, *, color: bool = False, as_json: bool = False
         click.echo(msg, err=True)
 
     interactive = sys.stdin.isatty() if interactive is None else interactive
+    if ChatTemplate.from_model(session.engine.target).is_fallback:
+        say("note: the target's GGUF has no chat template; using ChatML, which may not be what it was trained on")
     if interactive:
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401  line editing and history for input()

@@ -250,15 +250,15 @@ def _download(f: ModelFile, cache_dir, endpoint, local_only: bool) -> str:
         raise DownloadError(f"{f.label} could not be fetched from {endpoint} and is not in the cache; "
                             "check the network and pull again") from None
     except GatedRepoError:
-        raise DownloadError(f"{f.repo} is gated: accept its licence on the hub, then log in (`hf auth login`)") from None
+        raise DownloadError(f"{f.repo} is gated: accept its licence on the hub, then log in "
+                            "(`hf auth login`)") from None
     except RepositoryNotFoundError:
         raise DownloadError(f"repository {f.repo} was not found on the hub (renamed or private?)") from None
     except EntryNotFoundError:
         raise DownloadError(f"{f.file} is no longer in {f.repo} (renamed upstream?)") from None
-    except HfHubHTTPError as exc:
-        raise DownloadError(f"downloading {f.label} failed: {str(exc).splitlines()[0]}") from None
-    except OSError as exc:
-        raise DownloadError(f"downloading {f.label} failed: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+    except (HfHubHTTPError, OSError) as exc:  # HTTP errors, a dropped connection, a full disk...
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DownloadError(f"downloading {f.label} failed: {first_line}") from None
 
 
 def pull(name: str, *, cache_dir=None, endpoint: str | None = None, offline: bool | None = None,

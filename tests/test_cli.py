@@ -30,7 +30,7 @@ def test_demo_pair_builds_from_scratch(tmp_path):
     said = []
     draft, target = demo_pair(directory=tmp_path, progress=said.append)
     assert target.parent == tmp_path and target.exists() and said and "building the demo target" in said[0]
-    with Engine(target=str(target), draft=str(draft), n_ctx=256, n_threads=2) as eng:
+    with Engine(target=str(target), draft=str(draft), n_ctx=256, n_threads=1) as eng:
         assert (eng.target.n_layer, eng.draft.n_layer) == (44, 30)
         out = eng.generate("The capital of France is", max_tokens=6, tau=0.3)
     assert out.stats["tokens"] == 6 and out.text.strip()
@@ -41,8 +41,8 @@ def test_demo_pair_builds_from_scratch(tmp_path):
 
 
 @pytest.mark.parametrize("args, input", [
-    (["chat", "--max-tokens", "3", "--ctx", "256", "--threads", "2"], "Hi\n"),
-    (["generate", "Hi", "--max-tokens", "3", "--ctx", "256", "--threads", "2"], None),
+    (["chat", "--max-tokens", "3", "--ctx", "256", "--threads", "1"], "Hi\n"),
+    (["generate", "Hi", "--max-tokens", "3", "--ctx", "256", "--threads", "1"], None),
 ])
 def test_no_model_arguments_runs_the_demo_pair_and_says_so(real_pair, args, input):
     result = invoke(args, input)
@@ -87,7 +87,8 @@ def test_chat_errors_are_one_clear_line(tmp_path, tiny_pair, make_args, message)
 
 
 def test_mismatched_vocabularies(real_pair, gemma_path):
-    result = invoke(["chat", "--target", gemma_path, "--draft", real_pair[0], "--ctx", "128"], "hello\n")
+    result = invoke(["chat", "--target", gemma_path, "--draft", real_pair[0], "--ctx", "128", "--threads", "1"],
+                    "hello\n")
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert re.search(r"error: draft .*SmolLM2.* cannot draft for target .*: .*differ", result.output)
 
@@ -142,8 +143,8 @@ def test_pull_then_chat_with_the_pair(registry_env, tiny_pair):
     assert Path(paths["target"]).read_bytes() == Path(tiny_pair[1]).read_bytes()
     listing = fsd_local(["models"], registry_env)
     assert "tiny  [downloaded]  tiny pair" in listing.stdout and registry_env["HF_HUB_CACHE"] in listing.stdout
-    chat = fsd_local(["chat", "--pair", "tiny", "--ctx", "256", "--max-tokens", "5", "--json"], registry_env,
-                     input="hello\n")
+    chat = fsd_local(["chat", "--pair", "tiny", "--ctx", "256", "--threads", "1", "--max-tokens", "5", "--json"],
+                     registry_env, input="hello\n")
     assert chat.returncode == 0, chat.stderr
     assert json.loads(chat.stdout)["stats"]["tokens"] == 5
 
@@ -159,3 +160,15 @@ def test_pull_without_the_hub_is_one_line(registry_env, env, message):
     run = fsd_local(["pull", "tiny"], {**registry_env, **env})
     assert run.returncode == 1 and run.stderr.startswith(message.format(port=port))
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_models_json_and_a_broken_registry(tmp_path, monkeypatch):
+    listing = json.loads(invoke(["models", "--json"]).output)
+    pair = listing["qwen2.5-0.5b-7b"]
+    assert pair["draft"]["file"] == "Qwen2.5-0.5B-Instruct-Q4_K_M.gguf" and set(pair["present"]) == {"target", "draft"}
+    broken = tmp_path / "mine.toml"
+    broken.write_text(toml_for().replace("size_mb = 0.1", 'size_mb = "big"', 1))
+    monkeypatch.setenv("FSD_LOCAL_MODELS", str(broken))
+    result = invoke(["models"])
+    assert result.exit_code == 1
+    assert result.output == f"error: {broken} pair 'tiny' draft: size_mb must be a number, got 'big'\n"
