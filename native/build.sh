@@ -4,9 +4,11 @@
 #
 #   native/build.sh [--dry-run] [--rpc] [--cuda-arch 89] [--source SDIST] PROFILE
 #   native/build.sh [--dry-run] --rpc-server [--cuda-arch 89] [--source SDIST] PROFILE
+#   native/build.sh [--dry-run] --pack-source FILE.tar.gz [--source SDIST]
 #
 # PROFILE: cpu | cuda | metal | vulkan | hip | sycl. --rpc adds llama.cpp's RPC backend (--rpc HOST:PORT).
 # --source: an unpacked llama-cpp-python sdist or its .tar.gz, for machines without access to PyPI.
+# --pack-source: write that sdist without git history, test vocabularies and docs (77 -> ~15 MB) to take along.
 # Environment: PYTHON (interpreter; default: python on PATH), FSD_CMAKE_ARGS (more CMake flags), FSD_PIP_ARGS
 # (more pip options), CMAKE_BUILD_PARALLEL_LEVEL (jobs; default: all cores), FSD_BUILD_DIR (ggml-rpc-server trees).
 set -euo pipefail
@@ -15,7 +17,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
 die() { echo "build.sh: $*" >&2; exit 2; }
 
-dry=0 rpc=0 rpc_server=0 cuda_arch="" source="" profile=""
+dry=0 rpc=0 rpc_server=0 cuda_arch="" source="" profile="" pack=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) dry=1 ;;
@@ -23,19 +25,48 @@ while [ $# -gt 0 ]; do
         --rpc-server) rpc_server=1 ;;
         --cuda-arch) [ $# -ge 2 ] || die "--cuda-arch needs a value, e.g. 89 or \"86;89\""; cuda_arch="$2"; shift ;;
         --source) [ $# -ge 2 ] || die "--source needs a path"; source="$2"; shift ;;
-        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --pack-source) [ $# -ge 2 ] || die "--pack-source needs a FILE.tar.gz"; pack="$2"; shift ;;
+        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option $1 (see --help)" ;;
         *) [ -z "$profile" ] || die "one PROFILE only"; profile="$1" ;;
     esac
     shift
 done
+version="$(sed -n 's/.*"llama-cpp-python==\([0-9][0-9.]*\)".*/\1/p' "$root/pyproject.toml" | head -n 1)"
+[ -n "$version" ] || die "no llama-cpp-python==VERSION pin found in $root/pyproject.toml"
+python="${PYTHON:-$(command -v python || command -v python3 || echo python3)}"
+show() { local line; line="$(printf '%q ' "$@")"; echo "${line% }"; }
+
+if [ -n "$pack" ]; then
+    # what a build never reads: git history (only version strings come from it), the tokenizer test
+    # vocabularies and the documentation
+    skip=(--exclude='*/.git' --exclude='*/vendor/llama.cpp/models' --exclude='*/vendor/llama.cpp/docs')
+    work="$(mktemp -d)"
+    if [ -z "$source" ]; then
+        fetch=("$python" -m pip download --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$version")
+        show "${fetch[@]}"
+        [ "$dry" = 1 ] || "${fetch[@]}"
+        source="$work/llama_cpp_python-$version.tar.gz"
+    fi
+    if [ "${source%.tar.gz}" = "$source" ]; then  # an unpacked directory
+        repack=(tar -czf "$pack" "${skip[@]}" -C "$(dirname "$source")" "$(basename "$source")")
+        show "${repack[@]}"
+        [ "$dry" = 1 ] || "${repack[@]}"
+    else
+        show tar -xzf "$source" "${skip[@]}" -C "$work"
+        show tar -czf "$pack" -C "$work" "llama_cpp_python-$version"
+        [ "$dry" = 1 ] || { tar -xzf "$source" "${skip[@]}" -C "$work" &&
+                            tar -czf "$pack" -C "$work" "llama_cpp_python-$version"; }
+    fi
+    rm -rf "$work"
+    [ "$dry" = 1 ] || echo "packed $pack ($(du -h "$pack" | cut -f1)); build from it with --source $pack"
+    exit 0
+fi
+
 profiles="$(cd "$here/profiles" && ls ./*.env | sed 's|^\./||; s|\.env$||' | tr '\n' ' ')"
 [ -n "$profile" ] || die "give a PROFILE: $profiles"
 profile_file="$here/profiles/$profile.env"
 [ -f "$profile_file" ] || die "unknown profile '$profile': choose one of $profiles"
-
-version="$(sed -n 's/.*"llama-cpp-python==\([0-9][0-9.]*\)".*/\1/p' "$root/pyproject.toml" | head -n 1)"
-[ -n "$version" ] || die "no llama-cpp-python==VERSION pin found in $root/pyproject.toml"
 
 CMAKE_ARGS="" NEEDS="" EXPECT=""
 # shellcheck disable=SC1090
@@ -45,7 +76,6 @@ args="$CMAKE_ARGS"
 [ -n "$cuda_arch" ] && args="$args -DCMAKE_CUDA_ARCHITECTURES=$cuda_arch"
 [ -n "${FSD_CMAKE_ARGS:-}" ] && args="$args $FSD_CMAKE_ARGS"
 jobs="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 4)}"
-python="${PYTHON:-$(command -v python || command -v python3 || echo python3)}"
 
 if [ "$profile" = hip ] && command -v hipconfig >/dev/null 2>&1; then
     # ROCm's clang compiles the HIP kernels (llama.cpp docs/build.md)
@@ -58,8 +88,6 @@ if [ -n "$missing" ]; then
     msg="profile $profile needs${missing} on PATH: $(grep '^# Needs' "$profile_file" | sed 's/^# //')"
     [ "$dry" = 1 ] && echo "warning: $msg" >&2 || die "$msg"
 fi
-
-show() { local line; line="$(printf '%q ' "$@")"; echo "${line% }"; }
 
 if [ "$rpc_server" = 1 ]; then
     build_dir="${FSD_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fsd-local/build}/rpc-server-$profile"

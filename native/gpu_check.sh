@@ -10,9 +10,10 @@
 #
 #   native/gpu_check.sh [--dry-run] [--skip-build] [--source SDIST] [--out DIR]
 #
-# Needs: the NVIDIA driver (nvidia-smi), the CUDA toolkit (nvcc), a Python environment with fsd-local installed
-# (pip install -e ".[test]"). Offline machines: pass --source (or FSD_LCP_SOURCE) pointing at the
-# llama-cpp-python sdist, with scikit-build-core installed, so pip builds without the network.
+# Needs: the NVIDIA driver (nvidia-smi), the CUDA toolkit with cuBLAS (nvcc, libcublas), a Python environment
+# with fsd-local installed (pip install -e ".[test]"). Offline machines: make a source tarball where PyPI is
+# reachable (native/build.sh --pack-source build/llama-src.tar.gz, ~13 MB) and pass it with --source (or
+# FSD_LCP_SOURCE); with scikit-build-core installed, pip then builds without the network.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -44,6 +45,12 @@ else
     exit 3
 fi
 stamp "GPUs: $gpus; CUDA architectures: $arch"
+# a toolkit without cuBLAS fails only after minutes of CMake and compiling: say so now
+if [ "$dry" = 0 ] && ! ls ${CUDA_HOME:+"$CUDA_HOME"/lib64/libcublas.so*} /usr/local/cuda*/lib64/libcublas.so* \
+        /usr/local/cuda*/targets/*/lib/libcublas.so* /usr/lib/*-linux-gnu/libcublas.so* >/dev/null 2>&1; then
+    echo "gpu_check.sh: the CUDA toolkit here has no cuBLAS (libcublas.so); install it (e.g. libcublas-dev-13-0)" >&2
+    exit 3
+fi
 
 build_args=(--cuda-arch "$arch" cuda)
 [ -n "$source" ] && build_args=(--source "$source" "${build_args[@]}")
