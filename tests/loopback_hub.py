@@ -1,8 +1,10 @@
 """A Hugging Face hub on 127.0.0.1 for offline tests: it answers `/{repo}/resolve/{revision}/{file}` (HEAD and
-GET) the way huggingface-hub expects, so `hf_hub_download` runs its real code path against local files."""
+GET) the way huggingface-hub expects, so `hf_hub_download` runs its real code path against local files. Also: a
+models.toml for a pair served from it, and a port where no hub answers."""
 from __future__ import annotations
 
 import hashlib
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -71,3 +73,22 @@ class LoopbackHub:
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on: a hub that cannot be reached."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toml_for(draft_sha=None, target_sha=None, size_mb=0.1, repo="me/tiny"):
+    """A models.toml with one pair, 'tiny', whose files are draft.gguf and target.gguf in `repo`."""
+    def entry(role, sha):
+        lines = [f'[pairs.tiny.{role}]', f'repo = "{repo}"', f'file = "{role}.gguf"', f"size_mb = {size_mb}"]
+        if sha:
+            lines += [f'sha256 = "{sha}"', 'sha256_revision = "0123456"']
+        return "\n".join(lines)
+
+    return "\n".join(['[tau]', 'js = 0.2', '', '[pairs.tiny]', 'description = "tiny pair"', 'licence = "test"',
+                      entry("draft", draft_sha), entry("target", target_sha)])

@@ -15,8 +15,7 @@ from click.testing import CliRunner
 from fsd_local import Engine, ModelLoadError
 from fsd_local.cli import cli
 from fsd_local.demo import DEMO_NOTE, demo_pair
-from loopback_hub import LoopbackHub
-from test_registry import closed_port, toml_for
+from loopback_hub import LoopbackHub, closed_port, toml_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -13,21 +12,10 @@ from huggingface_hub import constants
 from fsd_local.errors import DownloadError, ModelLoadError, RegistryError
 from fsd_local.registry import (format_pairs, get_pair, load_registry, local_pair_paths, parse_registry, pull,
                                 unreachable)
-from loopback_hub import COMMIT, LoopbackHub
+from loopback_hub import COMMIT, LoopbackHub, closed_port, toml_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SHA_A = "a" * 64
-
-
-def toml_for(draft_sha=None, target_sha=None, size_mb=0.1, repo="me/tiny"):
-    def entry(role, sha):
-        lines = [f'[pairs.tiny.{role}]', f'repo = "{repo}"', f'file = "{role}.gguf"', f"size_mb = {size_mb}"]
-        if sha:
-            lines += [f'sha256 = "{sha}"', 'sha256_revision = "0123456"']
-        return "\n".join(lines)
-
-    return "\n".join(['[tau]', 'js = 0.2', '', '[pairs.tiny]', 'description = "tiny pair"', 'licence = "test"',
-                      entry("draft", draft_sha), entry("target", target_sha)])
 
 
 # ------------------------------------------------------------------ the packaged file
@@ -201,12 +189,6 @@ def test_pull_names_a_file_missing_upstream(online, hub, tmp_path):
     registry = parse_registry(toml_for(repo="me/renamed"))
     with pytest.raises(DownloadError, match="repository me/renamed was not found on the hub"):
         pull("tiny", cache_dir=tmp_path, endpoint=hub.url, offline=False, registry=registry, say=lambda m: None)
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_pull_without_network_fails_at_once(tmp_path):
