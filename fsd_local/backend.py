@@ -124,7 +124,7 @@ def detect() -> BackendInfo:
 
 # ------------------------------------------------------------------ RPC
 _ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)  # ggml_backend_rpc_add_server(endpoint)
-_added: dict[str, int] = {}  # endpoint -> number of devices it brought
+_added: set[str] = set()  # endpoints registered in this process
 
 
 def parse_rpc_servers(servers: str) -> list[str]:
@@ -162,7 +162,7 @@ def add_rpc_servers(servers: str) -> list[str]:
             raise ModelLoadError(f"RPC server {ep} did not answer; start `ggml-rpc-server -H 0.0.0.0 -p PORT` there "
                                  "(built from the same llama.cpp version: native/build.sh --rpc-server)")
         lib.ggml_backend_register(server_reg)
-        _added[ep] = lib.ggml_backend_reg_dev_count(server_reg)
+        _added.add(ep)
     return endpoints
 
 

@@ -38,8 +38,6 @@ _PROTOTYPES = {
     "ggml_backend_dev_get": ("ggml", c_void_p, [c_size_t]),
     # devices and registries (libggml-base)
     "ggml_backend_reg_name": ("ggml-base", c_char_p, [c_void_p]),
-    "ggml_backend_reg_dev_count": ("ggml-base", c_size_t, [c_void_p]),
-    "ggml_backend_reg_dev_get": ("ggml-base", c_void_p, [c_void_p, c_size_t]),
     "ggml_backend_reg_get_proc_address": ("ggml-base", c_void_p, [c_void_p, c_char_p]),
     "ggml_backend_dev_name": ("ggml-base", c_char_p, [c_void_p]),
     "ggml_backend_dev_description": ("ggml-base", c_char_p, [c_void_p]),

@@ -19,7 +19,7 @@ from fsd_local.cli import cli, load_engine
 from fsd_local.doctor import report, render
 from fsd_local.errors import ModelLoadError
 from fsd_local.model import KV_TYPES, Model, ModelOptions
-from fsd_local.placement import MiB, Footprint, footprint, plan
+from fsd_local.placement import Footprint, footprint, plan
 from tinymodels import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
