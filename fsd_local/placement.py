@@ -59,11 +59,11 @@ class Placement:
     summary: str  # one line for the user: what was chosen and why
 
 
-def _describe(ngl: int, fp: Footprint) -> str:
+def _describe(ngl: int, fp: Footprint, chosen: bool) -> str:
     if ngl < 0 or ngl > fp.n_layer:
         return f"all {fp.n_layer} layers on the GPU ({fp.bytes_for(ngl) / MiB:,.0f} MiB)"
     if ngl == 0:
-        return "on the CPU (no room on the GPU)"
+        return "on the CPU" + (" (no room on the GPU)" if chosen else "")
     return f"{ngl}/{fp.n_layer} layers on the GPU ({fp.bytes_for(ngl) / MiB:,.0f} MiB), the rest on the CPU"
 
 
@@ -94,17 +94,18 @@ def plan(target: Footprint, draft: Footprint | None, free: list[int], *, target_
             usable[i] -= used
             amount -= used
 
-    if draft is not None and draft_ngl is not None:
+    draft_auto, target_auto = draft_ngl is None, target_ngl is None
+    if draft is not None and not draft_auto:
         take(draft.bytes_for(draft_ngl), draft_device)
-    if target_ngl is not None:
+    if not target_auto:
         take(target.bytes_for(target_ngl))
-    if draft is not None and draft_ngl is None:
+    if draft is not None and draft_auto:
         draft_ngl = draft.most_layers_within(usable[draft_device] if has_draft_device else 0)
         take(draft.bytes_for(draft_ngl), draft_device)
-    if target_ngl is None:
+    if target_auto:
         target_ngl = target.most_layers_within(sum(usable[i] for i in target_devices))
-    chosen = [f"draft {_describe(draft_ngl, draft)}"] if draft is not None else []
-    chosen.append(f"target {_describe(target_ngl, target)}")
+    chosen = [f"draft {_describe(draft_ngl, draft, draft_auto)}"] if draft is not None else []
+    chosen.append(f"target {_describe(target_ngl, target, target_auto)}")
     pools = [f"{f / MiB:,.0f} MiB free on GPU {i}" for i, f in enumerate(free)]
     pools += [f"{rpc_free / MiB:,.0f} MiB on RPC servers"] if rpc_free else []
     free_text = ", ".join(pools)
