@@ -139,6 +139,7 @@ def generation_options(f):
         click.option("--min-p", type=float, default=0.0, show_default=True, help="0 = off"),
         click.option("--seed", type=click.IntRange(0), help="makes sampled runs reproducible"),
         click.option("--max-tokens", type=click.IntRange(0), default=256, show_default=True),
+        click.option("--ignore-eos", is_flag=True, help="keep going past end-of-generation tokens (benchmarks)"),
         click.option("--stop", multiple=True, help="stop string (repeatable)"),
     ]
     for opt in reversed(opts):
@@ -146,7 +147,7 @@ def generation_options(f):
     return f
 
 
-SETTING_KEYS = ("tau", "mode", "divergence", "draft_max", "draft_min", "draft_p_min", "adaptive", "temperature",
+SETTING_KEYS = ("tau", "mode", "divergence", "draft_max", "draft_min", "draft_p_min", "adaptive", "ignore_eos", "temperature",
                 "top_k", "top_p", "min_p", "seed", "max_tokens", "stop")
 
 
@@ -275,7 +276,10 @@ def serve(host, port, api_key, max_queue, model_name, **kwargs):
     """An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,
     /metrics). The generation options are the defaults; requests override them, including fsd-local's own
     (tau, mode, divergence, draft_max...) as extra body fields. One pair answers whatever `model` a request names."""
-    from .server import serve as run_server
+    try:
+        from .server import serve as run_server
+    except ImportError as exc:  # the server's packages are an optional extra
+        raise click.UsageError(f"the server needs FastAPI and uvicorn: pip install 'fsd-local[server]' ({exc})") from None
 
     settings = split_settings(kwargs)
     with load_engine(**kwargs, settings=settings, say=_say) as engine:
