@@ -20,9 +20,11 @@ from .model import default_threads
 
 
 def run_llamacpp(binary, target, draft, prompt, n, k, threads, ctx):
-    cmd = [binary, "-m", target, "-md", draft, "-p", prompt, "-n", str(n), "--draft-max", str(k),
-           "--draft-min", "0", "--draft-p-min", "0", "--temp", "0", "--top-k", "1", "-t", str(threads),
-           "-td", str(threads), "-c", str(ctx), "-cd", str(ctx), "--ignore-eos", "-ngl", "0", "-ngld", "0"]
+    # option names of the llama.cpp that llama-cpp-python 0.3.36 vendors (older builds: --draft-max ...)
+    cmd = [binary, "-m", target, "-md", draft, "--spec-type", "draft-simple", "-p", prompt, "-n", str(n),
+           "--spec-draft-n-max", str(k),
+           "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "--temp", "0", "--top-k", "1", "-t", str(threads),
+           "-td", str(threads), "-c", str(ctx), "--ignore-eos", "-ngl", "0", "-ngld", "0"]
     r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=1800)
     log = r.stdout + r.stderr
     if r.returncode != 0:
