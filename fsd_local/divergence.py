@@ -46,17 +46,22 @@ def row_lse(x, n):
     return float(m) + math.log(s) if s == s else np.nan
 
 
+@njit(inline="always", fastmath=FLAGS, error_model="numpy")
+def _log_mid(lp, lq, p, q):
+    """log((p + q) / 2) as hi + log((1 + lo/hi) / 2): no overflow, no third exp, and exactly log p where
+    p == q, so identical rows give exactly 0. (0/0 where both underflow: the callers weigh it by 0.)"""
+    return max(lp, lq) + vlog(np.float32(0.5) + np.float32(0.5) * (min(p, q) / max(p, q)))
+
+
 @kernel
 def _js(x, lx, y, ly, n):
     acc = np.float32(0.0)
     for i in range(n):
         lp = x[i] - lx
         lq = y[i] - ly
-        # log m = hi + log((1 + e^(lo - hi)) / 2): exact 0 offsets where p == q, no overflow
-        hi = max(lp, lq)
-        lm = hi + vlog(np.float32(0.5) + np.float32(0.5) * vexp(min(lp, lq) - hi))
         p = vexp(lp)
         q = vexp(lq)
+        lm = _log_mid(lp, lq, p, q)
         tp = p * (lp - lm) if p > np.float32(0.0) else np.float32(0.0)
         tq = q * (lq - lm) if q > np.float32(0.0) else np.float32(0.0)
         acc += tp + tq
@@ -69,9 +74,10 @@ def _paper_js(x, lx, y, ly, n):
     for i in range(n):
         lp = x[i] - lx
         lq = y[i] - ly
-        hi = max(lp, lq)
-        lm = hi + vlog(np.float32(0.5) + np.float32(0.5) * vexp(min(lp, lq) - hi))
-        m = vexp(lm)
+        p = vexp(lp)
+        q = vexp(lq)
+        m = np.float32(0.5) * (p + q)
+        lm = _log_mid(lp, lq, p, q)
         acc += (m * ((lm - lp) + (lm - lq))) if m > np.float32(0.0) else np.float32(0.0)
     return 0.5 * float(acc)
 
