@@ -164,7 +164,7 @@ def spread(values) -> float | None:
 
 def paired_ratio(num: list[float], den: list[float]) -> float | None:
     """Median over repeats of num[r] / den[r]: both measured in the same repeat, under the same noise."""
-    return median([a / b if b else None for a, b in zip(num, den)])
+    return median([a / b if a is not None and b else None for a, b in zip(num, den)])
 
 
 def prefix_agreement(out, ref) -> float:

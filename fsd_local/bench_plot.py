@@ -1,10 +1,13 @@
 """`bench --plot`: tokens/s and quality against tau, one row of panels per temperature.
 
 One line per (mode, divergence, draft length) of the tau modes, coloured by draft length; the baselines are
-horizontal lines: `ar` black dashed, `sd` dotted in the colour of its draft length, `draft-only` grey. Quality is the target's log-probability per token (every temperature) and, at temperature 0,
-the agreement with the target's greedy output.
+horizontal lines: `ar` black dashed, `sd` dotted in the colour of its draft length, `draft-only` grey.
+Quality is the target's log-probability per token (every temperature) and, at temperature 0, the agreement
+with the target's greedy output.
 """
 from __future__ import annotations
+
+import math
 
 from .bench import TAU_MODES
 from .errors import ConfigError
@@ -20,6 +23,7 @@ def require_matplotlib():
     return matplotlib
 
 
+LEGEND_COLUMNS = 5
 PANELS = (("tokens_per_second", "tokens/s"), ("target_logprob_mean", "target log-prob / token"),
           ("agreement", "agreement with target greedy"))
 
@@ -67,10 +71,13 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
                 elif r["mode"] == "draft-only":
                     ax.axhline(r[key], color="grey", linestyle="-.", linewidth=1, label="draft alone")
             ax.grid(alpha=0.3)
-            if ti == 0 and pi == 0:
-                ax.legend(fontsize=7)
+    # one legend under the panels, where it hides no data; the first panel holds every line
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    height = fig.get_size_inches()[1]
+    legend_rows = math.ceil(len(labels) / LEGEND_COLUMNS)
+    fig.legend(handles, labels, loc="lower center", ncol=LEGEND_COLUMNS, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, (0.25 * legend_rows + 0.15) / height, 1, 1))
     fig.savefig(path, format="png", dpi=110)
     plt.close(fig)

@@ -28,7 +28,7 @@ def test_spread_and_paired_ratio():
     assert spread([5.0]) == 0.0
     # paired: the ratio is taken within each repeat, then the median
     assert paired_ratio([10.0, 30.0, 20.0], [5.0, 10.0, 20.0]) == 2.0
-    assert paired_ratio([1.0, 2.0], [0.0, None]) is None
+    assert paired_ratio([1.0, 2.0, None], [0.0, None, 3.0]) is None
 
 
 def test_agreements():
