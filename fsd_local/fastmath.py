@@ -9,6 +9,8 @@ from functools import partial
 
 import numpy as np
 from llvmlite import ir
+
+from . import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
 from numba import njit, types
 from numba.extending import intrinsic
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .divergence import row_max
+from .divergence import gather_sorted, row_max, top_threshold
 from .fastmath import kernel, vexp
 
 BLOCK = 1024  # inverse-CDF sampling scans block sums (vectorised) before one scalar block
@@ -29,47 +29,28 @@ def _kept_mass(x, n, mx, inv_t, cutoff):
 
 @njit(cache=True)
 def _cutoff(x, n, mx, inv_t, top_k, top_p):
-    """Lowest logit kept by top-k then top-p (renormalised over the top-k set), exact.
-    Gathers candidates within `delta` of the max, widening until they provably contain the kept set."""
-    z_all = -1.0
-    if top_k <= 0:
-        z_all = float(_kept_mass(x, n, mx, inv_t, np.float32(-np.inf)))
-    delta = np.float32(8.0)
-    while True:
-        thresh = mx - delta / inv_t if delta < np.float32(1e30) else np.float32(-np.inf)
-        cnt = 0
-        for i in range(n):
-            cnt += x[i] >= thresh
-        idx = np.empty(cnt, np.int64)
-        j = 0
-        for i in range(n):
-            if x[i] >= thresh:
-                idx[j] = i
-                j += 1
-        vals = x[idx]
-        order = np.argsort(-vals, kind="mergesort")
-        everything = thresh == -np.inf
-        if top_k > 0:
-            if cnt < top_k and not everything:
-                delta *= np.float32(4.0)
-                continue
-            kk = min(top_k, cnt)
-            z = 0.0
-            for j in range(kk):
-                z += math.exp((float(vals[order[j]]) - mx) * inv_t)
-        else:
-            kk = cnt
-            z = z_all
-        if top_p >= 1.0:
-            return vals[order[kk - 1]] if kk > 0 else np.float32(-np.inf)
-        cum = 0.0
-        for j in range(kk):
-            cum += math.exp((float(vals[order[j]]) - mx) * inv_t)
-            if cum >= top_p * z:
-                return vals[order[j]]
-        if everything or (top_k > 0 and kk == top_k):
-            return vals[order[kk - 1]] if kk > 0 else np.float32(-np.inf)
-        delta *= np.float32(4.0)
+    """Lowest logit kept by top-k then top-p (renormalised over the top-k set), exact. Only candidates near
+    the top are sorted: top-k takes them from `top_threshold`; top-p widens a cut below the max (counting
+    mass, one vectorised pass each) until the cut holds top_p of the mass, so it contains the nucleus."""
+    if top_k > 0:
+        cand = gather_sorted(x, n, top_threshold(x, n, mx, top_k))[:top_k]
+        z_all = np.float32(0.0)  # top-p renormalises over the top-k set: its own mass, below
+    else:
+        z_all = _kept_mass(x, n, mx, inv_t, np.float32(-np.inf))
+        delta = np.float32(1.0)  # in units of the tempered logits
+        while delta < np.float32(1e30) and _kept_mass(x, n, mx, inv_t, mx - delta / inv_t) < top_p * z_all:
+            delta *= np.float32(2.0)
+        cand = gather_sorted(x, n, mx - delta / inv_t if delta < np.float32(1e30) else np.float32(-np.inf))
+    if cand.shape[0] == 0:
+        return np.float32(-np.inf)
+    w = np.exp((x[cand].astype(np.float64) - mx) * inv_t)
+    if top_p < 1.0:
+        cum = np.cumsum(w)
+        total = cum[-1] if top_k > 0 else float(z_all)
+        for j in range(cand.shape[0]):
+            if cum[j] >= top_p * total:
+                return x[cand[j]]
+    return x[cand[-1]]
 
 
 @njit(cache=True)

@@ -1,0 +1,29 @@
+"""Where numba keeps compiled kernels: a directory named by a hash of every kernel source file.
+
+numba's on-disk cache is keyed by the file that defines a function, but a cached function embeds the code of
+the jitted functions it calls from other files: change `divergence.py` and `accept_round` (in accept.py) would
+silently keep running the old divergence. Keying the whole cache on all kernel sources makes any change
+recompile everything, once. Import this before any module that defines a kernel (fastmath.py does).
+"""
+import hashlib
+import os
+from pathlib import Path
+
+import numba
+
+KERNEL_SOURCES = ("fastmath.py", "divergence.py", "sampling.py", "accept.py", "bench_kernels.py")
+
+
+def kernel_cache_dir() -> Path:
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in KERNEL_SOURCES:
+        digest.update(name.encode())
+        digest.update((here / name).read_bytes())
+    base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+        os.environ.get("FSD_LOCAL_CACHE") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "fsd-local"), "numba")
+    return Path(base) / f"{numba.__version__}-{digest.hexdigest()[:16]}"
+
+
+numba.config.CACHE_DIR = str(kernel_cache_dir())
