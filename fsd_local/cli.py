@@ -202,6 +202,10 @@ def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu
     t_opts, d_opts, placed = resolve(t_opts, d_opts, target_auto=target_auto, draft_auto=draft_auto)
     if placed and say:
         say(placed)
+    from .jit_cache import is_warm
+
+    if say and not is_warm():
+        say("compiling fsd-local's kernels with Numba (first run only, about 20 s on 2 cores)...")
     return Engine(target=t_opts, draft=d_opts, settings=s)
 
 

@@ -27,3 +27,8 @@ def kernel_cache_dir() -> Path:
 
 
 numba.config.CACHE_DIR = str(kernel_cache_dir())
+
+
+def is_warm() -> bool:
+    """True when compiled kernels for these sources are on disk (the first load otherwise compiles, ~20 s)."""
+    return any(Path(numba.config.CACHE_DIR).rglob("*.nbi"))
