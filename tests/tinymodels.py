@@ -78,3 +78,65 @@ def write_tiny_gguf(path, *, seed: int = 0, base_seed: int = 1234, noise: float 
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def write_tiny_mamba_gguf(path, *, seed: int = 0, n_embd: int = 32, n_layer: int = 1, d_state: int = 4,
+                          d_conv: int = 4, dt_rank: int = 4, n_ctx: int = 512, byte_tokens: bool = True,
+                          words=WORDS) -> Path:
+    """A tiny Mamba (recurrent, state-space) model sharing `vocabulary()` with write_tiny_gguf: llama.cpp
+    reports it as recurrent, so its per-sequence state cannot be rewound to an earlier position.
+
+    Tensor names and ggml shapes follow the vendored llama.cpp's llama_model_mamba::load_arch_tensors
+    (numpy shapes are the ggml shapes reversed); llama.cpp only supports d_inner == 2 * n_embd."""
+    import gguf
+
+    tokens, scores, types = vocabulary(byte_tokens, words)
+    n_vocab = len(tokens)
+    d_inner = 2 * n_embd
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape, scale=None):
+        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_name(f"tiny-mamba-{seed}")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(dt_rank)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_tensor("token_embd.weight", weight(n_vocab, n_embd, scale=1.0))
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ssm_in.weight", weight(2 * d_inner, n_embd))
+        w.add_tensor(f"blk.{i}.ssm_conv1d.weight", weight(d_inner, d_conv))
+        w.add_tensor(f"blk.{i}.ssm_conv1d.bias", np.zeros(d_inner, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ssm_x.weight", weight(dt_rank + 2 * d_state, d_inner))
+        w.add_tensor(f"blk.{i}.ssm_dt.weight", weight(d_inner, dt_rank))
+        w.add_tensor(f"blk.{i}.ssm_dt.bias", np.zeros(d_inner, dtype=np.float32))
+        # A = -exp(A_log) as the HF converter stores it: S4D-real initialisation, negative so the state decays
+        a = -np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1))
+        w.add_tensor(f"blk.{i}.ssm_a", a)
+        w.add_tensor(f"blk.{i}.ssm_d", np.ones(d_inner, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ssm_out.weight", weight(n_embd, d_inner))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("output.weight", weight(n_vocab, n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
