@@ -7,6 +7,7 @@ backend names in llama_print_system_info().
 from __future__ import annotations
 
 import ctypes
+import socket
 from dataclasses import asdict, dataclass, field
 
 from . import ggml_api as g
@@ -125,6 +126,7 @@ def detect() -> BackendInfo:
 # ------------------------------------------------------------------ RPC
 _ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)  # ggml_backend_rpc_add_server(endpoint)
 _added: set[str] = set()  # endpoints registered in this process
+RPC_CONNECT_TIMEOUT = 5.0  # seconds
 
 
 def parse_rpc_servers(servers: str) -> list[str]:
@@ -157,10 +159,16 @@ def add_rpc_servers(servers: str) -> list[str]:
     for ep in endpoints:
         if ep in _added:
             continue
+        hint = ("start `ggml-rpc-server -H 0.0.0.0 -p PORT` there (built from the same llama.cpp version: "
+                "native/build.sh --rpc-server)")
+        host, _, port = ep.rpartition(":")
+        try:  # ggml-rpc aborts the whole process when it cannot connect, so try first
+            socket.create_connection((host.strip("[]"), int(port)), timeout=RPC_CONNECT_TIMEOUT).close()
+        except OSError as exc:
+            raise ModelLoadError(f"RPC server {ep} did not answer ({exc.strerror or exc}); {hint}") from None
         server_reg = add_server(ep.encode())
         if not server_reg:
-            raise ModelLoadError(f"RPC server {ep} did not answer; start `ggml-rpc-server -H 0.0.0.0 -p PORT` there "
-                                 "(built from the same llama.cpp version: native/build.sh --rpc-server)")
+            raise ModelLoadError(f"RPC server {ep} has no devices; {hint}")
         lib.ggml_backend_register(server_reg)
         _added.add(ep)
     return endpoints
@@ -168,6 +176,20 @@ def add_rpc_servers(servers: str) -> list[str]:
 
 def rpc_registered() -> bool:
     return bool(_added)
+
+
+def rpc_devices(endpoints: list[str]) -> list[int]:
+    """Handles of the devices of these registered RPC endpoints (an RPC device's description is its endpoint).
+    Models pass them to llama.cpp explicitly: the registry ggml_api binds is not necessarily the one libllama
+    reads (wheels ship libggml.so and libggml.so.0 as two copies, each with its own registry)."""
+    lib = g.lib()
+    wanted, out = set(endpoints), []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        reg = g.text(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)))
+        if reg.startswith("RPC") and g.text(lib.ggml_backend_dev_description(dev)) in wanted:
+            out.append(dev)
+    return out
 
 
 def local_offload_devices() -> list[int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -36,8 +37,8 @@ _initialised = False
 def _log_sink(level, text, user_data):  # pragma: no cover - called from C
     line = text.decode("utf-8", "replace") if text else ""
     _LOG.append(line)
-    if os.environ.get("FSD_LOCAL_VERBOSE"):
-        print(line, end="", flush=True)
+    if os.environ.get("FSD_LOCAL_VERBOSE"):  # stderr, as llama.cpp's own logger: stdout may be --json output
+        print(line, end="", file=sys.stderr, flush=True)
 
 
 def init_backend() -> None:
@@ -124,12 +125,17 @@ def _check_options(opts: ModelOptions, role: str) -> None:
 
 def _device_list(opts: ModelOptions):
     """None = llama.cpp's default device choice. Registered RPC servers are process-wide devices, so once any
-    model added some, every other model gets an explicit list of the local devices (NULL-terminated)."""
+    model added some, every other model gets an explicit list of the local devices (NULL-terminated). A model
+    with rpc_servers gets its own servers' devices first (llama.cpp's order: fewer transfers), then the local
+    ones, always explicitly: libllama's device registry need not be the one the servers were registered in."""
     from . import backend
 
     if opts.rpc_servers:
-        backend.add_rpc_servers(opts.rpc_servers)
-        return None
+        endpoints = backend.add_rpc_servers(opts.rpc_servers)
+        if opts.vocab_only:
+            return None
+        devices = backend.rpc_devices(endpoints) + backend.local_offload_devices()
+        return (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
     if not backend.rpc_registered() or opts.vocab_only:
         return None
     local = backend.local_offload_devices()

@@ -59,12 +59,12 @@ class Placement:
     summary: str  # one line for the user: what was chosen and why
 
 
-def _describe(ngl: int, fp: Footprint, chosen: bool) -> str:
+def _describe(ngl: int, fp: Footprint, chosen: bool, where: str = "the GPU") -> str:
     if ngl < 0 or ngl > fp.n_layer:
-        return f"all {fp.n_layer} layers on the GPU ({fp.bytes_for(ngl) / MiB:,.0f} MiB)"
+        return f"all {fp.n_layer} layers on {where} ({fp.bytes_for(ngl) / MiB:,.0f} MiB)"
     if ngl == 0:
-        return "on the CPU" + (" (no room on the GPU)" if chosen else "")
-    return f"{ngl}/{fp.n_layer} layers on the GPU ({fp.bytes_for(ngl) / MiB:,.0f} MiB), the rest on the CPU"
+        return "on the CPU" + (f" (no room on {where})" if chosen else "")
+    return f"{ngl}/{fp.n_layer} layers on {where} ({fp.bytes_for(ngl) / MiB:,.0f} MiB), the rest on the CPU"
 
 
 def plan(target: Footprint, draft: Footprint | None, free: list[int], *, target_ngl: int | None = None,
@@ -104,8 +104,10 @@ def plan(target: Footprint, draft: Footprint | None, free: list[int], *, target_
         take(draft.bytes_for(draft_ngl), draft_device)
     if target_auto:
         target_ngl = target.most_layers_within(sum(usable[i] for i in target_devices))
-    chosen = [f"draft {_describe(draft_ngl, draft, draft_auto)}"] if draft is not None else []
-    chosen.append(f"target {_describe(target_ngl, target, target_auto)}")
+    # the draft never goes to RPC servers: without a local GPU it is simply on the CPU
+    chosen = [f"draft {_describe(draft_ngl, draft, draft_auto and has_draft_device)}"] if draft is not None else []
+    target_where = "the GPU" if not rpc_free else "the GPUs and RPC servers" if free else "the RPC servers"
+    chosen.append(f"target {_describe(target_ngl, target, target_auto, target_where)}")
     pools = [f"{f / MiB:,.0f} MiB free on GPU {i}" for i, f in enumerate(free)]
     pools += [f"{rpc_free / MiB:,.0f} MiB on RPC servers"] if rpc_free else []
     free_text = ", ".join(pools)

@@ -2,6 +2,7 @@
 
 What a GPU build adds is in test_gpu.py; everything here also holds on a GPU build."""
 import json
+import os
 import re
 import shutil
 import socket
@@ -61,7 +62,9 @@ def test_a_cpu_only_build_reports_no_gpu(info):
     if info.gpus:
         pytest.skip(f"this build has GPUs: {[d.name for d in info.gpus]}")
     assert not info.gpu_offload or info.rpc
-    assert "GPU offload: no" in render({"fsd_local": "x", "backend": info.to_dict(), "models": {}})
+    # llama.cpp counts RPC servers as offload targets: a CPU + RPC build says yes, but no local GPU
+    want = "GPU offload: yes (no GPU device" if info.gpu_offload else "GPU offload: no"
+    assert want in render({"fsd_local": "x", "backend": info.to_dict(), "models": {}})
 
 
 # ---------------------------------------------------------------- GGUF headers
@@ -208,7 +211,10 @@ def test_plan_over_two_gpus_and_rpc_servers():
     assert (p.draft_ngl, p.target_ngl) == (-1, 6)  # 600 + 50 left: 6 * 100 + 20
     p = plan(FP_T, FP_D, [40], rpc_free=2000, headroom=0)
     assert (p.draft_ngl, p.target_ngl) == (3, -1)  # RPC memory is the target's alone: 3 * 10 + 5 <= 40
-    assert "on RPC servers" in p.summary
+    assert "on RPC servers" in p.summary and "target all 10 layers on the GPUs and RPC servers" in p.summary
+    p = plan(FP_T, FP_D, [], rpc_free=2000, headroom=0)  # a CPU machine lending the target to RPC servers
+    assert (p.draft_ngl, p.target_ngl) == (0, -1)
+    assert "draft on the CPU;" in p.summary and "target all 10 layers on the RPC servers" in p.summary
     p = plan(FP_T, FP_D, [1000, 1000], target_devices=[0], headroom=0)  # --split-mode none
     assert p.target_ngl == 9
 
@@ -300,6 +306,30 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def test_an_rpc_server_that_does_not_answer_is_an_error(info):
+    if not info.rpc:
+        pytest.skip("this llama-cpp-python build lacks the RPC backend (doctor says so); "
+                    "rebuild with native/build.sh PROFILE --rpc to run this test")
+    # nothing listens there: ggml-rpc itself would abort the process, fsd-local must say so first
+    with pytest.raises(ModelLoadError, match=r"RPC server 127\.0\.0\.1:\d+ did not answer"):
+        backend.add_rpc_servers(f"127.0.0.1:{_free_port()}")
+    assert not backend.rpc_registered()
+
+
+def _rpc_server_binary() -> str:
+    """FSD_LOCAL_RPC_SERVER (a path), else ggml-rpc-server or rpc-server on PATH; skips when there is none."""
+    path = os.environ.get("FSD_LOCAL_RPC_SERVER")
+    if path:
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            pytest.fail(f"FSD_LOCAL_RPC_SERVER={path} is not an executable file")
+        return path
+    server = shutil.which("ggml-rpc-server") or shutil.which("rpc-server")
+    if not server:
+        pytest.skip("no ggml-rpc-server: build one with native/build.sh --rpc-server cpu, then put it on PATH "
+                    "or set FSD_LOCAL_RPC_SERVER=/path/to/ggml-rpc-server")
+    return server
+
+
 # in a child process: RPC devices stay registered for the life of a process, and this server will be gone
 RPC_CHILD = """
 import sys
@@ -320,9 +350,7 @@ def test_target_over_rpc_on_loopback(info, tiny_pair):
     if not info.rpc:
         pytest.skip("this llama-cpp-python build lacks the RPC backend (doctor says so); "
                     "rebuild with native/build.sh PROFILE --rpc to run this test")
-    server = shutil.which("ggml-rpc-server") or shutil.which("rpc-server")
-    if not server:
-        pytest.skip("no ggml-rpc-server on PATH (build one: native/build.sh --rpc-server cpu)")
+    server = _rpc_server_binary()
     port = _free_port()
     proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -332,8 +360,13 @@ def test_target_over_rpc_on_loopback(info, tiny_pair):
             assert time.time() < deadline and proc.poll() is None, "ggml-rpc-server did not start"
             time.sleep(0.2)
         child = subprocess.run([sys.executable, "-c", RPC_CHILD, *tiny_pair, f"127.0.0.1:{port}"],
-                               capture_output=True, text=True, timeout=120)
-        assert child.returncode == 0, child.stderr
+                               capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "FSD_LOCAL_VERBOSE": "1"})  # llama.cpp's log on stderr
+        assert child.returncode == 0, child.stderr[-4000:]
+        # the target's layers really went to the server (not just equal tokens from a local run), the draft's not
+        used = re.findall(rf"using device (RPC\d+) \(127\.0\.0\.1:{port}\)", child.stderr)
+        assert len(used) == 1, child.stderr[-4000:]
+        assert re.search(rf"layer +\d+ assigned to device {used[0]}\b", child.stderr), child.stderr[-4000:]
     finally:
         proc.terminate()
         proc.wait(timeout=10)
