@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from pathlib import Path
 
 from .errors import ModelLoadError
 
@@ -75,8 +76,13 @@ class GGML:
 
         libs = {}
         for name in ("ggml-base", "ggml"):
+            # Open the very file libllama links against (its SONAME, libggml.so.0 on Linux): wheels ship
+            # libggml.so and libggml.so.0 as two copies, and a second copy means a second device registry
+            # that libllama never reads.
+            soname = Path(bindings._base_path) / f"lib{name}.so.0"
             try:
-                libs[name] = load_shared_library(name, bindings._base_path)
+                libs[name] = (ctypes.CDLL(str(soname), mode=ctypes.RTLD_GLOBAL) if soname.exists()
+                              else load_shared_library(name, bindings._base_path))
             except (OSError, RuntimeError) as exc:
                 raise ModelLoadError(f"cannot open {name} next to llama-cpp-python's libllama "
                                      f"({bindings._base_path}): {exc}; reinstall llama-cpp-python") from None

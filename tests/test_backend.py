@@ -404,3 +404,19 @@ def test_gpu_check_dry_run_shows_every_step_without_a_gpu():
     assert "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=" in out and "-DLLAVA_BUILD=off" in out
     assert "FSD_REQUIRE_GPU=1" in out and "-m gpu tests/test_gpu.py" in out
     assert "fsd_local.cli bench --ngl -1 --draft-ngl -1 --modes fsd --taus 0.1,0.3" in out
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc to list mapped libraries")
+def test_ggml_bindings_share_libllamas_copy_of_ggml():
+    """One copy of each ggml library in the process: a second copy would be a second device registry
+    (RPC servers or GPUs registered there are invisible to llama.cpp)."""
+    import re
+
+    import llama_cpp  # noqa: F401
+
+    from fsd_local import ggml_api
+
+    ggml_api.lib().ggml_backend_dev_count()
+    mapped = set(re.findall(r"/(libggml[\w.-]*\.so[\w.]*)", Path("/proc/self/maps").read_text()))
+    stems = [m.split(".so")[0] for m in mapped]
+    assert len(stems) == len(set(stems)), mapped
