@@ -5,13 +5,11 @@ Inputs are the target's k+1 logit rows (a zero-copy view of llama.cpp's buffer),
 stats, and pre-drawn uniforms. Divergences are computed lazily: `fsd` only where the SD test failed,
 `fsd-paper` slot by slot up to the first failure.
 """
-import math
-
 import numpy as np
 from numba import njit
 
 from .divergence import divergence, row_lse
-from .sampling import argmax, pick, prob, processed, sample, sample_residual
+from .sampling import argmax, pick, prob, processed, sample_residual
 
 MODES = ("fsd", "fsd-paper", "sd", "ar", "draft-only")
 FSD, FSD_PAPER, SD, AR, DRAFT_ONLY = range(5)

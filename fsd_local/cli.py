@@ -1,7 +1,6 @@
 """The `fsd-local` command: thin click wrappers over the library API (fsd_local.Engine)."""
 from __future__ import annotations
 
-import functools
 import json
 import sys
 
@@ -156,7 +155,7 @@ def split_settings(kwargs: dict) -> dict:
     return {k: kwargs.pop(k) for k in SETTING_KEYS if k in kwargs}
 
 
-def resolve_models(target, draft, pair, need_draft=True, say=None) -> tuple[str, str | None]:
+def resolve_models(target, draft, pair, say=None) -> tuple[str, str | None]:
     """Model files from --target/--draft, --pair, or (no model arguments) the offline demo pair."""
     if pair:
         if target or draft:
