@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Rebuild llama-cpp-python, at the version pyproject.toml pins, for one backend profile (native/profiles/*.env),
-# or build llama.cpp's ggml-rpc-server from the same sources for the machines that lend a target their devices.
+# or build one of llama.cpp's own programs from the same sources: ggml-rpc-server for the machines that lend a
+# target their devices (--rpc-server), llama-speculative-simple for the side-by-side benchmark (--tool NAME).
 #
 #   native/build.sh [--dry-run] [--rpc] [--cuda-arch 89] [--source SDIST] PROFILE
 #   native/build.sh [--dry-run] --rpc-server [--cuda-arch 89] [--source SDIST] PROFILE
+#   native/build.sh [--dry-run] --tool llama-speculative-simple [--source SDIST] PROFILE
 #   native/build.sh [--dry-run] --pack-source FILE.tar.gz [--source SDIST]
 #
 # PROFILE: cpu | cuda | metal | vulkan | hip | sycl. --rpc adds llama.cpp's RPC backend (--rpc HOST:PORT).
@@ -17,16 +19,17 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
 die() { echo "build.sh: $*" >&2; exit 2; }
 
-dry=0 rpc=0 rpc_server=0 cuda_arch="" source="" profile="" pack=""
+dry=0 rpc=0 rpc_server=0 cuda_arch="" source="" profile="" pack="" llama_tool=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) dry=1 ;;
         --rpc) rpc=1 ;;
-        --rpc-server) rpc_server=1 ;;
+        --rpc-server) rpc_server=1 llama_tool=ggml-rpc-server ;;
+        --tool) [ $# -ge 2 ] || die "--tool needs a llama.cpp CMake target, e.g. llama-speculative-simple"; llama_tool="$2"; shift ;;
         --cuda-arch) [ $# -ge 2 ] || die "--cuda-arch needs a value, e.g. 89 or \"86;89\""; cuda_arch="$2"; shift ;;
         --source) [ $# -ge 2 ] || die "--source needs a path"; source="$2"; shift ;;
         --pack-source) [ $# -ge 2 ] || die "--pack-source needs a FILE.tar.gz"; pack="$2"; shift ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option $1 (see --help)" ;;
         *) [ -z "$profile" ] || die "one PROFILE only"; profile="$1" ;;
     esac
@@ -89,10 +92,10 @@ if [ -n "$missing" ]; then
     [ "$dry" = 1 ] && echo "warning: $msg" >&2 || die "$msg"
 fi
 
-if [ "$rpc_server" = 1 ]; then
-    build_dir="${FSD_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fsd-local/build}/rpc-server-$profile"
+if [ -n "$llama_tool" ]; then
+    build_dir="${FSD_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fsd-local/build}/${llama_tool#ggml-}-$profile"
     src_root="$build_dir/src"
-    echo "# ggml-rpc-server from llama-cpp-python $version's llama.cpp ($profile, RPC)"
+    echo "# $llama_tool from llama-cpp-python $version's llama.cpp ($profile)"
     if [ -z "$source" ]; then
         fetch=("$python" -m pip download --no-deps --no-binary :all: -d "$build_dir/sdist" "llama-cpp-python==$version")
         show "${fetch[@]}"
@@ -106,14 +109,20 @@ if [ "$rpc_server" = 1 ]; then
     else
         llama_src="$source/vendor/llama.cpp"
     fi
+    examples=off
+    [ "$llama_tool" = ggml-rpc-server ] || examples=on  # llama.cpp's example programs need LLAMA_BUILD_EXAMPLES
     # shellcheck disable=SC2086  # args is a list of flags
     configure=(cmake -S "$llama_src" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release $args -DLLAMA_BUILD_TESTS=off
-               -DLLAMA_BUILD_EXAMPLES=off -DLLAMA_BUILD_SERVER=off -DLLAMA_BUILD_APP=off -DLLAMA_OPENSSL=off)
-    compile=(cmake --build "$build_dir" --config Release --target ggml-rpc-server -j "$jobs")
+               -DLLAMA_BUILD_EXAMPLES=$examples -DLLAMA_BUILD_SERVER=off -DLLAMA_BUILD_APP=off -DLLAMA_OPENSSL=off)
+    compile=(cmake --build "$build_dir" --config Release --target "$llama_tool" -j "$jobs")
     show "${configure[@]}"; show "${compile[@]}"
     [ "$dry" = 1 ] && exit 0
     "${configure[@]}" && "${compile[@]}"
-    echo "built $build_dir/bin/ggml-rpc-server; start it with: $build_dir/bin/ggml-rpc-server -H 0.0.0.0 -p 50052"
+    if [ "$llama_tool" = ggml-rpc-server ]; then
+        echo "built $build_dir/bin/ggml-rpc-server; start it with: $build_dir/bin/ggml-rpc-server -H 0.0.0.0 -p 50052"
+    else
+        echo "built $build_dir/bin/$llama_tool"
+    fi
     exit 0
 fi
 

@@ -393,6 +393,8 @@ def test_build_script_prints_the_pinned_rebuild_per_profile():
         assert flag in _run("native/build.sh", "--dry-run", profile)
     out = _run("native/build.sh", "--dry-run", "--rpc-server", "--source", "/src/llama_cpp_python", "cpu")
     assert "cmake -S /src/llama_cpp_python/vendor/llama.cpp" in out and "--target ggml-rpc-server" in out
+    out = _run("native/build.sh", "--dry-run", "--tool", "llama-speculative-simple", "--source", "/src/x", "cpu")
+    assert "--target llama-speculative-simple" in out and "-DLLAMA_BUILD_EXAMPLES=on" in out
     out = _run("native/build.sh", "--dry-run", "--pack-source", "/tmp/x.tar.gz", "--source", "/src/llama_cpp_python")
     assert "tar -czf /tmp/x.tar.gz" in out and "vendor/llama.cpp/models" in out and "-C /src llama_cpp_python" in out
     out = _run("native/build.sh", "--dry-run", "opencl", ok=False)
