@@ -325,7 +325,7 @@ class Model:
                 self.tokens = self.tokens[: self._pos_max() + 1]
                 raise RuntimeError(f"llama_decode failed for the {self.role} model (code {rc}): {recent_log()}")
             self.tokens.extend(chunk)
-            self.n_outputs = sum(1 for j in range(len(chunk)) if start + j >= first_row)
+            self.n_outputs = len(chunk) - min(len(chunk), max(0, first_row - start))
 
     def _pos_max(self) -> int:
         return lc.llama_memory_seq_pos_max(self.mem, SEQ)

@@ -26,6 +26,18 @@ def vocabulary(byte_tokens: bool = True, words=WORDS):
     return tokens, scores, types
 
 
+def add_tokenizer(w, tokens, scores, types) -> None:
+    """SPM ("llama") tokenizer metadata shared by every tiny model: <unk>=0, <s>=1 (added), </s>=2."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+
+
 def write_tiny_gguf(path, *, seed: int = 0, base_seed: int = 1234, noise: float = 0.0, n_embd: int = 64,
                     n_layer: int = 2, n_head: int = 4, n_ff: int = 128, n_ctx: int = 512, byte_tokens: bool = True,
                     words=WORDS, logit_scale: float = 1.0, dtype=np.float32) -> Path:
@@ -53,14 +65,7 @@ def write_tiny_gguf(path, *, seed: int = 0, base_seed: int = 1234, noise: float 
     w.add_head_count_kv(n_head)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(n_embd // n_head)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
+    add_tokenizer(w, tokens, scores, types)
     w.add_tensor("token_embd.weight", weight(n_vocab, n_embd, scale=1.0))
     ones = np.ones(n_embd, dtype=np.float32)
     for i in range(n_layer):
@@ -111,14 +116,7 @@ def write_tiny_mamba_gguf(path, *, seed: int = 0, n_embd: int = 32, n_layer: int
     w.add_ssm_inner_size(d_inner)
     w.add_ssm_state_size(d_state)
     w.add_ssm_time_step_rank(dt_rank)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
+    add_tokenizer(w, tokens, scores, types)
     w.add_tensor("token_embd.weight", weight(n_vocab, n_embd, scale=1.0))
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
