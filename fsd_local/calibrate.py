@@ -101,17 +101,19 @@ def calibrate(engine, prompts, *, budget: Budget, divergence: str = "js", mode: 
                         for t, r in sorted(visited.items())]}
 
 
+def _bisect(below, lo: float, hi: float, steps: int) -> tuple[float, float]:
+    """Narrow [lo, hi] around where `below(tau)` turns from True (at lo) to False (at hi)."""
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if below(mid) else (lo, mid)
+    return lo, hi
+
+
 def _largest_within(measure, tau_max, steps) -> float:
     if measure(tau_max)["meets"]:
         return tau_max
-    lo, hi = 0.0, tau_max  # lo meets (tau = 0 is sd), hi does not
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        if measure(mid)["meets"]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # tau = 0 (sd) meets the budget, tau_max does not
+    return _bisect(lambda t: measure(t)["meets"], 0.0, tau_max, steps)[0]
 
 
 def _smallest_reaching(measure, tau_max, steps, budget) -> float:
@@ -121,14 +123,8 @@ def _smallest_reaching(measure, tau_max, steps, budget) -> float:
     if not top["meets"]:
         raise ConfigError(f"acceptance reaches only {top['acceptance_rate']:.2f} at tau = {tau_max:g}, below the "
                           f"target {budget.value:g}: raise --tau-max or lower --target-acceptance")
-    lo, hi = 0.0, tau_max  # lo does not reach the target, hi does
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        if measure(mid)["meets"]:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    # tau = 0 does not reach the target acceptance, tau_max does
+    return _bisect(lambda t: not measure(t)["meets"], 0.0, tau_max, steps)[1]
 
 
 def format_report(result: dict, budget: Budget) -> str:
