@@ -83,6 +83,9 @@ class ModelOptions:
     use_mlock: bool = False
     rpc_servers: str | None = None
     vocab_only: bool = False  # tokenizer and metadata only: no weights, no context (doctor's compatibility check)
+    # llama.cpp's extra buffer types (repacked weights, AMX): None = decide for this host (cpu_features.py),
+    # True/False = --repack / --no-repack
+    repack: bool | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -158,6 +161,10 @@ class Model:
         mp.split_mode = SPLIT_MODES[opts.split_mode]
         mp.main_gpu = opts.main_gpu
         mp.vocab_only = opts.vocab_only
+        from .cpu_features import repack_choice
+
+        self.repack = repack_choice(opts.repack)
+        mp.use_extra_bufts = self.repack.repack
         mp.load_mode = (lc.LLAMA_LOAD_MODE_MMAP if opts.use_mmap else lc.LLAMA_LOAD_MODE_NONE) | (
             lc.LLAMA_LOAD_MODE_MLOCK if opts.use_mlock else 0)
         if opts.tensor_split:  # llama.cpp reads llama_max_devices() entries
