@@ -84,6 +84,12 @@ def model_options(f):
                      help="share of the target per GPU, e.g. 3,1 (default: by free memory)"),
         click.option("--rpc", "rpc_servers", metavar="HOST:PORT,...",
                      help="ggml-rpc-server machines that hold part of the target (needs an RPC build)"),
+        click.option("--repack/--no-repack", "repack", default=None,
+                     help="target: load weights into llama.cpp's repacked CPU layouts (AMX, AVX2/AVX-512 "
+                          "interleaving). Default: on, except where the CPU backend has AMX kernels and the CPU "
+                          "has AMX (they crash there; see `fsd-local doctor`)"),
+        click.option("--draft-repack/--draft-no-repack", "draft_repack", default=None,
+                     help="the same for the draft (default: as for the target)"),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -178,7 +184,7 @@ def resolve_models(target, draft, pair, say=None) -> tuple[str, str | None]:
 def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu_layers, settings, say=None, *,
                 draft_n_ctx=None, flash_attn="auto", cache_type_k="f16", cache_type_v="f16", draft_cache_type_k=None,
                 draft_cache_type_v=None, no_mmap=False, mlock=False, split_mode="layer", main_gpu=0,
-                tensor_split=None, rpc_servers=None):
+                tensor_split=None, rpc_servers=None, repack=None, draft_repack=None):
     from .config import Settings
     from .engine import Engine
     from .model import ModelOptions
@@ -193,11 +199,12 @@ def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu
     target_auto, draft_auto = n_gpu_layers == "auto", draft_n_gpu_layers in (None, "auto")
     t_opts = ModelOptions(t, n_ctx=n_ctx, n_gpu_layers=-1 if target_auto else n_gpu_layers, split_mode=split_mode,
                           tensor_split=tensor_split, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                          rpc_servers=rpc_servers, **both)
+                          rpc_servers=rpc_servers, repack=repack, **both)
     # the draft decodes one token at a time: spreading it over GPUs would only add transfers
     d_opts = d and ModelOptions(d, n_ctx=draft_n_ctx or n_ctx, n_gpu_layers=-1 if draft_auto else draft_n_gpu_layers,
                                 split_mode="none", cache_type_k=draft_cache_type_k or cache_type_k,
-                                cache_type_v=draft_cache_type_v or cache_type_v, **both)
+                                cache_type_v=draft_cache_type_v or cache_type_v,
+                                repack=repack if draft_repack is None else draft_repack, **both)
     t_opts, d_opts, placed = resolve(t_opts, d_opts, target_auto=target_auto, draft_auto=draft_auto)
     if placed and say:
         say(placed)

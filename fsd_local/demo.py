@@ -35,10 +35,14 @@ def smollm2_path() -> Path:
     return path
 
 
-def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int]) -> Path:
+def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], f16: bool = False) -> Path:
     """Write a copy of a GGUF whose transformer blocks are `blocks` of the source, renumbered 0..n-1.
-    Metadata is copied as is except the block count. Written to a temporary file, then renamed."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    Metadata is copied as is except the block count (and the file type with f16). f16: every quantised tensor
+    is dequantised and stored as F16 (the same function, without per-batch-shape activation quantisation:
+    llama.cpp's F16 kernels give the same logits for one batch and for token-by-token evaluation up to ~0.04,
+    where Q4_1 differs by up to ~1.2). Written to a temporary file, then renamed."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, quants
 
     reader = GGUFReader(str(src))
     arch = reader.fields["general.architecture"].contents()
@@ -53,6 +57,9 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int]) -
                 continue
             if name == f"{arch}.block_count":
                 writer.add_uint32(name, len(blocks))
+                continue
+            if f16 and name == "general.file_type":
+                writer.add_uint32(name, LlamaFileType.MOSTLY_F16)
                 continue
             vtype = f.types[0]
             sub = f.types[1] if vtype == GGUFValueType.ARRAY else None
@@ -71,7 +78,11 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int]) -
         renamed += [(t.name, t) for t in order if t.name != "token_embd.weight"]
         assert len(by_name) - sum(len(v) for v in per_block.values()) + sum(len(per_block[b]) for b in blocks) == len(renamed)
         for name, t in renamed:
-            writer.add_tensor(name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+            if f16 and t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                data = quants.dequantize(t.data, t.tensor_type).astype(np.float16)
+                writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=GGMLQuantizationType.F16)
+            else:
+                writer.add_tensor(name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -84,13 +95,27 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int]) -
     return dst
 
 
-def demo_pair(directory: str | os.PathLike | None = None, progress=None) -> tuple[Path, Path]:
-    """(draft, target) paths of the demo pair, building the target on first use."""
-    draft = smollm2_path()
+PRECISIONS = ("q4_1", "f16")
+
+
+def demo_pair(directory: str | os.PathLike | None = None, progress=None, precision: str = "q4_1") -> tuple[Path, Path]:
+    """(draft, target) paths of the demo pair, building what is missing on first use.
+    precision "q4_1": SmolLM2's own Q4_1 file drafts for a Q4_1 44-layer target (small, fast on a CPU).
+    precision "f16": F16 copies of both (the same functions; 270 + 370 MB): memory-bound like a large model on
+    a laptop, and numerically stable across batch shapes, so greedy token ids can be compared exactly."""
+    if precision not in PRECISIONS:
+        raise ModelLoadError(f"demo precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    source = smollm2_path()
     directory = Path(directory) if directory else cache_dir() / "demo"
-    target = directory / "SmolLM2-135M-Instruct-upscaled-44L.Q4_1.gguf"
-    if not target.exists():
-        if progress:
-            progress(f"building the demo target (once) in {target} ...")
-        upscale(draft, target, DEMO_BLOCKS)
+    if precision == "q4_1":
+        draft, target = source, directory / "SmolLM2-135M-Instruct-upscaled-44L.Q4_1.gguf"
+    else:
+        draft = directory / "SmolLM2-135M-Instruct.F16.gguf"
+        target = directory / "SmolLM2-135M-Instruct-upscaled-44L.F16.gguf"
+    f16 = precision == "f16"
+    for path, blocks in ((draft, list(range(30))), (target, DEMO_BLOCKS)):
+        if path != source and not path.exists():
+            if progress:
+                progress(f"building the demo {'target' if path == target else 'draft'} (once) in {path} ...")
+            upscale(source, path, blocks, f16=f16)
     return draft, target

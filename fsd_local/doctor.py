@@ -5,7 +5,7 @@ no weights are read, so doctor is quick even for models larger than memory.
 """
 from __future__ import annotations
 
-from . import __version__, backend, gguf_info, placement
+from . import __version__, backend, cpu_features, gguf_info, placement
 from .model import Model, ModelOptions
 from .vocab import compatibility_problem
 
@@ -38,7 +38,12 @@ def compatibility(draft: str, target: str) -> str | None:
 
 def report(target: str | None = None, draft: str | None = None, n_ctx: int = 4096) -> dict:
     info = backend.detect()
-    out = {"fsd_local": __version__, "backend": info.to_dict(), "models": {}}
+    features = cpu_features.backend_cpu_features()
+    host_amx = cpu_features.host_has_amx()
+    choice = cpu_features.decide_repack(features, host_amx)
+    out = {"fsd_local": __version__, "backend": info.to_dict(), "models": {},
+           "cpu": {"backend_features": sorted(k for k, v in features.items() if v not in ("", "0")),
+                   "host_amx": host_amx, "repack": choice.repack, "repack_reason": choice.reason}}
     for role, path in (("target", target), ("draft", draft)):
         if path:
             out["models"][role] = model_summary(path, role)
@@ -82,6 +87,10 @@ def render(r: dict) -> str:
                                     "(rebuild with native/build.sh PROFILE --rpc)"))
     lines.append(f"threads:     {b['threads']} by default; mmap {_yes(b['mmap'])}, mlock {_yes(b['mlock'])}")
     lines.append(f"system info: {b['system_info']}")
+    c = r["cpu"]
+    amx = {True: "yes", False: "no", None: "unknown (the OS does not report CPU flags)"}[c["host_amx"]]
+    lines.append(f"CPU backend: {' '.join(c['backend_features']) or 'no feature list'}; this CPU has AMX: {amx}")
+    lines.append(f"repack:      {'on' if c['repack'] else 'off'} by default: {c['repack_reason']}")
     lines += [f"note:        {n}" for n in b["notes"]]
     for role, m in r["models"].items():
         types = ", ".join(f"{k} x{v}" for k, v in sorted(m["tensor_types"].items(), key=lambda kv: -kv[1]))

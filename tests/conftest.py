@@ -49,6 +49,25 @@ def real_pair():
 
 
 @pytest.fixture(scope="session")
+def real_pair_f16():
+    """(draft, target) F16 copies of the demo pair: the same functions without per-batch-shape activation
+    quantisation, so greedy token ids may be compared exactly whatever the host's CPU (FSD.md, Known facts)."""
+    from fsd_local.demo import demo_pair
+
+    d, t = demo_pair(precision="f16")
+    return str(d), str(t)
+
+
+@pytest.fixture(scope="session")
+def real_engine_f16(real_pair_f16):
+    from fsd_local import Engine
+
+    d, t = real_pair_f16
+    with Engine(target=t, draft=d, n_ctx=1024, n_threads=2) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="session")
 def real_engine(real_pair):
     from fsd_local import Engine
 

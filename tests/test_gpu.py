@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 N_TOKENS = 32
 # GPU kernels sum in another order than the CPU's, so a near-tie between two tokens can flip late in a greedy
-# run; the first tokens must agree. (tests/test_real_pair.py asserts exact equality on the CPU.)
+# run; the first tokens must agree. (tests/test_real_pair.py asserts exact equality on the CPU, on F16.)
 MIN_COMMON_PREFIX = 16
 # the KV contract, in probabilities: one wrong cache entry moves them by far more than rounding does
 KV_MAX_PROB_DIFF = 0.02
@@ -53,8 +53,16 @@ def gpu_engine(gpu, real_pair):
 
 
 @pytest.fixture(scope="module")
-def cpu_engine(real_pair):
-    draft, target = real_pair
+def gpu_engine_f16(gpu, real_pair_f16):
+    draft, target = real_pair_f16
+    with Engine(target=ModelOptions(target, n_ctx=1024, n_gpu_layers=-1),
+                draft=ModelOptions(draft, n_ctx=1024, n_gpu_layers=-1, split_mode="none")) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def cpu_engine_f16(real_pair_f16):
+    draft, target = real_pair_f16
     with Engine(target=ModelOptions(target, n_ctx=1024, n_gpu_layers=0),
                 draft=ModelOptions(draft, n_ctx=1024, n_gpu_layers=0)) as eng:
         yield eng
@@ -81,15 +89,16 @@ def test_both_models_are_fully_offloaded(gpu_engine, real_pair):
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_gpu_greedy_tokens_match_the_cpu(gpu_engine, cpu_engine, prompt):
-    cpu = cpu_engine.generate(prompt, mode="ar", max_tokens=N_TOKENS).token_ids
-    ar = gpu_engine.generate(prompt, mode="ar", max_tokens=N_TOKENS).token_ids
-    sd = gpu_engine.generate(prompt, mode="sd", max_tokens=N_TOKENS)
+def test_gpu_greedy_tokens_match_the_cpu_on_f16(gpu_engine_f16, cpu_engine_f16, prompt):
+    # F16 weights: no per-batch-shape activation quantisation on either side (FSD.md, Known facts)
+    cpu = cpu_engine_f16.generate(prompt, mode="ar", max_tokens=N_TOKENS).token_ids
+    ar = gpu_engine_f16.generate(prompt, mode="ar", max_tokens=N_TOKENS).token_ids
+    sd = gpu_engine_f16.generate(prompt, mode="sd", max_tokens=N_TOKENS)
     print(f"\n{prompt!r}: GPU ar agrees with CPU ar for {_common_prefix(ar, cpu)}/{N_TOKENS} tokens, "
           f"GPU sd with GPU ar for {_common_prefix(sd.token_ids, ar)}/{N_TOKENS}")
     assert _common_prefix(ar, cpu) >= MIN_COMMON_PREFIX, (ar, cpu)
     assert _common_prefix(sd.token_ids, ar) >= MIN_COMMON_PREFIX, (sd.token_ids, ar)
-    assert sd.stats["acceptance_rate"] > 0.3
+    assert sd.stats["acceptance_rate"] > 0.2
 
 
 def _probs(logits):
