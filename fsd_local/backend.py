@@ -64,10 +64,7 @@ def _user_name(reg_name: str) -> str:
 
 
 def _ensure_registry(lib) -> None:
-    # builds with GGML_BACKEND_DL load their backends from files; llama.cpp itself does the same check
-    init_backend()
-    if not lib.ggml_backend_reg_count():
-        lib.ggml_backend_load_all()
+    init_backend()  # also loads the backend modules of a GGML_BACKEND_DL build (ggml_api.load_backend_modules)
 
 
 def list_devices() -> list[Device]:

@@ -36,8 +36,6 @@ def backend_cpu_features() -> dict[str, str]:
     except Exception:  # a build without the registry exports: nothing to ask
         return {}
     init_backend()
-    if not lib.ggml_backend_reg_count():
-        lib.ggml_backend_load_all()
     reg = lib.ggml_backend_reg_by_name(b"CPU")
     if not reg:
         return {}

@@ -35,6 +35,7 @@ _PROTOTYPES = {
     "ggml_backend_reg_by_name": ("ggml", c_void_p, [c_char_p]),
     "ggml_backend_register": ("ggml", None, [c_void_p]),
     "ggml_backend_load_all": ("ggml", None, []),
+    "ggml_backend_load_all_from_path": ("ggml", None, [c_char_p]),
     "ggml_backend_dev_count": ("ggml", c_size_t, []),
     "ggml_backend_dev_get": ("ggml", c_void_p, [c_size_t]),
     # devices and registries (libggml-base)
@@ -95,6 +96,23 @@ class GGML:
 @functools.lru_cache(maxsize=1)
 def lib() -> GGML:
     return GGML()
+
+
+def library_dir() -> str:
+    """The folder of llama-cpp-python's libllama (and of any backend modules a GGML_BACKEND_DL build put there)."""
+    import llama_cpp.llama_cpp as bindings
+
+    return str(bindings._base_path)
+
+
+def load_backend_modules() -> int:
+    """Builds with GGML_BACKEND_DL (native/profiles/cpu-portable.env) compile each backend as a module that
+    nothing loads by itself: ggml's own search looks next to the Python executable, not next to libllama. Load
+    them from libllama's folder (ggml picks the best CPU variant for this CPU). Returns the registry count."""
+    g = lib()
+    if not g.ggml_backend_reg_count():
+        g.ggml_backend_load_all_from_path(library_dir().encode())
+    return g.ggml_backend_reg_count()
 
 
 def text(value: bytes | None) -> str:

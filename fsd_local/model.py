@@ -47,6 +47,12 @@ def init_backend() -> None:
         if not _initialised:
             lc.llama_log_set(_log_sink, ctypes.c_void_p(0))
             lc.llama_backend_init()
+            from .ggml_api import load_backend_modules
+
+            try:
+                load_backend_modules()
+            except ModelLoadError:  # a build without the registry exports: llama.cpp finds its backends itself
+                pass
             _initialised = True
 
 

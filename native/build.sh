@@ -8,7 +8,7 @@
 #   native/build.sh [--dry-run] --tool llama-speculative-simple [--source SDIST] PROFILE
 #   native/build.sh [--dry-run] --pack-source FILE.tar.gz [--source SDIST]
 #
-# PROFILE: cpu | cuda | metal | vulkan | hip | sycl. --rpc adds llama.cpp's RPC backend (--rpc HOST:PORT).
+# PROFILE: cpu | cpu-portable | cuda | metal | vulkan | hip | sycl. --rpc adds llama.cpp's RPC backend (--rpc HOST:PORT).
 # --source: an unpacked llama-cpp-python sdist or its .tar.gz, for machines without access to PyPI.
 # --pack-source: write that sdist without git history, test vocabularies and docs (77 -> ~15 MB) to take along.
 # Environment: PYTHON (interpreter; default: python on PATH), FSD_CMAKE_ARGS (more CMake flags), FSD_PIP_ARGS
@@ -71,7 +71,7 @@ profiles="$(cd "$here/profiles" && ls ./*.env | sed 's|^\./||; s|\.env$||' | tr 
 profile_file="$here/profiles/$profile.env"
 [ -f "$profile_file" ] || die "unknown profile '$profile': choose one of $profiles"
 
-CMAKE_ARGS="" NEEDS="" EXPECT=""
+CMAKE_ARGS="" NEEDS="" EXPECT="" BACKEND_MODULES=0
 # shellcheck disable=SC1090
 . "$profile_file"
 args="$CMAKE_ARGS"
@@ -132,11 +132,25 @@ spec="llama-cpp-python==$version"
 # shellcheck disable=SC2206  # FSD_PIP_ARGS is a list of pip options, e.g. --no-build-isolation (offline)
 install=("$python" -m pip install --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python -v
          ${FSD_PIP_ARGS:-} "$spec")
+if [ "$BACKEND_MODULES" = 1 ]; then
+    # GGML_BACKEND_DL builds each backend as a module (libggml-cpu-haswell.so, ...) that llama-cpp-python's
+    # install step does not copy: keep the build tree and copy them next to libllama afterwards
+    build_tree="${FSD_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fsd-local/build}/llama-cpp-python-$profile"
+    install+=(--config-settings="build-dir=$build_tree")
+fi
 echo "# llama-cpp-python $version, profile $profile$([ "$rpc" = 1 ] && echo ' + RPC')"
 echo "CMAKE_ARGS='${args# }' CMAKE_BUILD_PARALLEL_LEVEL=$jobs $(show "${install[@]}")"
 [ "$dry" = 1 ] && exit 0
 
 CMAKE_ARGS="${args# }" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "${install[@]}"
+
+if [ "$BACKEND_MODULES" = 1 ]; then
+    lib_dir="$("$python" -c 'import llama_cpp.llama_cpp as b; print(b._base_path)')"
+    modules="$(find "$build_tree" \( -name 'libggml-*.so' -o -name 'libggml-*.dylib' -o -name 'ggml-*.dll' \) \
+               2>/dev/null | grep -E 'ggml-(cpu|cuda|vulkan|metal|hip|sycl|blas|rpc)' || true)"
+    [ -n "$modules" ] || die "no backend modules found under $build_tree"
+    for m in $modules; do cp -f "$m" "$lib_dir/"; echo "backend module: $(basename "$m") -> $lib_dir"; done
+fi
 
 # check that the new build has what the profile promised
 expect="$EXPECT"; [ "$rpc" = 1 ] && expect="$expect|RPC"
