@@ -15,15 +15,15 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .accept import AR, DRAFT_ONLY, MODES, accept_round, emit_one, warm_up
-from .config import SPECULATIVE_MODES, Settings
-from .divergence import DIVERGENCES
-from .errors import ConfigError, ContextOverflowError, FSDError
-from .model import Model, ModelOptions
-from .sampling import pick
-from .stats import Stats
-from .stream import TextStream
-from .vocab import check_compatible
+from fsd_local.kernels.accept import AR, DRAFT_ONLY, MODES, accept_round, emit_one, warm_up
+from fsd_local.settings import SPECULATIVE_MODES, Settings
+from fsd_local.kernels.divergence import DIVERGENCES
+from fsd_local.errors import ConfigError, ContextOverflowError, FSDError
+from fsd_local.llama.model import Model, ModelOptions
+from fsd_local.kernels.sampling import pick
+from fsd_local.stats import Stats
+from fsd_local.stream import TextStream
+from fsd_local.llama.vocab import check_compatible
 
 ORIGINS = {0: "target", 1: "sd", 2: "fuzzy"}  # why each emitted token is there
 
@@ -138,7 +138,7 @@ class Engine:
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids of a conversation rendered with the target's chat template, ready for the reply."""
-        from .chat_template import ChatTemplate
+        from fsd_local.llama.chat_template import ChatTemplate
 
         self._check_open()
         if getattr(self, "_template", None) is None:

@@ -42,7 +42,7 @@ def tiny_engine(tiny_pair):
 @pytest.fixture(scope="session")
 def real_pair():
     """(draft, target) paths of the SmolLM2 demo pair (draft 30 layers, target 44), built if missing."""
-    from fsd_local.demo import demo_pair
+    from fsd_local.pairs.demo import demo_pair
 
     d, t = demo_pair()
     return str(d), str(t)
@@ -52,7 +52,7 @@ def real_pair():
 def real_pair_f16():
     """(draft, target) F16 copies of the demo pair: the same functions without per-batch-shape activation
     quantisation, so greedy token ids may be compared exactly whatever the host's CPU (FSD.md, Known facts)."""
-    from fsd_local.demo import demo_pair
+    from fsd_local.pairs.demo import demo_pair
 
     d, t = demo_pair(precision="f16")
     return str(d), str(t)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from fsd_local import Engine
-from fsd_local.demo import demo_pair
+from fsd_local.pairs.demo import demo_pair
 from fsd_local.server import BackgroundServer
 
 TOPICS = ["the sea", "a city at night", "bread", "a mountain", "rain", "a library", "the moon", "a garden"]

@@ -16,7 +16,7 @@ import pytest
 
 import fsd_local
 from fsd_local import CancelToken, Engine, FSDError
-from fsd_local.model import Model, ModelOptions
+from fsd_local.llama.model import Model, ModelOptions
 
 TIMEOUT = 20
 

@@ -15,12 +15,13 @@ import llama_cpp as lc
 import pytest
 from click.testing import CliRunner
 
-from fsd_local import backend, gguf_info
-from fsd_local.cli import cli, load_engine
-from fsd_local.doctor import report, render
+from fsd_local.llama import backend, gguf_info
+from fsd_local.cli import cli
+from fsd_local.cli.main import load_engine
+from fsd_local.llama.doctor import report, render
 from fsd_local.errors import ModelLoadError
-from fsd_local.model import KV_TYPES, Model, ModelOptions
-from fsd_local.placement import Footprint, footprint, plan
+from fsd_local.llama.model import KV_TYPES, Model, ModelOptions
+from fsd_local.llama.placement import Footprint, footprint, plan
 from tinymodels import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -334,7 +335,7 @@ def _rpc_server_binary() -> str:
 RPC_CHILD = """
 import sys
 from fsd_local import Engine, ModelOptions
-from fsd_local.backend import detect
+from fsd_local.llama.backend import detect
 draft, target, endpoint = sys.argv[1:]
 with Engine(target=target, draft=draft, n_ctx=512, n_threads=1, n_gpu_layers=0) as local:
     want = local.generate("the cat sat", mode="sd", max_tokens=24).token_ids
@@ -398,7 +399,11 @@ def test_build_script_prints_the_pinned_rebuild_per_profile():
     out = _run("native/build.sh", "--dry-run", "--pack-source", "/tmp/x.tar.gz", "--source", "/src/llama_cpp_python")
     assert "tar -czf /tmp/x.tar.gz" in out and "vendor/llama.cpp/models" in out and "-C /src llama_cpp_python" in out
     out = _run("native/build.sh", "--dry-run", "opencl", ok=False)
-    assert "unknown profile 'opencl': choose one of cpu cuda hip metal sycl vulkan" in out
+    assert "unknown profile 'opencl': choose one of cpu-portable cpu cuda hip metal sycl vulkan" in out
+    # the portable build: runtime CPU dispatch, and the backend modules kept for copying next to libllama
+    out = _run("native/build.sh", "--dry-run", "cpu-portable")
+    assert "-DGGML_NATIVE=off -DGGML_BACKEND_DL=on -DGGML_CPU_ALL_VARIANTS=on" in out
+    assert "--config-settings=build-dir=" in out
 
 
 def test_gpu_check_dry_run_shows_every_step_without_a_gpu():
@@ -416,7 +421,7 @@ def test_ggml_bindings_share_libllamas_copy_of_ggml():
 
     import llama_cpp  # noqa: F401
 
-    from fsd_local import ggml_api
+    from fsd_local.llama import ggml as ggml_api
 
     ggml_api.lib().ggml_backend_dev_count()
     mapped = set(re.findall(r"/(libggml[\w.-]*\.so[\w.]*)", Path("/proc/self/maps").read_text()))

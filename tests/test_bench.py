@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from fsd_local import reference
-from fsd_local.bench import (BenchData, Config, Run, build_configs, format_table, paired_ratio, positionwise_agreement,
+from fsd_local.kernels import reference
+from fsd_local.bench.runner import (BenchData, Config, Run, build_configs, format_table, paired_ratio, positionwise_agreement,
                              prefix_agreement, spread, summarise, throughput_by_repeat, to_csv)
-from fsd_local.bench_kernels import logit_rows, numpy_rows
-from fsd_local.bench_prompts import EXAMPLE_FILE, extract_answer, load_prompts, parse_prompts
+from fsd_local.bench.kernels import logit_rows, numpy_rows
+from fsd_local.bench.prompts import EXAMPLE_FILE, extract_answer, load_prompts, parse_prompts
 from fsd_local.cli import cli
-from fsd_local.divergence import DIVERGENCES
+from fsd_local.kernels.divergence import DIVERGENCES
 from fsd_local.errors import ConfigError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

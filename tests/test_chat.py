@@ -11,7 +11,7 @@ import click
 import pytest
 
 from fsd_local import CancelToken, ConfigError, ContextOverflowError, Engine, Settings
-from fsd_local.chat import ChatSession, Command, OriginPainter, interrupt_cancels, parse_command
+from fsd_local.cli.chat import ChatSession, Command, OriginPainter, interrupt_cancels, parse_command
 from fsd_local.engine import Piece
 
 LONG = ("please tell me a story about a fox who walks through the forest at night, meets an owl, "

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from fsd_local import Engine, ModelLoadError
 from fsd_local.cli import cli
-from fsd_local.demo import DEMO_NOTE, demo_pair
+from fsd_local.pairs.demo import DEMO_NOTE, demo_pair
 from loopback_hub import LoopbackHub, closed_port, toml_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from fsd_local.cli import cli
-from fsd_local.cpu_features import backend_cpu_features, decide_repack, host_cpu_flags, host_has_amx, repack_choice
-from fsd_local.model import Model, ModelOptions
+from fsd_local.llama.cpu_features import backend_cpu_features, decide_repack, host_cpu_flags, host_has_amx, repack_choice
+from fsd_local.llama.model import Model, ModelOptions
 
 AMX_BUILD = {"AVX2": "1", "AVX512": "1", "AMX_INT8": "1", "REPACK": "1"}
 PLAIN_BUILD = {"AVX2": "1", "AVX512": "1", "REPACK": "1"}
@@ -109,7 +109,7 @@ def test_repack_forced_on_works_where_it_is_safe(tiny_pair):
 
 
 def test_cli_flags_reach_each_model(tiny_pair):
-    from fsd_local.cli import load_engine
+    from fsd_local.cli.main import load_engine
 
     draft, target = tiny_pair
     base = dict(target=target, draft=draft, pair=None, n_ctx=128, n_threads=1, n_gpu_layers=0,

@@ -5,7 +5,7 @@ import pytest
 from scipy import stats as sps
 
 from fsd_local import CancelToken, Engine
-from fsd_local.model import Model, ModelOptions
+from fsd_local.llama.model import Model, ModelOptions
 
 PROMPTS = ["the cat sat on the mat", "a", "we ran far away, very far", "über € é!"]
 ALPHA = 1e-3

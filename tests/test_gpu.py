@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from fsd_local import Engine
-from fsd_local.backend import detect
-from fsd_local.gguf_info import read
-from fsd_local.model import Model, ModelOptions
-from fsd_local.placement import resolve
+from fsd_local.llama.backend import detect
+from fsd_local.llama.gguf_info import read
+from fsd_local.llama.model import Model, ModelOptions
+from fsd_local.llama.placement import resolve
 
 pytestmark = pytest.mark.gpu
 

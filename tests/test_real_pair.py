@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from fsd_local import Engine
-from fsd_local.model import Model, ModelOptions
+from fsd_local.llama.model import Model, ModelOptions
 from fsd_local.stream import TextStream
 
 pytestmark = pytest.mark.real

@@ -14,7 +14,7 @@ import llama_cpp as lc
 import pytest
 
 from fsd_local import CacheTruncationError, Engine
-from fsd_local.model import Model, init_backend
+from fsd_local.llama.model import Model, init_backend
 from tinymodels import write_tiny_mamba_gguf
 
 
@@ -117,7 +117,7 @@ def test_llama_cpp_cannot_drop_a_partial_range_of_a_recurrent_state(raw_mamba_co
 
 def test_a_transformer_cache_drops_partial_ranges(tiny_pair):
     """The control: the same rewind on the tiny llama model succeeds, through fsd_local's Model."""
-    from fsd_local.model import ModelOptions
+    from fsd_local.llama.model import ModelOptions
 
     m = Model(ModelOptions(tiny_pair[1], n_ctx=128, n_threads=1, n_gpu_layers=0), "target")
     try:

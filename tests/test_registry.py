@@ -10,7 +10,7 @@ import pytest
 from huggingface_hub import constants
 
 from fsd_local.errors import DownloadError, ModelLoadError, RegistryError
-from fsd_local.registry import (format_pairs, get_pair, load_registry, local_pair_paths, parse_registry, pull,
+from fsd_local.pairs.registry import (format_pairs, get_pair, load_registry, local_pair_paths, parse_registry, pull,
                                 unreachable)
 from loopback_hub import COMMIT, LoopbackHub, closed_port, toml_for
 

@@ -17,8 +17,8 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def test_readme_names_every_mode_and_divergence():
-    from fsd_local.accept import MODES
-    from fsd_local.divergence import DIVERGENCES
+    from fsd_local.kernels.accept import MODES
+    from fsd_local.kernels.divergence import DIVERGENCES
 
     text = (ROOT / "README.md").read_text()
     for name in MODES + DIVERGENCES:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from fsd_local import sampling as S
-from fsd_local.accept import BY_FUZZY, BY_SD, FSD, FSD_PAPER, SD, accept_round
-from fsd_local.divergence import DIVERGENCES
+from fsd_local.kernels import sampling as S
+from fsd_local.kernels.accept import BY_FUZZY, BY_SD, FSD, FSD_PAPER, SD, accept_round
+from fsd_local.kernels.divergence import DIVERGENCES
 
 ALPHA = 1e-3  # false-alarm rate of every statistical test in this file
 

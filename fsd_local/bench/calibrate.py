@@ -1,0 +1,144 @@
+"""`fsd-local calibrate`: the tau that fits a quality budget (or reaches an acceptance rate) on given prompts.
+
+Assumption (documented in the README): as tau grows, acceptance does not fall and quality (agreement with the
+target's greedy output, target log-prob per token) does not rise. Then the taus meeting a quality budget form
+an interval [0, tau*], and bisection finds tau* to within tau_max / 2**steps. tau = 0 meets every quality
+budget by construction (it is standard speculative decoding), so it is never measured. At temperature 0 the
+measurements are deterministic and the search is exact for the given prompts; at temperature > 0 every point
+is one sample per prompt (fixed seeds), noisy, and the monotone assumption holds only on average.
+
+Budgets:
+- agreement A (temperature 0 only): largest tau whose agreement with `ar` is >= A;
+- logprob drop D: largest tau whose target log-prob per token is at most D below `sd`'s (same k);
+- acceptance R: SMALLEST tau whose acceptance rate is >= R (past it, more tau only costs fidelity).
+Quality is measured with one pass over the prompts per tau; the chosen tau is then timed with `repeats`
+passes, interleaved with ar and sd, for its speed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fsd_local.bench.runner import TAU_MODES, BenchData, Config, run_bench, summarise
+from fsd_local.errors import ConfigError
+
+BUDGETS = ("agreement", "logprob_drop", "acceptance")
+# the largest value each divergence can take (ln 2 for JS, 1 for TV); the unbounded ones get a generous cap
+TAU_CEILING = {"js": math.log(2), "topk-js": math.log(2), "tv": 1.0, "topk-tv": 1.0}
+TAU_CEILING_UNBOUNDED = 2.0
+
+
+@dataclass(frozen=True)
+class Budget:
+    kind: str  # one of BUDGETS
+    value: float
+
+    def meets(self, row: dict, sd_row: dict) -> bool:
+        if self.kind == "agreement":
+            return row["agreement"] >= self.value
+        if self.kind == "logprob_drop":
+            return logprob_drop(row, sd_row) <= self.value
+        return row["acceptance_rate"] >= self.value
+
+    def describe(self) -> str:
+        return {"agreement": f"agreement >= {self.value:g}",
+                "logprob_drop": f"target log-prob drop <= {self.value:g} per token (vs sd)",
+                "acceptance": f"acceptance >= {self.value:g}"}[self.kind]
+
+
+def logprob_drop(row: dict, sd_row: dict) -> float:
+    return sd_row["target_logprob_mean"] - row["target_logprob_mean"]
+
+
+def calibrate(engine, prompts, *, budget: Budget, divergence: str = "js", mode: str = "fsd", draft_max: int = 4,
+              temperature: float = 0.0, tau_max: float | None = None, steps: int = 6, max_tokens: int = 64,
+              repeats: int = 3, seed: int = 0, chat: bool = False, ignore_eos: bool = False,
+              on_step=None) -> dict:
+    """Search tau; returns the chosen tau with its measured quality and speed, and every point visited.
+    `on_step(tau, row)` is called after each tau is measured."""
+    if budget.kind == "agreement" and temperature > 0:
+        raise ConfigError("--min-agreement compares with the target's greedy output: use it with --temp 0, "
+                          "or budget the log-prob drop (--max-logprob-drop) instead")
+    if budget.kind not in BUDGETS:
+        raise ConfigError(f"unknown budget {budget.kind!r}")
+    if mode not in TAU_MODES:
+        raise ConfigError(f"calibrate searches tau, which only {' and '.join(TAU_MODES)} use (not {mode!r})")
+    if steps < 1:
+        raise ConfigError("--steps must be >= 1")
+    tau_max = TAU_CEILING.get(divergence, TAU_CEILING_UNBOUNDED) if tau_max is None else tau_max
+    if tau_max <= 0:
+        raise ConfigError("--tau-max must be > 0")
+    run = dict(max_tokens=max_tokens, repeats=1, seed=seed, chat=chat, ignore_eos=ignore_eos)
+    ar, sd = Config("ar", temperature), Config("sd", temperature, draft_max=draft_max)
+    base = run_bench(engine, prompts, [ar, sd], **run)
+    sd_row = summarise(base)[1]
+    visited = {}
+
+    def measure(tau: float) -> dict:
+        if tau not in visited:
+            cand = Config(mode, temperature, divergence, tau, draft_max)
+            runs = run_bench(engine, prompts, [cand], **run).runs
+            # judged against the baselines' outputs for the same prompts and seeds
+            row = summarise(BenchData(base.configs + [cand], prompts, 1, base.runs + runs))[-1]
+            visited[tau] = dict(row, meets=budget.meets(row, sd_row), logprob_drop=logprob_drop(row, sd_row))
+            if on_step:
+                on_step(tau, visited[tau])
+        return visited[tau]
+
+    if budget.kind == "acceptance":
+        best = _smallest_reaching(measure, tau_max, steps, budget)
+    else:
+        best = _largest_within(measure, tau_max, steps)
+    chosen = Config(mode, temperature, divergence, best, draft_max)
+    timed = summarise(run_bench(engine, prompts, [ar, sd, chosen], **dict(run, repeats=repeats)))[-1]
+    return {"tau": best, "budget": {budget.kind: budget.value}, "mode": mode, "divergence": divergence,
+            "draft_max": draft_max, "temperature": temperature, "tau_max": tau_max,
+            **{k: timed[k] for k in ("tokens_per_second", "tokens_per_second_spread", "speedup_vs_ar",
+                                     "speedup_vs_sd", "acceptance_rate", "mean_tokens_per_round", "fuzzy_share",
+                                     "target_logprob_mean", "agreement", "accuracy")},
+            "visited": [{"tau": t, **{k: r[k] for k in ("agreement", "target_logprob_mean", "logprob_drop",
+                                                         "acceptance_rate", "meets")}}
+                        for t, r in sorted(visited.items())]}
+
+
+def _bisect(below, lo: float, hi: float, steps: int) -> tuple[float, float]:
+    """Narrow [lo, hi] around where `below(tau)` turns from True (at lo) to False (at hi)."""
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if below(mid) else (lo, mid)
+    return lo, hi
+
+
+def _largest_within(measure, tau_max, steps) -> float:
+    if measure(tau_max)["meets"]:
+        return tau_max
+    # tau = 0 (sd) meets the budget, tau_max does not
+    return _bisect(lambda t: measure(t)["meets"], 0.0, tau_max, steps)[0]
+
+
+def _smallest_reaching(measure, tau_max, steps, budget) -> float:
+    if measure(0.0)["meets"]:
+        return 0.0
+    top = measure(tau_max)
+    if not top["meets"]:
+        raise ConfigError(f"acceptance reaches only {top['acceptance_rate']:.2f} at tau = {tau_max:g}, below the "
+                          f"target {budget.value:g}: raise --tau-max or lower --target-acceptance")
+    # tau = 0 does not reach the target acceptance, tau_max does
+    return _bisect(lambda t: not measure(t)["meets"], 0.0, tau_max, steps)[1]
+
+
+def format_report(result: dict, budget: Budget) -> str:
+    lines = [f"{'tau':>8}  {'agree':>6}  {'logp/tok':>8}  {'drop':>7}  {'accept':>6}  meets"]
+    for v in result["visited"]:
+        agree = "-" if v["agreement"] is None else f"{v['agreement']:.3f}"
+        lines.append(f"{v['tau']:>8.4f}  {agree:>6}  {v['target_logprob_mean']:>8.3f}  {v['logprob_drop']:>7.3f}  "
+                     f"{v['acceptance_rate']:>6.0%}  {'yes' if v['meets'] else 'no'}")
+    which = "smallest tau reaching" if budget.kind == "acceptance" else "largest tau within"
+    r = result
+    lines.append("")
+    lines.append(f"{which} {budget.describe()}: tau = {r['tau']:.4f} ({r['mode']}, {r['divergence']}, "
+                 f"k={r['draft_max']}, temperature {r['temperature']:g})")
+    lines.append(f"  {r['tokens_per_second']:.1f} ±{r['tokens_per_second_spread']:.1f} tok/s, "
+                 f"{r['speedup_vs_ar']:.2f}x ar, {r['speedup_vs_sd']:.2f}x sd, acceptance {r['acceptance_rate']:.0%}, "
+                 f"{r['mean_tokens_per_round']:.2f} tokens/round, fuzzy {r['fuzzy_share']:.0%}")
+    return "\n".join(lines)

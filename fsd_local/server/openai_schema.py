@@ -1,0 +1,263 @@
+"""The OpenAI wire format: request bodies -> engine arguments, engine results -> response and chunk objects.
+
+Requests are validated strictly (a string where a number belongs is an error, not coerced), unknown fields are
+ignored like other local servers do, and fields whose meaning fsd-local cannot honour (n > 1, penalties, tools,
+logprobs...) are refused unless they hold their neutral value: a client asking for them must not silently get
+something else. Every refusal is an `APIError` that renders as OpenAI's error body.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fsd_local.settings import Settings
+from fsd_local.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fsd_local.engine import Completion, Engine
+
+# request fields that map one to one onto Settings (max_tokens is handled per endpoint)
+SETTING_FIELDS = ("tau", "mode", "divergence", "draft_max", "draft_min", "draft_p_min", "adaptive", "temperature",
+                  "top_k", "top_p", "min_p", "seed", "stop")
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
+
+
+class APIError(Exception):
+    """An error answered as HTTP `status` with body {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class Message(_Strict):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class _Request(_Strict):
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    # standard sampling fields and fsd-local's own knobs (see Settings)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    tau: float | None = None
+    mode: str | None = None
+    divergence: str | None = None
+    draft_max: int | None = None
+    draft_min: int | None = None
+    draft_p_min: float | None = None
+    adaptive: bool | None = None
+    # accepted only at their neutral value (see _refuse_unsupported)
+    n: int | None = None
+    best_of: int | None = None
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+class ChatRequest(_Request):
+    messages: list[Message]
+    max_completion_tokens: int | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int] | list[str] | list[list[int]]
+
+
+def parse(kind: Literal["chat", "text"], body: bytes) -> ChatRequest | CompletionRequest:
+    """Validate a request body; malformed JSON and wrong types become a 400 naming the field."""
+    model = ChatRequest if kind == "chat" else CompletionRequest
+    try:
+        req = model.model_validate_json(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = err["loc"]
+        if err["type"] == "json_invalid":
+            raise APIError(400, f"the request body is not valid JSON: {err['msg']}", code="invalid_json") from None
+        if not loc:
+            raise APIError(400, f"the request body must be a JSON object: {err['msg']}", code="invalid_json") from None
+        where = ".".join(str(part) for part in loc)
+        raise APIError(400, f"{where}: {err['msg']}", param=str(loc[0]), code="invalid_type") from None
+    _refuse_unsupported(req)
+    return req
+
+
+def _refuse_unsupported(req: _Request) -> None:
+    def refuse(name: str, why: str) -> None:
+        raise APIError(400, f"{name} is not supported by fsd-local: {why}", param=name, code="unsupported_parameter")
+
+    for name in ("n", "best_of"):
+        if getattr(req, name) not in (None, 1):
+            refuse(name, "one completion per request (send several requests)")
+    for name in ("logprobs", "top_logprobs", "frequency_penalty", "presence_penalty", "logit_bias", "tools",
+                 "functions", "echo", "suffix"):
+        if getattr(req, name):  # None, 0, False, empty: the neutral value, accepted
+            refuse(name, "leave it unset")
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        refuse("response_format", "only plain text output")
+
+
+def settings_for(engine: "Engine", req: ChatRequest | CompletionRequest) -> dict[str, Any]:
+    """The request's overrides of the server's default settings, validated; an error names the field at fault."""
+    given: dict[str, Any] = {name: getattr(req, name) for name in SETTING_FIELDS if getattr(req, name) is not None}
+    max_tokens = getattr(req, "max_completion_tokens", None)
+    given["max_tokens"] = max_tokens if max_tokens is not None else req.max_tokens
+    if given["max_tokens"] is None:
+        del given["max_tokens"]
+    if isinstance(given.get("stop"), list):
+        given["stop"] = tuple(given["stop"])
+    try:
+        merged: Settings = engine.defaults.with_(**given)
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param=_culprit(engine.defaults, given), code="invalid_value") from None
+    if merged.mode != "ar" and engine.draft is None:
+        raise APIError(400, f"mode {merged.mode!r} needs a draft model and this server has none; use mode 'ar'",
+                       param="mode", code="invalid_value")
+    return given
+
+
+def _culprit(defaults: Settings, given: dict[str, Any]) -> str | None:
+    """The first field that is invalid on its own (None: only the combination is, e.g. draft_min > draft_max)."""
+    for name, value in given.items():
+        try:
+            defaults.with_(**{name: value})
+        except ConfigError:
+            return name
+    return None
+
+
+def prompt_tokens(engine: "Engine", req: ChatRequest | CompletionRequest) -> list[int]:
+    """The prompt as token ids (chat: rendered with the target's template), checked against the context."""
+    if isinstance(req, ChatRequest):
+        param = "messages"
+        try:
+            tokens = engine.chat_prompt([_plain_message(i, m) for i, m in enumerate(req.messages)])
+        except ConfigError as exc:
+            raise APIError(400, str(exc), param=param, code="invalid_value") from None
+    else:
+        param = "prompt"
+        prompt: Any = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(400, "one prompt per request (send several requests)", param=param,
+                               code="unsupported_parameter")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            tokens = engine.tokenize(prompt)
+        else:
+            bad = [t for t in prompt if not 0 <= t < engine.n_vocab]
+            if bad:
+                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{engine.n_vocab - 1})",
+                               param=param, code="invalid_value")
+            tokens = list(prompt)
+    if not tokens:
+        raise APIError(400, "the prompt is empty", param=param, code="invalid_value")
+    n_ctx = min(m.n_ctx for m in (engine.target, engine.draft) if m is not None)
+    if len(tokens) > n_ctx:
+        raise APIError(400, f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; shorten it "
+                            "(or restart the server with a larger --ctx)", param=param, code="context_length_exceeded")
+    return tokens
+
+
+def _plain_message(i: int, m: Message) -> dict[str, str]:
+    """{'role', 'content': str}: text parts are joined; anything else (images, audio) is refused."""
+    content = m.content
+    if content is None:
+        content = ""
+    elif isinstance(content, list):
+        texts = []
+        for part in content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError(400, f"messages.{i}.content: only text parts are supported, got {part.get('type')!r}",
+                               param="messages", code="unsupported_parameter")
+            texts.append(part["text"])
+        content = "".join(texts)
+    return {"role": ROLE_ALIASES.get(m.role, m.role), "content": content}
+
+
+class Reply:
+    """Builds the response objects of one request: a full response, or the chunks of a stream."""
+
+    def __init__(self, kind: Literal["chat", "text"], model: str):
+        self.kind, self.model = kind, model
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": None, "choices": choices}
+
+    def full(self, c: "Completion") -> dict[str, Any]:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+                      "finish_reason": c.finish_reason}
+            out = self._envelope("chat.completion", [choice])
+        else:
+            out = self._envelope("text_completion", [{"index": 0, "text": c.text, "logprobs": None,
+                                                      "finish_reason": c.finish_reason}])
+        out["usage"] = usage(c)
+        out["fsd"] = fsd_stats(c)
+        return out
+
+    def chunk(self, text: str | None = None, finish_reason: str | None = None,
+              role: bool = False) -> dict[str, Any]:
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return self._envelope("chat.completion.chunk", [choice])
+        return self._envelope("text_completion", [{"index": 0, "text": text or "", "logprobs": None,
+                                                   "finish_reason": finish_reason}])
+
+    def last_chunk(self, c: "Completion") -> dict[str, Any]:
+        """The chunk carrying finish_reason; like llama.cpp's server, it also carries usage and the statistics."""
+        out = self.chunk(finish_reason=c.finish_reason)
+        out["usage"] = usage(c)
+        out["fsd"] = fsd_stats(c)
+        return out
+
+    def usage_chunk(self, c: "Completion") -> dict[str, Any]:
+        """stream_options.include_usage: OpenAI's extra chunk with no choices and the usage."""
+        out = self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", [])
+        out["usage"] = usage(c)
+        return out
+
+
+def usage(c: "Completion") -> dict[str, int]:
+    return {"prompt_tokens": c.prompt_tokens, "completion_tokens": len(c.token_ids),
+            "total_tokens": c.prompt_tokens + len(c.token_ids)}
+
+
+def fsd_stats(c: "Completion") -> dict[str, Any]:
+    """The generation's statistics (README, Statistics) and the settings it ran with."""
+    return {**c.stats, "settings": c.settings}
