@@ -15,15 +15,17 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from fsd_local.kernels.accept import AR, DRAFT_ONLY, MODES, accept_round, emit_one, warm_up
-from fsd_local.settings import SPECULATIVE_MODES, Settings
-from fsd_local.kernels.divergence import DIVERGENCES
 from fsd_local.errors import ConfigError, ContextOverflowError, FSDError
-from fsd_local.llama.model import Model, ModelOptions
+from fsd_local.kernels.accept import (AR, DRAFT_ONLY, MODES, Drafts, RoundOut, accept_round, emit_one, rule_of,
+                                      sampling_of, warm_up)
+from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.sampling import pick
+from fsd_local.llama.model import Model
+from fsd_local.llama.options import ModelOptions
+from fsd_local.llama.vocab import check_compatible
+from fsd_local.settings import Settings
 from fsd_local.stats import Stats
 from fsd_local.stream import TextStream
-from fsd_local.llama.vocab import check_compatible
 
 ORIGINS = {0: "target", 1: "sd", 2: "fuzzy"}  # why each emitted token is there
 
@@ -103,13 +105,10 @@ class Engine:
 
     def _alloc(self, k: int) -> None:
         nv = self.draft.n_vocab if self.draft else 1
-        self._q = np.empty((k, nv), np.float32)  # the draft's raw rows: its logits buffer is reused per token
-        self._q_stats = np.empty((k + 1, 3), np.float32)
-        self._q_prob = np.empty(k)
-        self._drafts = np.empty(k, np.int32)
-        self._reason = np.empty(k, np.int8)
-        self._divs = np.empty(k)
-        self._logprobs = np.empty(k + 1)
+        # the draft's raw rows are copied: its logits buffer is reused per token
+        self._d = Drafts(rows=np.empty((k, nv), np.float32), tokens=np.empty(k, np.int32), prob=np.empty(k),
+                         stats=np.empty((k + 1, 3), np.float32))
+        self._out = RoundOut(reason=np.empty(k, np.int8), divergence=np.empty(k), logprob=np.empty(k + 1))
         self._k_alloc = k
 
     # ------------------------------------------------------------------ public API
@@ -122,18 +121,22 @@ class Engine:
         return self.target.detokenize(tokens)
 
     def generate(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
-                 **settings: Any) -> Completion:
-        """Run to completion; returns text, token ids, finish reason and statistics."""
-        for piece in self.stream(prompt, cancel=cancel, **settings):
+                 settings: Settings | None = None, **overrides: Any) -> Completion:
+        """Run to completion; returns text, token ids, finish reason and statistics. `settings` replaces the
+        engine's defaults for this call; keyword overrides change single fields of whichever applies."""
+        for piece in self.stream(prompt, cancel=cancel, settings=settings, **overrides):
             if piece.completion is not None:
                 return piece.completion
         raise AssertionError("unreachable: the stream always ends with a completion")
 
     def stream(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
-               **settings: Any) -> Iterator[Piece]:
+               settings: Settings | None = None, **overrides: Any) -> Iterator[Piece]:
         """Yield pieces as tokens are accepted; the last piece carries `.completion`. The engine's lock is held
         from the first piece until the stream ends or is closed: iterate it in one thread, to the end or close()."""
-        s = self.defaults.with_(**settings)
+        s = settings or self.defaults
+        if overrides:
+            s = s.with_(**overrides)
+        s.check_draft(self.draft is not None)
         return self._run(prompt, s, cancel)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
@@ -149,14 +152,14 @@ class Engine:
         return self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
 
     def chat(self, messages: Sequence[Mapping[str, str]], *, cancel: CancelToken | None = None,
-             **settings: Any) -> Completion:
+             settings: Settings | None = None, **overrides: Any) -> Completion:
         """Reply to a list of {'role', 'content'} messages. Earlier turns stay in both KV caches, so the next
         call only evaluates what is new."""
-        return self.generate(self.chat_prompt(messages), cancel=cancel, **settings)
+        return self.generate(self.chat_prompt(messages), cancel=cancel, settings=settings, **overrides)
 
     def chat_stream(self, messages: Sequence[Mapping[str, str]], *, cancel: CancelToken | None = None,
-                    **settings: Any) -> Iterator[Piece]:
-        return self.stream(self.chat_prompt(messages), cancel=cancel, **settings)
+                    settings: Settings | None = None, **overrides: Any) -> Iterator[Piece]:
+        return self.stream(self.chat_prompt(messages), cancel=cancel, settings=settings, **overrides)
 
     def cancel(self) -> None:
         """Stop the generation that is running now (if any) at its next round."""
@@ -192,7 +195,10 @@ class Engine:
     def _models(self):
         return [m for m in (self.target, self.draft) if m is not None]
 
-    def _prompt_tokens(self, prompt) -> list[int]:
+    def prompt_tokens(self, prompt: str | Sequence[int], models: Sequence[Model] | None = None) -> list[int]:
+        """The prompt as token ids, checked once for every caller (the loop, the server): ids inside the
+        vocabulary, not empty, and short enough for the context of every model that will read it."""
+        self._check_open()
         if isinstance(prompt, str):
             tokens = self.target.tokenize(prompt)
         else:
@@ -202,23 +208,22 @@ class Engine:
                 raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
         if not tokens:
             raise ConfigError("the prompt is empty and the model adds no BOS token: give at least one token")
+        n_ctx = min(m.n_ctx for m in (models or self._models()))
+        if len(tokens) > n_ctx:
+            raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; "
+                                       "shorten the prompt or raise --ctx")
         return tokens
 
     def _run(self, prompt, s: Settings, cancel) -> Iterator[Piece]:
         mode = MODES.index(s.mode)
         speculative = s.mode in SPECULATIVE_MODES
-        if (speculative or mode == DRAFT_ONLY) and self.draft is None:
-            raise ConfigError(f"mode {s.mode!r} needs a draft model; load one or use mode 'ar'")
+        rule, sampling = rule_of(s), sampling_of(s)  # the kernels' view of the settings, once per call
         with self._lock:
             self._check_open()
             self._cancel.clear()
             models = [self.target, self.draft] if speculative else [self.draft if mode == DRAFT_ONLY else self.target]
-            seq = self._prompt_tokens(prompt)
+            seq = self.prompt_tokens(prompt, models)
             n_ctx = min(m.n_ctx for m in models)
-            if len(seq) > n_ctx:
-                raise ContextOverflowError(
-                    f"the prompt has {len(seq)} tokens but the context holds {n_ctx}; "
-                    "shorten the prompt or raise --ctx")
             if s.draft_max > self._k_alloc:
                 self._alloc(s.draft_max)
             rng = np.random.default_rng(s.seed)
@@ -247,12 +252,12 @@ class Engine:
                     if speculative:
                         k_round = max(0, min(k, remaining - 1, n_ctx - len(seq)))
                         n_drafts = self._draft(seq, k_round, s, rng, stats)
-                        new, reasons = self._verify(seq, n_drafts, s, rng, stats, mode)
+                        new, reasons = self._verify(seq, n_drafts, rule, sampling, rng, stats)
                         if s.adaptive and n_drafts:
                             k = min(k + 2, s.draft_max) if len(new) > n_drafts else max(k - 1, s.draft_min)
                         origins = [ORIGINS[r] for r in reasons] + ["target"]
                     else:
-                        new = self._plain_step(models[0], seq, s, rng, stats, mode)
+                        new = self._plain_step(models[0], seq, sampling, rng, stats, mode)
                         origins = ["draft" if mode == DRAFT_ONLY else "target"]
                     start = len(seq)
                     seq.extend(new)
@@ -300,7 +305,7 @@ class Engine:
         if k <= 0:
             return 0
 
-        d, nv, q = self.draft, self.n_vocab, self._q
+        d, nv, q = self.draft, self.n_vocab, self._d.rows
         us = rng.random(k) if s.temperature > 0 else np.zeros(k)
         t = perf_counter()
         d.decode(seq[len(d.tokens):], "last")
@@ -309,12 +314,12 @@ class Engine:
         n = 0
         for i in range(k):
             q[i, :nv] = d.logits(1)[0, :nv]
-            tok, p_tok, p_top = pick(q[i], nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], self._q_stats[i],
+            tok, p_tok, p_top = pick(q[i], nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], self._d.stats[i],
                                      s.draft_p_min > 0)
             if p_top < s.draft_p_min:
                 break
-            self._drafts[i] = tok
-            self._q_prob[i] = p_tok
+            self._d.tokens[i] = tok
+            self._d.prob[i] = p_tok
             n = i + 1
             if n < k:
                 t = perf_counter()
@@ -323,25 +328,23 @@ class Engine:
                 stats.seconds_draft += perf_counter() - t
         return n
 
-    def _verify(self, seq, n_drafts, s: Settings, rng, stats, mode):
+    def _verify(self, seq, n_drafts, rule, sampling, rng, stats):
         """Score [last accepted, d_1..d_n] in one target decode, then apply the acceptance rule."""
         tgt = self.target
         pending = seq[len(tgt.tokens):]
-        drafts = self._drafts[:n_drafts].tolist()
+        drafts = self._d.tokens[:n_drafts].tolist()
         t = perf_counter()
         tgt.decode(pending + drafts, f"from:{len(pending) - 1}")
         tgt.synchronize()
         stats.seconds_target += perf_counter() - t
         p = tgt.logits(n_drafts + 1)
-        us = rng.random(n_drafts + 1) if s.temperature > 0 else np.zeros(n_drafts + 1)
-        accepted, nxt = accept_round(
-            p, self._q, self._drafts, n_drafts, self._q_prob, self._q_stats, self.n_vocab, mode,
-            DIVERGENCES.index(s.divergence), s.tau, s.topk, s.temperature, s.top_k, s.top_p, s.min_p, us,
-            self._reason, self._divs, self._logprobs)
-        stats.record_round(n_drafts, self._reason, self._divs, self._logprobs, accepted + 1)
-        return drafts[:accepted] + [int(nxt)], self._reason[:accepted].tolist()
+        us = rng.random(n_drafts + 1) if sampling.temperature > 0 else np.zeros(n_drafts + 1)
+        out = self._out
+        accepted, nxt = accept_round(p, self._d, n_drafts, self.n_vocab, rule, sampling, us, out)
+        stats.record_round(n_drafts, out.reason, out.divergence, out.logprob, accepted + 1)
+        return drafts[:accepted] + [int(nxt)], out.reason[:accepted].tolist()
 
-    def _plain_step(self, m: Model, seq, s: Settings, rng, stats, mode):
+    def _plain_step(self, m: Model, seq, sampling, rng, stats, mode):
         """The baselines: one token from one model (target for ar, draft for draft-only)."""
         t = perf_counter()
         m.decode(seq[len(m.tokens):], "last")
@@ -351,9 +354,8 @@ class Engine:
             stats.seconds_target += dt
         else:
             stats.seconds_draft += dt
-        u = rng.random() if s.temperature > 0 else 0.0
-        tok, lp = emit_one(m.logits(1)[0], m.n_vocab, s.temperature, s.top_k, s.top_p, s.min_p, u,
-                           self._q_stats[0])
+        u = rng.random() if sampling.temperature > 0 else 0.0
+        tok, lp = emit_one(m.logits(1)[0], m.n_vocab, sampling, u, self._d.stats[0])
         stats.rounds += 1
         stats.tokens += 1
         stats.target_calls += mode == AR

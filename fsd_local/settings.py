@@ -1,93 +1,174 @@
-"""Per-call generation settings, validated once so the loop never sees a bad value."""
+"""Generation settings, declared once.
+
+Each field of `Settings` carries its type, default, range, help text and where it is exposed: a command-line
+flag (cli/options.py generates the click options), a field of the HTTP API (server/openai_schema.py generates
+the request model), a chat slash command (cli/chat.py generates the commands and their help). A new setting is
+one entry here. A `Settings` object is validated once, when it is made, and the engine takes it as it is.
+"""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from typing import Any
 
-from fsd_local.kernels.accept import MODES
-from fsd_local.kernels.divergence import DIVERGENCES, TOPK_DEFAULT
 from fsd_local.errors import ConfigError
+from fsd_local.kernels.names import DIVERGENCES, MODES, SPECULATIVE_MODES, TOPK_DEFAULT
 
-SPECULATIVE_MODES = ("fsd", "fsd-paper", "sd")
+TAU_HELP = ("divergence threshold for fuzzy acceptance. 0 = standard speculative decoding (output exactly the "
+            "target's); larger = more draft tokens accepted, faster, further from the target. "
+            "With js, tau above ~0.35 can accept tokens the target would essentially never emit")
+MODE_HELP = ("fsd: SD test first, fuzzy rescue when divergence <= tau (default). fsd-paper: the paper's rule "
+             "(divergence only). sd: lossless speculative decoding. ar: target alone. draft-only: draft alone")
+DIVERGENCE_HELP = ("js (Jensen-Shannon, <= ln2), kl KL(target||draft), rkl KL(draft||target), tv total variation, "
+                   "topk-js/topk-kl/topk-tv over the target's top-k tokens + one rest bin, paper-js (the reference "
+                   "code's JS formula, to reproduce the paper's taus)")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How one setting is checked and exposed. Bounds are inclusive unless marked open."""
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple[str, ...] | None = None
+    cli: str | None = None  # the flag; None = not on the command line
+    http: bool = True  # a field of the OpenAI API's request body
+    chat: str | None = None  # the slash command that sets it in `fsd-local chat`
+    metavar: str | None = None
+
+    def range_text(self) -> str:
+        lo = "" if self.lo is None else f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        hi = "" if self.hi is None else f"{'<' if self.hi_open else '<='} {_num(self.hi)}"
+        return " and ".join(x for x in (lo, hi) if x)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def setting(default: Any, help: str, **spec: Any) -> Any:
+    """A Settings field: its default and its Spec (help, range, exposure)."""
+    meta = {"spec": Spec(help=help, **spec)}
+    if isinstance(default, tuple):
+        return field(default_factory=lambda: default, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything that may change between two calls on the same loaded pair.
+    """Everything that may change between two calls on the same loaded pair (see each field's help)."""
+    tau: float = setting(0.0, TAU_HELP, lo=0, cli="--tau", chat="tau")
+    mode: str = setting("fsd", MODE_HELP, choices=MODES, cli="--mode", chat="mode")
+    divergence: str = setting("js", DIVERGENCE_HELP, choices=DIVERGENCES, cli="--divergence", chat="divergence")
+    divergence_topk: int = setting(TOPK_DEFAULT, "k of the topk-* divergences: the target's top-k tokens plus one "
+                                   "bin for the rest (not sampling's --top-k)", lo=1, cli="--divergence-topk")
+    draft_max: int = setting(4, "tokens drafted per round (k; the upper bound with --adaptive)", lo=1, hi=64,
+                             cli="--draft-max")
+    draft_min: int = setting(1, "smallest k with --adaptive", lo=1, hi=64, cli="--draft-min")
+    draft_p_min: float = setting(0.0, "stop drafting when the draft's top probability falls below this (0 = off)",
+                                 lo=0, hi=1, hi_open=True, cli="--draft-p-min")
+    adaptive: bool = setting(False, "grow k by 2 after a fully accepted round, shrink by 1 after a rejection",
+                             cli="--adaptive")
+    temperature: float = setting(0.0, "sampling temperature, 0 = greedy", lo=0, cli="--temp", chat="temp")
+    top_k: int = setting(0, "sample from the k most likely tokens (0 = off)", lo=0, cli="--top-k")
+    top_p: float = setting(1.0, "nucleus sampling: the smallest set holding this much probability (1 = off)",
+                           lo=0, lo_open=True, hi=1, cli="--top-p")
+    min_p: float = setting(0.0, "drop tokens below this fraction of the top token's probability (0 = off)",
+                           lo=0, hi=1, hi_open=True, cli="--min-p")
+    seed: int | None = setting(None, "makes sampled runs reproducible", lo=0, cli="--seed")
+    max_tokens: int = setting(256, "most tokens to generate", lo=0, cli="--max-tokens")
+    stop: tuple[str, ...] = setting((), "stop string (repeatable)", cli="--stop")
+    ignore_eos: bool = setting(False, "keep going past end-of-generation tokens (benchmarks of a fixed length)",
+                               cli="--ignore-eos", http=False)
 
-    tau          divergence threshold for fuzzy acceptance; 0 = standard speculative decoding (lossless)
-    mode         fsd | fsd-paper | sd | ar | draft-only (see README)
-    divergence   js | kl | rkl | tv | topk-js | topk-kl | topk-tv | paper-js
-    draft_max    k, tokens drafted per round (the upper bound when adaptive)
-    draft_min    lower bound of k when adaptive
-    draft_p_min  stop drafting when the draft's top probability falls below this (0 = off)
-    adaptive     grow k by 2 after a fully accepted round, shrink by 1 after a rejection
-    temperature  0 = greedy; top_k (0 = off), top_p (1 = off), min_p (0 = off) as usual
-    ignore_eos   do not stop at the model's end-of-generation tokens (for benchmarks of a fixed length)
-    """
-    tau: float = 0.0
-    mode: str = "fsd"
-    divergence: str = "js"
-    topk: int = TOPK_DEFAULT
-    draft_max: int = 4
-    draft_min: int = 1
-    draft_p_min: float = 0.0
-    adaptive: bool = False
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
-    max_tokens: int = 256
-    stop: tuple[str, ...] = field(default_factory=tuple)
-    ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
-
-    def __post_init__(self):
-        def bad(name, why):
-            raise ConfigError(f"{name}={getattr(self, name)!r} {why}")
-
-        def finite(name):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or math.isinf(v):
-                bad(name, "must be a finite number")
-
-        for name in ("tau", "temperature", "top_p", "min_p", "draft_p_min"):
-            finite(name)
-        if self.tau < 0:
-            bad("tau", "must be >= 0 (0 = lossless speculative decoding; larger accepts more draft tokens)")
-        if self.mode not in MODES:
-            bad("mode", f"is not a mode; choose one of {', '.join(MODES)}")
-        if self.divergence not in DIVERGENCES:
-            bad("divergence", f"is not a divergence; choose one of {', '.join(DIVERGENCES)}")
-        if self.temperature < 0:
-            bad("temperature", "must be >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            bad("top_p", "must be in (0, 1]")
-        if not 0 <= self.min_p < 1:
-            bad("min_p", "must be in [0, 1)")
-        if not 0 <= self.draft_p_min < 1:
-            bad("draft_p_min", "must be in [0, 1)")
-        for name, lo in (("top_k", 0), ("draft_max", 1), ("draft_min", 1), ("max_tokens", 0), ("topk", 1)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                bad(name, f"must be an integer >= {lo}")
-        if self.draft_max > 64:
-            bad("draft_max", "must be <= 64")
-        if self.draft_min > self.draft_max:
-            bad("draft_min", f"must be <= draft_max ({self.draft_max})")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            bad("seed", "must be a non-negative integer")
+    def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
+        if isinstance(self.stop, list):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        for f in fields(self):
+            _check(f, getattr(self, f.name))
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
+        if self.draft_min > self.draft_max:
+            raise ConfigError(f"draft_min={self.draft_min} must be <= draft_max ({self.draft_max})")
 
-    def with_(self, **changes) -> "Settings":
-        unknown = set(changes) - {f.name for f in fields(self)}
+    # ---------------------------------------------------------------- derived
+    @property
+    def needs_draft(self) -> bool:
+        """Whether this mode uses the draft model (the one place that says so)."""
+        return self.mode in SPECULATIVE_MODES or self.mode == "draft-only"
+
+    def check_draft(self, has_draft: bool) -> None:
+        if self.needs_draft and not has_draft:
+            raise ConfigError(f"mode {self.mode!r} needs a draft model; load one (--draft) or use mode 'ar'")
+
+    # ---------------------------------------------------------------- changes
+    def with_(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (None leaves a field as it is, except seed); validated."""
+        changes = _aliases(changes)
+        unknown = set(changes) - NAMES
         if unknown:
-            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(NAMES))}")
         return replace(self, **{k: v for k, v in changes.items() if v is not None or k == "seed"})
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stop"] = list(self.stop)
         return d
+
+
+ALIASES = {"topk": "divergence_topk"}  # old names still accepted
+
+
+def _aliases(changes: dict[str, Any]) -> dict[str, Any]:
+    return {ALIASES.get(k, k): v for k, v in changes.items()}
+
+
+def spec(f: Field) -> Spec:
+    return f.metadata["spec"]
+
+
+def field_type(f: Field) -> type:
+    """The Python type a field holds (None allowed for seed): float, int, bool, str or tuple."""
+    default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+    if f.name == "seed":
+        return int
+    return type(default)
+
+
+def _check(f: Field, value: Any) -> None:
+    name, s, kind = f.name, spec(f), field_type(f)
+
+    def bad(why: str) -> None:
+        raise ConfigError(f"{name}={value!r} {why}")
+
+    if value is None and f.name == "seed":
+        return
+    if kind is bool:
+        if not isinstance(value, bool):
+            bad("must be true or false")
+        return
+    if kind is tuple:
+        if not all(isinstance(v, str) for v in value):
+            bad("must be strings")
+        return
+    if kind is str:
+        if value not in (s.choices or ()):
+            bad(f"is not a {name}; choose one of {', '.join(s.choices or ())}")
+        return
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        bad(f"must be an integer {s.range_text()}".rstrip())
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        bad("must be a finite number")
+    too_low = s.lo is not None and (value <= s.lo if s.lo_open else value < s.lo)
+    too_high = s.hi is not None and (value >= s.hi if s.hi_open else value > s.hi)
+    if too_low or too_high:
+        hint = {"tau": " (0 = lossless speculative decoding; larger accepts more draft tokens)",
+                "temperature": " (0 = greedy)"}.get(name, "")
+        bad(f"must be {s.range_text()}{hint}")
+
+
+FIELDS: tuple[Field, ...] = fields(Settings)
+NAMES = frozenset(f.name for f in FIELDS)

@@ -17,10 +17,12 @@ from click.testing import CliRunner
 
 from fsd_local.llama import backend, gguf_info
 from fsd_local.cli import cli
-from fsd_local.cli.main import load_engine
+from fsd_local.cli.options import load_engine
 from fsd_local.llama.doctor import report, render
 from fsd_local.errors import ModelLoadError
-from fsd_local.llama.model import KV_TYPES, Model, ModelOptions
+from fsd_local.llama.model import Model
+from fsd_local.llama.options import KV_TYPES, ModelOptions
+from fsd_local.settings import Settings
 from fsd_local.llama.placement import Footprint, footprint, plan
 from tinymodels import write_tiny_gguf
 
@@ -235,7 +237,7 @@ def test_footprint_of_a_real_header_follows_the_kv_cache_type(tiny_pair):
 def _engine(pair, say=None, **options):
     draft, target = pair
     return load_engine(target, draft, None, n_ctx=512, n_threads=1, n_gpu_layers="auto", draft_n_gpu_layers="auto",
-                       settings={"mode": "sd", "max_tokens": 24}, say=say, **options)
+                       settings=Settings(mode="sd", max_tokens=24), say=say, **options)
 
 
 def test_context_sizes_and_cache_types_per_model(wide_pair, info):

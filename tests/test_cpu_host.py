@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from fsd_local.cli import cli
 from fsd_local.llama.cpu_features import backend_cpu_features, decide_repack, host_cpu_flags, host_has_amx, repack_choice
 from fsd_local.llama.model import Model, ModelOptions
+from fsd_local.settings import Settings
 
 AMX_BUILD = {"AVX2": "1", "AVX512": "1", "AMX_INT8": "1", "REPACK": "1"}
 PLAIN_BUILD = {"AVX2": "1", "AVX512": "1", "REPACK": "1"}
@@ -109,11 +110,11 @@ def test_repack_forced_on_works_where_it_is_safe(tiny_pair):
 
 
 def test_cli_flags_reach_each_model(tiny_pair):
-    from fsd_local.cli.main import load_engine
+    from fsd_local.cli.options import load_engine
 
     draft, target = tiny_pair
     base = dict(target=target, draft=draft, pair=None, n_ctx=128, n_threads=1, n_gpu_layers=0,
-                draft_n_gpu_layers=0, settings={})
+                draft_n_gpu_layers=0, settings=Settings())
     with load_engine(**base, repack=False) as eng:
         assert (eng.target.repack.reason, eng.draft.repack.reason) == ("--no-repack given",) * 2
     with load_engine(**base, draft_repack=False) as eng:

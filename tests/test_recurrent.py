@@ -14,7 +14,8 @@ import llama_cpp as lc
 import pytest
 
 from fsd_local import CacheTruncationError, Engine
-from fsd_local.llama.model import Model, init_backend
+from fsd_local.llama.bindings import init_backend
+from fsd_local.llama.model import Model
 from tinymodels import write_tiny_mamba_gguf
 
 

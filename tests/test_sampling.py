@@ -7,7 +7,8 @@ import pytest
 from scipy import stats as sps
 
 from fsd_local.kernels import sampling as S
-from fsd_local.kernels.accept import BY_FUZZY, BY_SD, FSD, FSD_PAPER, SD, accept_round
+from fsd_local.kernels.accept import (BY_FUZZY, BY_SD, FSD, FSD_PAPER, SD, Drafts, RoundOut, Rule, Sampling,
+                                      accept_round)
 from fsd_local.kernels.divergence import DIVERGENCES
 
 ALPHA = 1e-3  # false-alarm rate of every statistical test in this file
@@ -94,13 +95,12 @@ def run_accept(P, Q, drafts, mode, div, tau, temperature=0.0, uniforms=None):
             mx, cut, lz = S.processed(Q[i], n, temperature, 0, 1.0, 0.0)
             q_stats[i] = (mx, cut, lz)
             q_prob[i] = S.prob(Q[i], drafts[i], temperature, mx, cut, lz)
-    reason = np.zeros(k, np.int8)
-    divs = np.zeros(k)
-    lps = np.zeros(k + 1)
+    out = RoundOut(reason=np.zeros(k, np.int8), divergence=np.zeros(k), logprob=np.zeros(k + 1))
     us = np.zeros(k + 1) if uniforms is None else uniforms
-    acc, nxt = accept_round(P, Q, np.asarray(drafts, np.int32), k, q_prob, q_stats, n, mode,
-                            DIVERGENCES.index(div), tau, 50, temperature, 0, 1.0, 0.0, us, reason, divs, lps)
-    return acc, nxt, reason.copy(), divs.copy(), lps.copy()
+    draft = Drafts(rows=Q, tokens=np.asarray(drafts, np.int32), prob=q_prob, stats=q_stats)
+    acc, nxt = accept_round(P, draft, k, n, Rule(mode, DIVERGENCES.index(div), float(tau), 50),
+                            Sampling(float(temperature), 0, 1.0, 0.0), us, out)
+    return acc, nxt, out.reason.copy(), out.divergence.copy(), out.logprob.copy()
 
 
 def fixed_context(seed, k=6, n=500, spread=1.0):

@@ -16,7 +16,7 @@ import statistics
 import subprocess
 
 from fsd_local.engine import Engine
-from fsd_local.llama.model import default_threads
+from fsd_local.llama.bindings import default_threads
 
 
 def run_llamacpp(binary, target, draft, prompt, n, k, threads, ctx):

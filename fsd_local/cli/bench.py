@@ -180,11 +180,12 @@ def _given(param: str) -> bool:
 
 
 def _engine(model_kwargs: dict):
-    from fsd_local.cli.main import load_engine
+    from fsd_local.cli.options import load_engine
+    from fsd_local.settings import Settings
 
     if model_kwargs.get("target") and not model_kwargs.get("draft") and not model_kwargs.get("pair"):
         raise click.UsageError("give --draft too: bench and calibrate compare against speculative decoding")
-    return load_engine(**model_kwargs, settings={}, say=_say)
+    return load_engine(**model_kwargs, settings=Settings(), say=_say)
 
 
 def calibrate_options(f):

@@ -11,35 +11,42 @@ import contextlib
 import json
 import signal
 import sys
+import textwrap
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 
 import click
 
-from fsd_local.kernels.accept import MODES
-from fsd_local.llama.chat_template import ChatTemplate
-from fsd_local.settings import SPECULATIVE_MODES, Settings
-from fsd_local.kernels.divergence import DIVERGENCES
+from fsd_local.cli.options import say as _say_err
+from fsd_local.cli.options import summary_line
 from fsd_local.engine import CancelToken
 from fsd_local.errors import ConfigError, FSDError
+from fsd_local.llama.chat_template import ChatTemplate
+from fsd_local.settings import FIELDS, Settings, field_type, spec
 
-HELP = f"""commands (settings apply from the next reply on, models stay loaded):
-  /tau X          divergence threshold: 0 = lossless speculative decoding, larger = faster, further from
-                  the target (with js, above ~0.35 it can accept tokens the target would never emit)
-  /mode M         {' | '.join(MODES)}
-  /divergence D   {' | '.join(DIVERGENCES)}
-  /temp T         sampling temperature, 0 = greedy
-  /stats          settings, totals of this conversation, details of the last reply
-  /reset          start a new conversation (settings stay)
-  /help           this text
-  /quit           leave (Ctrl-D too); Ctrl-C stops the current reply only
-a command without a value shows the current one; start a message with // to send a literal leading /"""
-
-# command -> (Settings field, parser); the parser's ValueError becomes a usage hint
-SETTERS = {"tau": ("tau", float), "mode": ("mode", str), "divergence": ("divergence", str),
-           "temp": ("temperature", float)}
+# command -> (Settings field, parser), from the settings that declare a chat command; a parser's ValueError
+# becomes a usage hint
+SETTERS = {spec(f).chat: (f.name, field_type(f)) for f in FIELDS if spec(f).chat}
 ACTIONS = ("stats", "reset", "help", "quit")
+
+
+def _setter_help(command: str) -> str:
+    name, kind = SETTERS[command]
+    s = spec(next(f for f in FIELDS if f.name == name))
+    value = "X" if kind in (int, float) else command[0].upper()
+    about = " | ".join(s.choices) if s.choices else s.help
+    return textwrap.fill(about, 110, initial_indent=f"  /{command} {value}".ljust(18), subsequent_indent=" " * 18)
+
+
+HELP = "\n".join([
+    "commands (settings apply from the next reply on, models stay loaded):",
+    *(_setter_help(c) for c in SETTERS),
+    "  /stats          settings, totals of this conversation, details of the last reply",
+    "  /reset          start a new conversation (settings stay)",
+    "  /help           this text",
+    "  /quit           leave (Ctrl-D too); Ctrl-C stops the current reply only",
+    "a command without a value shows the current one; start a message with // to send a literal leading /"])
 COLOURS = {"sd": "green", "fuzzy": "yellow", "draft": "cyan", "target": None}
 LEGEND = ("colours: " + click.style("green", fg="green") + " = draft token that passed the SD test, "
           + click.style("yellow", fg="yellow") + " = draft token rescued by tau (fuzzy), plain = the target's own")
@@ -64,13 +71,6 @@ def parse_command(line: str) -> Command | None:
     if arg is not None and name in ACTIONS:
         raise ConfigError(f"/{name} takes no value")
     return Command(name, arg)
-
-
-def summary_line(stats: dict, finish: str | None) -> str:
-    return (f"[{finish}] {stats['tokens']} tokens, {stats['tokens_per_second']:.1f} tok/s, "
-            f"acceptance {stats['acceptance_rate']:.0%}, {stats['mean_tokens_per_round']:.2f} tokens/round, "
-            f"fuzzy {stats['fuzzy_share']:.0%}, prompt {stats['prompt_evaluated']}/{stats['prompt_tokens']} "
-            "tokens evaluated")
 
 
 @dataclass
@@ -131,9 +131,9 @@ class ChatSession:
                 value = parse(cmd.arg)
             except ValueError:
                 raise ConfigError(f"/{cmd.name} needs a number, e.g. /{cmd.name} 0.3; got {cmd.arg!r}") from None
-            if key == "mode" and value in SPECULATIVE_MODES + ("draft-only",) and self.engine.draft is None:
-                raise ConfigError(f"mode {value} needs a draft model; this session has only a target")
-            self.settings = self.settings.with_(**{key: value})  # validates
+            changed = self.settings.with_(**{key: value})  # validates
+            changed.check_draft(self.engine.draft is not None)
+            self.settings = changed
             return f"{cmd.name} = {getattr(self.settings, key)}"
         if cmd.name == "quit":
             self.done = True
@@ -168,7 +168,7 @@ class ChatSession:
         shown, completion = [], None
         try:
             with contextlib.closing(self.engine.chat_stream(self.messages, cancel=cancel,
-                                                            **self.settings.to_dict())) as stream:
+                                                            settings=self.settings)) as stream:
                 for piece in stream:
                     shown.append(piece.text)
                     completion = piece.completion or completion
@@ -247,9 +247,7 @@ def _read(interactive: bool) -> str | None:
 def run_chat(session: ChatSession, *, color: bool = False, as_json: bool = False,
              interactive: bool | None = None) -> None:
     """The terminal loop. Not a terminal on stdin: one message per line, plain text out."""
-    def say(msg):
-        click.echo(msg, err=True)
-
+    say = _say_err
     interactive = sys.stdin.isatty() if interactive is None else interactive
     if ChatTemplate.from_model(session.engine.target).is_fallback:
         say("note: the target's GGUF has no chat template; using ChatML, which may not be what it was trained on")

@@ -5,24 +5,69 @@ Inputs are the target's k+1 logit rows (a zero-copy view of llama.cpp's buffer),
 stats, and pre-drawn uniforms. Divergences are computed lazily: `fsd` only where the SD test failed,
 `fsd-paper` slot by slot up to the first failure.
 """
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
 from fsd_local.kernels.divergence import divergence, row_lse
+from fsd_local.kernels.names import AR, DIVERGENCES, DRAFT_ONLY, FSD, FSD_PAPER, MODES, SD  # noqa: F401
 from fsd_local.kernels.sampling import argmax, pick, prob, processed, sample_residual
-
-MODES = ("fsd", "fsd-paper", "sd", "ar", "draft-only")
-FSD, FSD_PAPER, SD, AR, DRAFT_ONLY = range(5)
 
 # why a slot was accepted (the core statistic)
 REJECTED, BY_SD, BY_FUZZY = 0, 1, 2
 
 
+class Rule(NamedTuple):
+    """The acceptance rule: mode and divergence codes (kernels/names.py), tau, k of the topk-* divergences."""
+    mode: int
+    divergence: int
+    tau: float
+    divergence_topk: int
+
+
+class Sampling(NamedTuple):
+    """The processed distribution: temperature (0 = greedy), top_k (0 = off), top_p (1 = off), min_p (0 = off)."""
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+
+
+class Drafts(NamedTuple):
+    """What the drafter produced this round: the raw rows Q, the tokens, each token's draft probability, and
+    the (max, cut-off, log-normaliser) of each processed draft row."""
+    rows: np.ndarray
+    tokens: np.ndarray
+    prob: np.ndarray
+    stats: np.ndarray
+
+
+class RoundOut(NamedTuple):
+    """Filled by accept_round: why each slot was accepted, its divergence (NaN = not computed), and the
+    target's raw log-probability of every emitted token."""
+    reason: np.ndarray
+    divergence: np.ndarray
+    logprob: np.ndarray
+
+
+def rule_of(settings) -> Rule:
+    return Rule(MODES.index(settings.mode), DIVERGENCES.index(settings.divergence), float(settings.tau),
+                int(settings.divergence_topk))
+
+
+def sampling_of(settings) -> Sampling:
+    return Sampling(float(settings.temperature), int(settings.top_k), float(settings.top_p), float(settings.min_p))
+
+
 @njit(cache=True)
-def accept_round(P, Q, drafts, n_drafts, q_prob, q_stats, n_vocab, mode, div_kind, tau, topk_div,
-                 temperature, top_k, top_p, min_p, uniforms, reason, divs, logprobs):
-    """Returns (n_accepted, next_token). Fills reason[:n_drafts], divs[:n_drafts] (NaN = not computed)
-    and logprobs[:n_accepted + 1]: the target's raw log-probability of every emitted token."""
+def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out):
+    """Returns (n_accepted, next_token); fills out.reason[:n_drafts], out.divergence[:n_drafts] and
+    out.logprob[:n_accepted + 1]. P: the target's n_drafts + 1 logit rows."""
+    Q, drafts, q_prob, q_stats = draft.rows, draft.tokens, draft.prob, draft.stats
+    mode, div_kind, tau, topk_div = rule.mode, rule.divergence, rule.tau, rule.divergence_topk
+    temperature, top_k, top_p, min_p = sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
+    reason, divs, logprobs = out.reason, out.divergence, out.logprob
     greedy = temperature <= 0.0
     n = n_vocab
     lse_p = np.full(n_drafts + 1, np.nan)
@@ -76,9 +121,9 @@ def accept_round(P, Q, drafts, n_drafts, q_prob, q_stats, n_vocab, mode, div_kin
 
 
 @njit(cache=True)
-def emit_one(x, n, temperature, top_k, top_p, min_p, u, stats):
+def emit_one(x, n, sampling, u, stats):
     """Plain decoding (the ar and draft-only baselines): (token, raw log-prob of the token)."""
-    t, _, _ = pick(x, n, temperature, top_k, top_p, min_p, u, stats, False)
+    t, _, _ = pick(x, n, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, u, stats, False)
     return t, float(x[t]) - row_lse(x, n)
 
 
@@ -98,11 +143,13 @@ def warm_up() -> None:
     q_stats = np.zeros((k + 1, 3), np.float32)
     q_prob = np.ones(k)
     drafts = np.zeros(k, np.int32)
+    draft = Drafts(Q, drafts, q_prob, q_stats)
+    out = RoundOut(np.zeros(k, np.int8), np.zeros(k), np.zeros(k + 1))
     for temperature in (0.0, 1.0):
+        sampling = Sampling(temperature, 0, 1.0, 0.0)
         pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], False)
         pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], True)
-        emit_one(P[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0])
+        emit_one(P[0], n, sampling, 0.5, q_stats[0])
         for mode in (FSD, FSD_PAPER, SD):
-            accept_round(P, Q, drafts, k, q_prob, q_stats, n, mode, 0, 1.0, 50, temperature, 0, 1.0, 0.0,
-                         np.full(k + 1, 0.5), np.zeros(k, np.int8), np.zeros(k), np.zeros(k + 1))
+            accept_round(P, draft, k, n, Rule(mode, 0, 1.0, 50), sampling, np.full(k + 1, 0.5), out)
     _warm = True

@@ -13,9 +13,8 @@ from numba import njit
 
 from fsd_local.kernels.fastmath import FLAGS, from_order_key, kernel, order_key, vexp, vlog
 
-DIVERGENCES = ("js", "kl", "rkl", "tv", "topk-js", "topk-kl", "topk-tv", "paper-js")
-JS, KL, RKL, TV, TOPK_JS, TOPK_KL, TOPK_TV, PAPER_JS = range(8)
-TOPK_DEFAULT = 50
+from fsd_local.kernels.names import (DIVERGENCES, JS, KL, PAPER_JS, RKL, TOPK_DEFAULT, TOPK_JS,  # noqa: F401
+                                    TOPK_KL, TOPK_TV, TV)
 
 
 @kernel

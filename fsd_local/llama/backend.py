@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from fsd_local.llama import ggml as g
 from fsd_local.errors import ModelLoadError
-from fsd_local.llama.model import default_threads, init_backend
+from fsd_local.llama.bindings import default_threads, init_backend
 
 # ggml registry name -> the name users know the backend by
 BACKEND_NAMES = {"CPU": "CPU", "CUDA": "CUDA", "MTL": "Metal", "Vulkan": "Vulkan", "ROCm": "HIP (ROCm)",

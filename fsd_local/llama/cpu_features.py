@@ -15,6 +15,8 @@ import functools
 import sys
 from dataclasses import dataclass
 
+from fsd_local.llama import ggml as g
+from fsd_local.llama.bindings import init_backend
 
 class _Feature(ctypes.Structure):  # struct ggml_backend_feature { const char * name; const char * value; }
     _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
@@ -28,9 +30,6 @@ AMX_FEATURES = ("AMX_INT8", "AMX_BF16", "AMX_TILE")
 def backend_cpu_features() -> dict[str, str]:
     """The CPU backend's own feature list (ggml_backend_get_features of the "CPU" registry): what this build
     (or, with GGML_BACKEND_DL, the variant ggml chose for this CPU) was compiled to use. {} when unavailable."""
-    from fsd_local.llama import ggml as g
-    from fsd_local.llama.model import init_backend
-
     try:
         lib = g.lib()
     except Exception:  # a build without the registry exports: nothing to ask

@@ -10,7 +10,8 @@ from fsd_local.llama import backend
 from fsd_local.llama import cpu_features
 from fsd_local.llama import gguf_info
 from fsd_local.llama import placement
-from fsd_local.llama.model import Model, ModelOptions
+from fsd_local.llama.model import Model
+from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import compatibility_problem
 
 GiB = 1 << 30

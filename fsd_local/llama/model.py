@@ -7,94 +7,16 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
-import threading
-from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from fsd_local.errors import CacheTruncationError, ContextOverflowError, ModelLoadError
-
-try:
-    import llama_cpp as lc
-except ImportError as exc:  # pragma: no cover - the package is a hard dependency
-    raise ImportError("llama-cpp-python is required: pip install llama-cpp-python") from exc
+from fsd_local.llama import backend
+from fsd_local.llama.bindings import clear_log, default_threads, init_backend, lc, recent_log
+from fsd_local.llama.cpu_features import repack_choice
+from fsd_local.llama.options import KV_TYPES, SPLIT_MODES, UNQUANTISED_KV, ModelOptions
 
 SEQ = 0
-KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
-UNQUANTISED_KV = ("f32", "f16", "bf16")
-# none: the whole model on main_gpu; layer: layers spread over the GPUs; row: rows of each matrix spread
-SPLIT_MODES = {"none": lc.LLAMA_SPLIT_MODE_NONE, "layer": lc.LLAMA_SPLIT_MODE_LAYER, "row": lc.LLAMA_SPLIT_MODE_ROW}
-
-# llama.cpp logs go to a ring buffer (shown in load errors) instead of the terminal; FSD_LOCAL_VERBOSE=1 prints.
-_LOG = deque(maxlen=64)
-_init_lock = threading.Lock()
-_initialised = False
-
-
-@lc.llama_log_callback
-def _log_sink(level, text, user_data):  # pragma: no cover - called from C
-    line = text.decode("utf-8", "replace") if text else ""
-    _LOG.append(line)
-    if os.environ.get("FSD_LOCAL_VERBOSE"):  # stderr, as llama.cpp's own logger: stdout may be --json output
-        print(line, end="", file=sys.stderr, flush=True)
-
-
-def init_backend() -> None:
-    global _initialised
-    with _init_lock:
-        if not _initialised:
-            lc.llama_log_set(_log_sink, ctypes.c_void_p(0))
-            lc.llama_backend_init()
-            from fsd_local.llama.ggml import load_backend_modules
-
-            try:
-                load_backend_modules()
-            except ModelLoadError:  # a build without the registry exports: llama.cpp finds its backends itself
-                pass
-            _initialised = True
-
-
-def recent_log(lines: int = 6) -> str:
-    useful = [ln.strip() for ln in _LOG if ln.strip() and not ln.strip() == "."]
-    return " | ".join(useful[-lines:])
-
-
-def default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS / Windows
-        return max(1, os.cpu_count() or 1)
-
-
-@dataclass
-class ModelOptions:
-    """How to load one model. `n_gpu_layers=-1` offloads every layer when the build has a GPU backend
-    (fsd_local.placement chooses counts from free GPU memory). `rpc_servers`: "host:port,..." of llama.cpp
-    `ggml-rpc-server`s whose devices this model may use; models without it never touch them."""
-    path: str
-    n_ctx: int = 4096
-    n_threads: int | None = None
-    n_threads_batch: int | None = None
-    n_gpu_layers: int = -1
-    n_batch: int = 512
-    main_gpu: int = 0
-    split_mode: str = "layer"
-    tensor_split: list[float] | None = None
-    flash_attn: bool | None = None  # None = llama.cpp decides
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    use_mmap: bool = True
-    use_mlock: bool = False
-    rpc_servers: str | None = None
-    vocab_only: bool = False  # tokenizer and metadata only: no weights, no context (doctor's compatibility check)
-    # llama.cpp's extra buffer types (repacked weights, AMX): None = decide for this host (cpu_features.py),
-    # True/False = --repack / --no-repack
-    repack: bool | None = None
-    extra: dict = field(default_factory=dict)
-
-
 def check_gguf_file(path: str, role: str = "model") -> None:
     """Fail early, in words, on what llama.cpp would only log: missing, unreadable, or not GGUF."""
     if not path:
@@ -137,8 +59,6 @@ def _device_list(opts: ModelOptions):
     model added some, every other model gets an explicit list of the local devices (NULL-terminated). A model
     with rpc_servers gets its own servers' devices first (llama.cpp's order: fewer transfers), then the local
     ones, always explicitly: libllama's device registry need not be the one the servers were registered in."""
-    from fsd_local.llama import backend
-
     if opts.rpc_servers:
         endpoints = backend.add_rpc_servers(opts.rpc_servers)
         if opts.vocab_only:
@@ -167,8 +87,6 @@ class Model:
         mp.split_mode = SPLIT_MODES[opts.split_mode]
         mp.main_gpu = opts.main_gpu
         mp.vocab_only = opts.vocab_only
-        from fsd_local.llama.cpu_features import repack_choice
-
         self.repack = repack_choice(opts.repack)
         mp.use_extra_bufts = self.repack.repack
         mp.load_mode = (lc.LLAMA_LOAD_MODE_MMAP if opts.use_mmap else lc.LLAMA_LOAD_MODE_NONE) | (
@@ -179,7 +97,7 @@ class Model:
         self._devices = _device_list(opts)
         if self._devices is not None:
             mp.devices = ctypes.cast(self._devices, ctypes.c_void_p).value
-        _LOG.clear()
+        clear_log()
         self.model = lc.llama_model_load_from_file(opts.path.encode(), mp)
         if not self.model:
             raise ModelLoadError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fsd_local.llama.model import KV_TYPES, ModelOptions
+from fsd_local.llama.options import KV_TYPES, ModelOptions
 
 MiB = 1 << 20
 # per device: what free memory does not show yet (cuBLAS/hipBLAS workspaces, allocator slack)

@@ -144,7 +144,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, api_key: str | 
 
             def stream_job() -> None:
                 try:
-                    for piece in engine.stream(prompt, cancel=cancel, **settings):
+                    for piece in engine.stream(prompt, cancel=cancel, settings=settings):
                         if piece.completion is not None:
                             metrics.observe(piece.completion)
                         loop.call_soon_threadsafe(pieces.put_nowait, piece)
@@ -157,7 +157,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, api_key: str | 
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
         def job() -> Completion:
-            c = engine.generate(prompt, cancel=cancel, **settings)
+            c = engine.generate(prompt, cancel=cancel, settings=settings)
             metrics.observe(c)
             return c
 

@@ -11,17 +11,17 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from fsd_local.settings import Settings
-from fsd_local.errors import ConfigError
+from fsd_local.errors import ConfigError, ContextOverflowError
+from fsd_local.settings import FIELDS, Settings, field_type, spec
 
 if TYPE_CHECKING:
     from fsd_local.engine import Completion, Engine
 
-# request fields that map one to one onto Settings (max_tokens is handled per endpoint)
-SETTING_FIELDS = ("tau", "mode", "divergence", "draft_max", "draft_min", "draft_p_min", "adaptive", "temperature",
-                  "top_k", "top_p", "min_p", "seed", "stop")
+# request fields that map one to one onto Settings, from the settings that declare an HTTP field (max_tokens is
+# handled per endpoint: chat also has max_completion_tokens)
+SETTING_FIELDS = tuple(f.name for f in FIELDS if spec(f).http and f.name != "max_tokens")
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
 
 
@@ -50,25 +50,21 @@ class Message(_Strict):
     content: str | list[dict[str, Any]] | None = None
 
 
-class _Request(_Strict):
+def _wire_type(kind: type) -> Any:
+    return str | list[str] if kind is tuple else kind
+
+
+# the standard sampling fields and fsd-local's own knobs, each optional (None = the server's default)
+_SettingFields: Any = create_model(
+    "_SettingFields", __base__=_Strict,
+    **{name: (_wire_type(field_type(f)) | None, None) for f in FIELDS if (name := f.name) in SETTING_FIELDS})
+
+
+class _Request(_SettingFields):  # type: ignore[misc, valid-type]
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
-    # standard sampling fields and fsd-local's own knobs (see Settings)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    tau: float | None = None
-    mode: str | None = None
-    divergence: str | None = None
-    draft_max: int | None = None
-    draft_min: int | None = None
-    draft_p_min: float | None = None
-    adaptive: bool | None = None
     # accepted only at their neutral value (see _refuse_unsupported)
     n: int | None = None
     best_of: int | None = None
@@ -126,23 +122,22 @@ def _refuse_unsupported(req: _Request) -> None:
         refuse("response_format", "only plain text output")
 
 
-def settings_for(engine: "Engine", req: ChatRequest | CompletionRequest) -> dict[str, Any]:
-    """The request's overrides of the server's default settings, validated; an error names the field at fault."""
+def settings_for(engine: "Engine", req: ChatRequest | CompletionRequest) -> Settings:
+    """The server's default settings with the request's overrides, validated; an error names the field at fault."""
     given: dict[str, Any] = {name: getattr(req, name) for name in SETTING_FIELDS if getattr(req, name) is not None}
     max_tokens = getattr(req, "max_completion_tokens", None)
     given["max_tokens"] = max_tokens if max_tokens is not None else req.max_tokens
     if given["max_tokens"] is None:
         del given["max_tokens"]
-    if isinstance(given.get("stop"), list):
-        given["stop"] = tuple(given["stop"])
     try:
         merged: Settings = engine.defaults.with_(**given)
     except ConfigError as exc:
         raise APIError(400, str(exc), param=_culprit(engine.defaults, given), code="invalid_value") from None
-    if merged.mode != "ar" and engine.draft is None:
-        raise APIError(400, f"mode {merged.mode!r} needs a draft model and this server has none; use mode 'ar'",
-                       param="mode", code="invalid_value")
-    return given
+    try:
+        merged.check_draft(engine.draft is not None)
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param="mode", code="invalid_value") from None
+    return merged
 
 
 def _culprit(defaults: Settings, given: dict[str, Any]) -> str | None:
@@ -171,21 +166,13 @@ def prompt_tokens(engine: "Engine", req: ChatRequest | CompletionRequest) -> lis
                 raise APIError(400, "one prompt per request (send several requests)", param=param,
                                code="unsupported_parameter")
             prompt = prompt[0]
-        if isinstance(prompt, str):
-            tokens = engine.tokenize(prompt)
-        else:
-            bad = [t for t in prompt if not 0 <= t < engine.n_vocab]
-            if bad:
-                raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{engine.n_vocab - 1})",
-                               param=param, code="invalid_value")
-            tokens = list(prompt)
-    if not tokens:
-        raise APIError(400, "the prompt is empty", param=param, code="invalid_value")
-    n_ctx = min(m.n_ctx for m in (engine.target, engine.draft) if m is not None)
-    if len(tokens) > n_ctx:
-        raise APIError(400, f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; shorten it "
-                            "(or restart the server with a larger --ctx)", param=param, code="context_length_exceeded")
-    return tokens
+        tokens = prompt
+    try:
+        return engine.prompt_tokens(tokens)  # the engine's own checks: vocabulary, empty, context length
+    except ContextOverflowError as exc:
+        raise APIError(400, f"{exc} (the server's --ctx)", param=param, code="context_length_exceeded") from None
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param=param, code="invalid_value") from None
 
 
 def _plain_message(i: int, m: Message) -> dict[str, str]:
