@@ -25,10 +25,6 @@ class CacheTruncationError(FSDError):
     """A model's KV cache cannot drop a partial range (recurrent / hybrid architectures)."""
 
 
-class GenerationCancelled(FSDError):
-    """Raised only where a caller asked for an exception instead of finish_reason 'cancelled'."""
-
-
 class RegistryError(FSDError):
     """models.toml is malformed, or names a pair that it does not define."""
 

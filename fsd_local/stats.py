@@ -75,6 +75,7 @@ class Stats:
             "acceptance_by_position": [a / d if d else 0.0 for a, d in
                                        zip(self.by_position_accepted, self.by_position_drafted)],
             "drafted_by_position": list(self.by_position_drafted),
+            "accepted_by_position": list(self.by_position_accepted),
             "divergence_quantiles": {f"q{int(q * 100)}": float(np.quantile(finite, q)) for q in QUANTILES}
             if finite.size else {},
             "divergences_computed": int(divs.size),

