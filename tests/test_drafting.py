@@ -371,3 +371,240 @@ def test_onehot_speed(capsys):
         lines.append(f"{name} {t1 * 1e6:.1f} us vs general {t2 * 1e6:.0f} us")
     with capsys.disabled():
         print("\none-hot divergences, n=262144: " + "; ".join(lines))
+
+
+# ---------------------------------------------------------------------------------------------- the `auto` cost model
+
+from fsd_local.drafting.cost_model import CostModel, VerifyCost, best_k, expected_rates  # noqa: E402
+
+MS = 1e-3
+
+
+def simulate(cm, rounds, verify, draft_per_token, accept, seed=0):
+    """Drive the model like the engine would, with synthetic costs and per-position acceptance (no timing).
+    verify(n) -> seconds; accept: conditional acceptance of every position (a float or a list)."""
+    rng = random.Random(seed)
+    chosen = []
+    for _ in range(rounds):
+        k = cm.choose_k()
+        if k:
+            cm.observe_draft(k, k * draft_per_token)
+            n_acc = 0
+            while n_acc < k and rng.random() < (accept if isinstance(accept, float) else accept[n_acc]):
+                n_acc += 1
+            cm.observe_acceptance(k, n_acc)
+        cm.observe_verify(k + 1, verify(k + 1))
+        chosen.append(k)
+    return chosen
+
+
+def settled(chosen, run=20):
+    """The first round from which `run` rounds in a row all drafted (k > 0)."""
+    return next(i for i in range(len(chosen)) if all(k > 0 for k in chosen[i:i + run]))
+
+
+def share(chosen, pred):
+    return sum(1 for k in chosen if pred(k)) / max(1, len(chosen))
+
+
+def q4_verify(n):  # a compute-bound target: a batch costs about as much as decoding one by one
+    return 9 * MS * n
+
+
+def f16_verify(n):  # a memory-bound target: a batch costs about one decode
+    return 25 * MS + 0.3 * MS * n
+
+
+def test_k_is_zero_when_drafting_cannot_pay():
+    cm = CostModel(8)  # a model drafter: 5 ms a token, half the target's decode, and poor acceptance
+    chosen = simulate(cm, 300, q4_verify, 5 * MS, 0.3)
+    tail = chosen[100:]
+    assert tail.count(0) >= 0.95 * len(tail), cm.k_histogram
+    assert cm.probes >= 2  # it kept looking, rarely
+    assert cm.plain_tokens_per_second_est == pytest.approx(1 / (9 * MS), rel=1e-3)
+    # a free drafter with hopeless acceptance does not pay either on a compute-bound target
+    cm = CostModel(8, draft_cost_prior=0.0)
+    tail = simulate(cm, 300, q4_verify, 0.0, 0.05)[100:]
+    assert tail.count(0) >= 0.95 * len(tail), cm.k_histogram
+
+
+def test_large_k_when_verification_is_nearly_free_and_acceptance_high():
+    cm = CostModel(8, draft_cost_prior=0.0)
+    chosen = simulate(cm, 200, f16_verify, 2e-6, 0.95)
+    assert share(chosen[50:], lambda k: k >= 6) >= 0.9, cm.k_histogram
+    assert cm.last_rate > 3 / (25 * MS)
+
+
+def test_intermediate_costs_give_an_intermediate_k():
+    """Exact expectation: with v(n) = 9 ms (1 + 0.5 (n-1)), free drafts and a = 0.7 the best k is small."""
+    rates = expected_rates([0.7] * 8, 0.0, [0.0] + [9 * MS * (1 + 0.5 * (n - 1)) for n in range(1, 10)])
+    want = best_k(rates)
+    assert 1 <= want <= 3
+    cm = CostModel(8, draft_cost_prior=0.0)
+    tail = simulate(cm, 400, lambda n: 9 * MS * (1 + 0.5 * (n - 1)), 0.0, 0.7, seed=3)[150:]
+    # the most frequent choice is the best k or a neighbour (the estimates are noisy samples)
+    mode = max(set(tail), key=tail.count)
+    assert abs(mode - want) <= 1, (want, cm.k_histogram)
+
+
+def test_policy_comes_back_after_costs_change():
+    cm = CostModel(8)
+    chosen = simulate(cm, 300, q4_verify, 5 * MS, 0.3, seed=1)
+    assert chosen[-50:].count(0) >= 45
+    # the machine frees up: verification becomes nearly free and drafts cheap and good
+    chosen = simulate(cm, 300, f16_verify, 1 * MS, 0.9, seed=2)
+    back = settled(chosen)
+    assert back <= cm.probe_max + 2 * cm.probe_every, chosen  # within about one backed-off probe interval
+    assert share(chosen[back + 20:], lambda k: k >= 3) >= 0.9, cm.k_histogram
+    # and it goes back to plain steps when drafting stops paying again
+    chosen = simulate(cm, 300, q4_verify, 5 * MS, 0.2, seed=4)
+    assert chosen[-100:].count(0) >= 95, cm.k_histogram
+
+
+def test_acceptance_improving_while_at_k0_is_found_by_probes():
+    """Costs fixed, acceptance jumps (the text turned into copying the prompt): probes notice it."""
+    cm = CostModel(8, draft_cost_prior=0.0)
+    verify = lambda n: 9 * MS * (1 + 0.35 * (n - 1))  # noqa: E731
+    assert simulate(cm, 300, verify, 0.0, 0.1, seed=5)[-50:].count(0) >= 45
+    chosen = simulate(cm, 200, verify, 0.0, 0.98, seed=6)
+    back = settled(chosen)
+    assert back <= cm.probe_max + 2 * cm.probe_every, chosen
+    assert share(chosen[back + 20:], lambda k: k >= 4) >= 0.9, cm.k_histogram
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_higher_acceptance_never_lowers_k(seed):
+    """Under fixed costs, raising any position's acceptance never lowers the chosen k (log-rate has increasing
+    differences in (k, a): the ratio rate(k+1)/rate(k) grows with every a_j)."""
+    rng = random.Random(seed)
+    kmax = rng.randrange(1, 12)
+    single = rng.uniform(1, 30) * MS
+    slope = rng.uniform(0.0, 1.2)
+    curve = [0.0] + [single * (1 + slope * (n - 1)) for n in range(1, kmax + 2)]
+    draft = rng.choice([0.0, rng.uniform(0, 1) * single])
+    acc = [rng.uniform(0.0, 1.0) for _ in range(kmax)]
+    last = -1
+    for step in range(30):
+        k = best_k(expected_rates(acc, draft, curve))
+        assert k >= last, (step, acc, k, last)
+        last = k
+        j = rng.randrange(kmax)
+        acc[j] = min(1.0, acc[j] + rng.uniform(0, 0.2))
+    # and through the model: same costs, one history with more acceptances per position
+    lo, hi = CostModel(kmax), CostModel(kmax)
+    for cm in (lo, hi):
+        cm.observe_verify(1, curve[1])
+        cm.observe_verify(kmax + 1, curve[kmax + 1])
+        cm.observe_draft(3, 3 * draft)
+    for _ in range(10):
+        n = rng.randrange(0, kmax + 1)
+        lo.observe_acceptance(kmax, n)
+        hi.observe_acceptance(kmax, kmax if rng.random() < 0.5 else min(kmax, n + 1))
+    # compare only when hi's estimates dominate lo's pointwise (the premise of monotonicity)
+    if all(h >= l_ for h, l_ in zip(hi.acceptance(), lo.acceptance())):
+        assert best_k(hi.rates()) >= best_k(lo.rates())
+
+
+def test_cold_start_is_sensible_and_respects_the_limit():
+    free = CostModel(8, draft_cost_prior=0.0)
+    k = free.choose_k()
+    assert 1 <= k <= 4  # before any measurement: a short, cheap guess, not a plain step and not k_max
+    model = CostModel(8)
+    assert 1 <= model.choose_k() <= 3
+    assert CostModel(8).choose_k(0) == 0
+    assert CostModel(8, draft_cost_prior=0.0).choose_k(1) <= 1
+    assert CostModel(0).choose_k() == 0
+    # the first measurement sets the scale of the whole verify curve (slope from the prior)
+    cm = CostModel(8, draft_cost_prior=0.0)
+    cm.observe_verify(3, 16 * MS)
+    v = cm.verify.curve(9)
+    assert v[1] == pytest.approx(16 * MS / 1.6)
+    assert all(a <= b for a, b in zip(v[1:], v[2:]))
+    assert cm.plain_tokens_per_second_est == pytest.approx(1.6 / (16 * MS))
+    assert cm.plain_tokens_per_second_est == pytest.approx(1 / v[1])
+
+
+def test_verify_cost_fit_fallback_and_monotone():
+    vc = VerifyCost(9)
+    assert not vc.measured
+    for _ in range(10):
+        vc.observe(1, 10 * MS)
+        vc.observe(5, 20 * MS)
+    v = vc.curve(9)
+    assert v[1] == pytest.approx(10 * MS, rel=1e-6)
+    assert v[5] == pytest.approx(20 * MS, rel=1e-6)
+    assert v[3] == pytest.approx(15 * MS, rel=1e-6)  # unseen n: the fitted line
+    assert v[9] == pytest.approx(30 * MS, rel=1e-6)
+    # noisy measurements that dip are made monotone
+    vc.observe(4, 5 * MS)
+    v = vc.curve(9)
+    assert all(a <= b for a, b in zip(v[1:], v[2:]))
+    # garbage is ignored
+    vc.observe(2, float("nan"))
+    vc.observe(2, -1.0)
+    vc.observe(0, 1.0)
+    assert vc._weight[2] == 0.0
+    # a batch larger than planned grows the table
+    vc.observe(20, 40 * MS)
+    assert vc.seconds(20) >= vc.seconds(9)
+
+
+def test_settings_changed_softens_acceptance_and_keeps_costs():
+    cm = CostModel(6, draft_cost_prior=0.0)
+    simulate(cm, 100, f16_verify, 0.0, 0.95)
+    before = cm.acceptance()
+    v_before = list(cm.verify.curve(7))
+    assert before[0] > 0.9
+    same = CostModel(6, draft_cost_prior=0.0)
+    simulate(same, 100, f16_verify, 0.0, 0.95)
+    cm.settings_changed()
+    assert sum(cm._seen) <= 0.1 * sum(same._seen) + 1e-9  # the evidence shrank, its estimate did not move
+    assert cm.verify.curve(7) == v_before
+    # a few rounds under the new settings (tau lowered: much lower acceptance) take over
+    for _ in range(5):
+        cm.observe_acceptance(6, 0)
+    assert cm.acceptance()[0] < 0.4
+    for _ in range(10):
+        cm.observe_acceptance(6, 0)
+    assert cm.acceptance()[0] < 0.2
+    for _ in range(15):  # without being told, the same change takes much longer to show
+        same.observe_acceptance(6, 0)
+    assert same.acceptance()[0] > 0.4
+
+
+def test_acceptance_counts_only_reached_positions():
+    cm = CostModel(4, accept_prior_weight=1e-9)
+    cm.observe_acceptance(4, 1)  # position 1 passed, 2 failed, 3 and 4 never reached
+    a = cm.acceptance()
+    assert a[0] == pytest.approx(1.0) and a[1] == pytest.approx(0.0, abs=1e-6)
+    assert a[2] == pytest.approx(0.5)  # never reached: the pooled rate of the reached positions (1 of 2)
+    cm.observe_acceptance(2, 2)  # a short draft fully accepted: nothing learned about position 3
+    assert cm._seen[2] == 0.0 and cm._acc[2] == 0.0
+    cm.observe_acceptance(0, 0)
+    cm.observe_acceptance(7, 7)  # more than k_max drafted (the engine's limit changed): grows
+    assert len(cm.acceptance()) == 7
+
+
+def test_histogram_and_summary():
+    cm = CostModel(5, draft_cost_prior=0.0)
+    chosen = simulate(cm, 50, f16_verify, 0.0, 0.8)
+    assert sum(cm.k_histogram) == cm.rounds == 50
+    assert cm.k_histogram == [chosen.count(k) for k in range(6)]
+    s = cm.summary()
+    import json
+    json.dumps(s)
+    assert len(s["verify_seconds_est"]) == 6 and len(s["acceptance_est"]) == 5
+    assert s["plain_tokens_per_second_est"] > 0
+
+
+def test_choose_k_is_cheap(capsys):
+    cm = CostModel(16, draft_cost_prior=0.0)
+    simulate(cm, 20, f16_verify, 0.0, 0.8)
+    t = perf_counter()
+    for _ in range(200):
+        cm.choose_k()
+        cm.observe_verify(5, 26 * MS)
+        cm.observe_acceptance(4, 2)
+    per = (perf_counter() - t) / 200
+    with capsys.disabled():
+        print(f"\ncost model: choose_k + observations {per * 1e6:.1f} us a round (k_max 16)")
