@@ -608,3 +608,21 @@ def test_choose_k_is_cheap(capsys):
     per = (perf_counter() - t) / 200
     with capsys.disabled():
         print(f"\ncost model: choose_k + observations {per * 1e6:.1f} us a round (k_max 16)")
+
+
+# ---------------------------------------------------------------------------------------------- grounded prompts
+
+def test_grounded_prompts_file_parses_and_repeats_its_input():
+    from pathlib import Path
+
+    from fsd_local.bench.prompts import load_prompts
+
+    path = Path(__file__).parent.parent / "fsd_local" / "data" / "prompts-grounded.jsonl"
+    prompts = load_prompts(path)
+    assert len(prompts) >= 8
+    vocab: dict = {}
+    for p in prompts:
+        assert 300 <= len(p.text) <= 1200  # ~90-250 SmolLM2 tokens
+        # what the answer has started to write is already in the prompt: prompt lookup finds it
+        toks = word_tokens(p.text, vocab)
+        assert NgramDrafter(1, 3).propose(toks, 4), p.text[-80:]
