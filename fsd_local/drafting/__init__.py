@@ -1,0 +1,13 @@
+"""Drafting without (or besides) a draft model, and choosing how much to draft (FSD.md, "Drafters and draft length").
+
+- `ngram.NgramDrafter`: prompt lookup. The longest recent n-gram at the end of the text that occurred earlier
+  proposes the tokens that followed it. Free (microseconds a round) and strong where the output repeats the
+  input: code edits, extraction, rewriting, quoting. Its q is one-hot on each proposed token; the divergences of
+  a target row against a one-hot are in `fsd_local.kernels.onehot`.
+- `cost_model.CostModel`: the `auto` draft-length policy. It measures draft and verification costs and the
+  acceptance per draft position online and picks the k in [0, k_max] with the highest expected tokens per second,
+  re-probing so that a policy that settled on k = 0 (plain target steps) can come back.
+
+These modules are self-contained (no llama.cpp, no engine imports), so the engine owns all timing and calls them
+with plain numbers and token lists.
+"""

@@ -1,0 +1,330 @@
+"""The `auto` draft-length policy (FSD.md, "Drafters and draft length").
+
+Each round, pick the k in [0, k_max] that maximises expected tokens per second:
+
+    rate(k) = E(k) / (k * c_draft + v(k + 1) + c_round),    E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k
+
+c_draft: seconds per draft token; v(n): seconds of one target decode of a batch of n tokens (n = k + 1: the last
+accepted token and k drafts); a_j: the chance that draft position j is accepted given that position j - 1 was;
+c_round: optional fixed seconds per round (the loop's own overhead). k = 0 is a plain target step (rate 1 / v(1)).
+
+Why each estimate is built the way it is:
+- Everything decays exponentially per observation, so the policy follows the text (code being copied accepts
+  far more than free prose) and the machine (other jobs come and go).
+- v(n) is a per-n decayed mean where n was measured, blended with a weighted line a + b (n - 1) fitted through
+  all measured n (b >= 0), which also answers for the n never tried; then forced non-decreasing in n. With a
+  single measured n the line takes its slope from a prior (b = 0.3 a: a batch of 4 costs ~1.9 single decodes,
+  between a memory-bound F16 model, ~1.2, and a compute-bound Q4 one on 2 cores, ~2.4), so the very first
+  measurement sets the scale of the whole curve.
+- a_j are decayed counts per position, shrunk toward the pooled rate of all positions, itself shrunk toward a
+  cold-start prior (0.7 at position 1, x0.95 per position) worth a couple of rounds. Positions beyond the k in
+  use are never reached; their stale counts fade and they take the pooled rate, so when the positions in use
+  accept well the policy tries longer drafts.
+- Before anything is measured the priors alone are used, in units of one target decode (only ratios matter), so
+  the first round is already a sensible guess (k ~ 2 for a free drafter) rather than a wasted probe.
+- k = 0 measures nothing about drafting, so a policy that settled there would never see conditions improve:
+  after `probe_every` rounds at k = 0 it tries k = `probe_k` once; each probe that changes nothing doubles the
+  wait (up to `probe_max`), so failed probes cost ~1-2% of the time; a probe that accepted a larger share than
+  the current estimate, or any round that chooses k > 0, resets the wait (after a good probe the next one comes
+  in probe_every / 4 rounds).
+- `settings_changed()` (tau, mode, divergence or temperature changed) shrinks the acceptance counts to a fraction
+  but keeps the costs: the machine did not change, the acceptance did.
+
+The engine owns all timing and calls, per round:
+    k = cm.choose_k(limit)                      # limit: remaining tokens, context room
+    cm.observe_draft(n_proposed, seconds)       # when it drafted (a free drafter passes its tiny time)
+    cm.observe_verify(batch_n, seconds)         # every target decode in the loop, plain steps included
+    cm.observe_acceptance(n_drafted, n_accepted)  # only rounds that drafted
+For `ngram+model`, use one CostModel per drafter sharing one `VerifyCost` (the target's costs are the same):
+look the n-gram up first (free), then ask the model of whichever drafter will draft; report each target decode
+once (to either model, or to the shared VerifyCost directly).
+"""
+from __future__ import annotations
+
+import math
+
+ACCEPT_PRIOR_FIRST = 0.7
+ACCEPT_PRIOR_DECAY = 0.95
+ACCEPT_PRIOR_WEIGHT = 2.0
+VERIFY_SLOPE_PRIOR = 0.3
+MODEL_DRAFT_COST_PRIOR = 0.3  # seconds per draft token / seconds of one target decode, before measuring
+
+
+def _finite_positive(x) -> bool:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(x) and x > 0
+
+
+class VerifyCost:
+    """Seconds of one target decode of a batch of n tokens, learned online (shareable between CostModels)."""
+
+    def __init__(self, n_max: int = 9, decay: float = 0.9, slope_prior: float = VERIFY_SLOPE_PRIOR,
+                 blend_weight: float = 0.5):
+        self.decay = decay
+        self.slope_prior = slope_prior
+        self.blend_weight = blend_weight  # how many observations the fitted line is worth at a measured n
+        self._mean = [0.0] * (n_max + 1)  # index n; 0 unused
+        self._weight = [0.0] * (n_max + 1)
+        self._cache: list[float] | None = None
+
+    @property
+    def measured(self) -> bool:
+        return any(w > 0.0 for w in self._weight)
+
+    def _grow(self, n: int) -> None:
+        extra = n + 1 - len(self._mean)
+        if extra > 0:
+            self._mean += [0.0] * extra
+            self._weight += [0.0] * extra
+
+    def observe(self, n: int, seconds: float) -> None:
+        """One target decode of n tokens took `seconds`. Non-positive or non-finite times are ignored."""
+        if n < 1 or not _finite_positive(seconds):
+            return
+        seconds = float(seconds)
+        self._grow(n)
+        w = self._weight
+        for i in range(len(w)):
+            w[i] *= self.decay
+        w[n] += 1.0
+        self._mean[n] += (seconds - self._mean[n]) / w[n]
+        self._cache = None
+
+    def fit(self) -> tuple[float, float]:
+        """(a, b) of v(n) = a + b (n - 1): weighted least squares over the measured n, b >= 0; the slope prior
+        when only one n is measured; (1, slope_prior) in units of one decode when nothing is."""
+        pts = [(n, m, w) for n, (m, w) in enumerate(zip(self._mean, self._weight)) if w > 1e-9]
+        if not pts:
+            return 1.0, self.slope_prior
+        if len(pts) == 1:
+            n0, m0, _ = pts[0]
+            a = m0 / (1.0 + self.slope_prior * (n0 - 1))
+            return a, self.slope_prior * a
+        sw = sum(w for _, _, w in pts)
+        xbar = sum(w * (n - 1) for n, _, w in pts) / sw
+        ybar = sum(w * m for _, m, w in pts) / sw
+        sxx = sum(w * (n - 1 - xbar) ** 2 for n, _, w in pts)
+        sxy = sum(w * (n - 1 - xbar) * (m - ybar) for n, m, w in pts)
+        b = max(0.0, sxy / sxx) if sxx > 0 else 0.0
+        a = ybar - b * xbar
+        floor = 0.1 * min(m for _, m, _ in pts)  # a steep fit must not predict a free (or negative) single decode
+        if a < floor:
+            a = floor
+        return a, b
+
+    def curve(self, n_hi: int) -> list[float]:
+        """Estimated seconds for n = 0..n_hi (index 0 unused, 0.0): measured means blended with the fitted
+        line, then made non-decreasing in n."""
+        if self._cache is not None and len(self._cache) > n_hi:
+            return self._cache
+        a, b = self.fit()
+        out = [0.0] * (n_hi + 1)
+        run = 0.0
+        for n in range(1, n_hi + 1):
+            line = a + b * (n - 1)
+            w = self._weight[n] if n < len(self._weight) else 0.0
+            est = (w * self._mean[n] + self.blend_weight * line) / (w + self.blend_weight) if w > 0 else line
+            run = max(run, est)
+            out[n] = run
+        self._cache = out
+        return out
+
+    def seconds(self, n: int) -> float:
+        return self.curve(n)[n]
+
+
+class CostModel:
+    """Online cost model and draft-length choice for one drafter (see the module docstring).
+
+        cm = CostModel(k_max=8, draft_cost_prior=0.0)   # 0.0: a free drafter (ngram)
+        k = cm.choose_k()
+    """
+
+    def __init__(self, k_max: int, *, draft_cost_prior: float = MODEL_DRAFT_COST_PRIOR,
+                 verify: VerifyCost | None = None, decay: float = 0.9, accept_decay: float = 0.95,
+                 accept_prior_first: float = ACCEPT_PRIOR_FIRST, accept_prior_decay: float = ACCEPT_PRIOR_DECAY,
+                 accept_prior_weight: float = ACCEPT_PRIOR_WEIGHT, probe_every: int = 16, probe_max: int = 64,
+                 probe_k: int = 2):
+        if k_max < 0:
+            raise ValueError(f"k_max must be >= 0, got {k_max}")
+        self.verify = verify if verify is not None else VerifyCost(k_max + 1, decay)
+        self.decay = decay
+        self.accept_decay = accept_decay
+        self.accept_prior_first = accept_prior_first
+        self.accept_prior_decay = accept_prior_decay
+        self.accept_prior_weight = accept_prior_weight
+        self.draft_cost_prior = draft_cost_prior
+        self.probe_every = probe_every
+        self.probe_max = probe_max
+        self.probe_k = probe_k
+        self._draft_mean = 0.0
+        self._draft_weight = 0.0
+        self._round_mean = 0.0
+        self._round_weight = 0.0
+        self._acc: list[float] = []  # decayed accepted counts per position (0-based)
+        self._seen: list[float] = []  # decayed reached counts per position
+        self.k_max = 0
+        self.k_histogram: list[int] = []
+        self.set_k_max(k_max)
+        self._zero_streak = 0
+        self._probe_interval = probe_every
+        self._probing = False  # the last choice was a probe whose acceptance is not reported yet
+        self.rounds = 0
+        self.probes = 0
+        self.last_rate = 0.0  # expected tokens per second (or per decode before measuring) of the last choice
+
+    # ------------------------------------------------------------------ configuration
+    def set_k_max(self, k_max: int) -> None:
+        """Change the largest k (settings' draft_max); estimates for positions beyond the old k_max start at
+        the prior."""
+        if k_max < 0:
+            raise ValueError(f"k_max must be >= 0, got {k_max}")
+        extra = k_max - len(self._acc)
+        if extra > 0:
+            self._acc += [0.0] * extra
+            self._seen += [0.0] * extra
+        self.k_histogram += [0] * (k_max + 1 - len(self.k_histogram))
+        self.k_max = k_max
+
+    def settings_changed(self, keep: float = 0.1) -> None:
+        """Acceptance depends on tau, mode, divergence and temperature: keep only `keep` of its evidence (so a
+        couple of rounds under the new settings dominate), keep every cost."""
+        self._acc = [a * keep for a in self._acc]
+        self._seen = [s * keep for s in self._seen]
+
+    # ------------------------------------------------------------------ observations
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        """Drafting n_tokens took `seconds` (0 or a few microseconds for ngram: pass what was measured)."""
+        seconds = float(seconds)
+        if n_tokens <= 0 or not (math.isfinite(seconds) and seconds >= 0):
+            return
+        self._draft_weight = self._draft_weight * self.decay + 1.0
+        self._draft_mean += (seconds / n_tokens - self._draft_mean) / self._draft_weight
+
+    def observe_verify(self, batch_n: int, seconds: float) -> None:
+        """One target decode of batch_n tokens (k drafts + the pending token(s)); plain steps are batch_n = 1."""
+        self.verify.observe(batch_n, seconds)
+
+    def observe_round_overhead(self, seconds: float) -> None:
+        """Optional: the loop's own seconds per round besides drafting and verifying (favours larger k)."""
+        if math.isfinite(seconds) and seconds >= 0:
+            self._round_weight = self._round_weight * self.decay + 1.0
+            self._round_mean += (seconds - self._round_mean) / self._round_weight
+
+    def observe_acceptance(self, n_drafted: int, n_accepted: int) -> None:
+        """A round drafted n_drafted tokens and accepted the first n_accepted: positions 1..n_accepted passed,
+        position n_accepted + 1 (if drafted) failed, later ones were never reached (no evidence)."""
+        if n_drafted <= 0:
+            return
+        n_accepted = max(0, min(n_accepted, n_drafted))
+        if n_drafted > len(self._acc):
+            self.set_k_max(n_drafted)
+        # a probe that accepted a larger share than position 1's estimate is news: conditions changed
+        news = self._probing and n_accepted > 0 and n_accepted / n_drafted > self.acceptance()[0]
+        g = self.accept_decay
+        self._acc = [a * g for a in self._acc]
+        self._seen = [s * g for s in self._seen]
+        for j in range(min(n_accepted + 1, n_drafted)):
+            self._seen[j] += 1.0
+            if j < n_accepted:
+                self._acc[j] += 1.0
+        if self._probing:
+            self._probing = False
+            if news:  # drop the back-off and look again soon
+                self._probe_interval = self.probe_every
+                self._zero_streak = max(self._zero_streak, self.probe_every - max(1, self.probe_every // 4))
+
+    # ------------------------------------------------------------------ estimates
+    def acceptance(self) -> list[float]:
+        """Estimated a_j for positions 1..k_max (conditional on reaching j): each position's decayed counts,
+        shrunk toward the pooled rate of all positions, which is itself shrunk toward the cold-start prior.
+        Pooling is what lets the policy grow k: positions beyond the k it has been choosing are never reached,
+        and the best guess for them is the rate of the positions that are."""
+        w0 = self.accept_prior_weight
+        acc_all, seen_all = sum(self._acc), sum(self._seen)
+        out = []
+        for j in range(self.k_max):
+            cold = self.accept_prior_first * self.accept_prior_decay ** j
+            pooled = (acc_all + w0 * cold) / (seen_all + w0)
+            out.append((self._acc[j] + w0 * pooled) / (self._seen[j] + w0))
+        return out
+
+    def draft_seconds_per_token(self) -> float:
+        """Measured mean, or the prior ratio times one target decode (relative units before any verify)."""
+        if self._draft_weight > 0 and self.verify.measured:
+            return self._draft_mean
+        return self.draft_cost_prior * self.verify.seconds(1)
+
+    @property
+    def plain_tokens_per_second_est(self) -> float:
+        """1 / seconds of a single-token target decode (measured, or read off the fitted curve when the policy
+        never took a plain step): what `ar` would do here, for the speed-up figure. 0 before any decode."""
+        if not self.verify.measured:
+            return 0.0
+        return 1.0 / self.verify.seconds(1)
+
+    def rates(self, k_limit: int | None = None) -> list[float]:
+        """Expected tokens per second (per decode before measuring) of every k in 0..limit."""
+        kmax = self.k_max if k_limit is None else max(0, min(self.k_max, k_limit))
+        return expected_rates(self.acceptance()[:kmax], self.draft_seconds_per_token(),
+                              self.verify.curve(kmax + 1), self._round_mean)
+
+    # ------------------------------------------------------------------ the choice
+    def choose_k(self, k_limit: int | None = None) -> int:
+        """The k for this round (at most k_limit, e.g. the tokens still wanted minus one), re-probing
+        periodically when the best is 0."""
+        rates = self.rates(k_limit)
+        k = best_k(rates)
+        self.last_rate = rates[k]
+        self._probing = False
+        if k == 0 and len(rates) > 1:
+            self._zero_streak += 1
+            if self._zero_streak >= self._probe_interval:
+                self._zero_streak = 0
+                self._probe_interval = min(2 * self._probe_interval, self.probe_max)
+                k = min(self.probe_k, len(rates) - 1)
+                self.probes += 1
+                self._probing = True
+        elif k > 0:
+            self._zero_streak = 0
+            self._probe_interval = self.probe_every
+        self.rounds += 1
+        self.k_histogram[k] += 1
+        return k
+
+    def summary(self) -> dict:
+        """Plain numbers for the statistics (JSON-safe)."""
+        v = self.verify.curve(self.k_max + 1)
+        return {
+            "k_histogram": list(self.k_histogram),
+            "probes": self.probes,
+            "acceptance_est": [round(a, 4) for a in self.acceptance()],
+            "draft_seconds_per_token_est": self.draft_seconds_per_token() if self.verify.measured else None,
+            "verify_seconds_est": v[1:self.k_max + 2] if self.verify.measured else None,
+            "plain_tokens_per_second_est": self.plain_tokens_per_second_est,
+            "expected_tokens_per_second": self.last_rate if self.verify.measured else None,
+        }
+
+
+def expected_rates(acceptance, draft_seconds_per_token: float, verify_curve, round_seconds: float = 0.0) -> list[float]:
+    """rate(k) = E(k) / (k c_draft + v(k+1) + c_round) for k = 0..len(acceptance);
+    verify_curve[n] = seconds of a batch of n (index 0 unused)."""
+    rates = [1.0 / (verify_curve[1] + round_seconds)]
+    e, prod = 1.0, 1.0
+    for k, a in enumerate(acceptance, start=1):
+        prod *= a
+        e += prod
+        rates.append(e / (k * draft_seconds_per_token + verify_curve[k + 1] + round_seconds))
+    return rates
+
+
+def best_k(rates) -> int:
+    """The k with the highest rate; ties (within 1e-12 relative) go to the smaller k, the cheaper round."""
+    k, best = 0, rates[0]
+    for i in range(1, len(rates)):
+        if rates[i] > best * (1.0 + 1e-12):
+            k, best = i, rates[i]
+    return k

@@ -1,0 +1,149 @@
+"""Prompt-lookup drafting (FSD.md, "Drafters and draft length", `ngram`).
+
+The text so far (prompt + output) is searched for an earlier occurrence of its own tail: the longest n-gram
+ending the text, n from `ngram_max` down to `ngram_min`, that occurred before; the tokens that followed its MOST
+RECENT earlier occurrence are the proposal. Recent beats early because the output tends to follow the part of
+the input it is currently copying, and longer n beats shorter because a longer shared context predicts the
+continuation better (a unigram match is a guess; the acceptance test and the cost model take care of bad ones).
+
+Cost. The loop overhead budget is ~3% of wall time, so nothing here rescans the text. An incremental index
+maps every n-gram that has a follower to its latest start position, and a "previous occurrence" chain per
+start position lets the index be rewound exactly: the engine's text can shrink (a new call or chat turn whose
+prompt diverges from the cached text), and truncating pops the removed starts off the chains, leaving exactly
+the index a fresh build of the shorter text would have. Appending a token costs (ngram_max - ngram_min + 1)
+dict updates; a proposal costs at most that many dict lookups plus k list reads: a few microseconds.
+
+Defaults: n in 1..3, the range of the original prompt-lookup decoding and of vLLM's n-gram speculator
+(llama.cpp's lookup example uses 1..4).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+NGRAM_MIN_DEFAULT = 1
+NGRAM_MAX_DEFAULT = 3
+
+
+class NgramDrafter:
+    """Prompt lookup over an incrementally indexed token history.
+
+        drafter = NgramDrafter()
+        drafts = drafter.propose(seq, k)   # [] when nothing matches: draft with the model or take a plain step
+
+    `propose` and `sync` accept the whole history every round and only index what is new; when the history is
+    not an extension of the indexed one, the index is rewound to the common prefix first.
+    """
+
+    def __init__(self, ngram_min: int = NGRAM_MIN_DEFAULT, ngram_max: int = NGRAM_MAX_DEFAULT,
+                 periodic: bool = True):
+        if not 1 <= ngram_min <= ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {ngram_min}, {ngram_max}")
+        self.ngram_min = ngram_min
+        self.ngram_max = ngram_max
+        # A match whose continuation runs into the end of the text (a repeating pattern such as "a b a b")
+        # is continued with the tokens it has just proposed, as if they were already in the text.
+        self.periodic = periodic
+        self._sizes = range(ngram_min, ngram_max + 1)
+        self.reset()
+
+    # ------------------------------------------------------------------ index maintenance
+    def reset(self) -> None:
+        """Forget everything (the next `sync` indexes its history from scratch)."""
+        self._tokens: list[int] = []
+        # per n: n-gram -> latest start s with a follower (s + n < len(tokens))
+        self._last: dict[int, dict[tuple, int]] = {n: {} for n in self._sizes}
+        # per n: prev[s] = the start of the previous occurrence of the n-gram starting at s, or -1
+        self._prev: dict[int, list[int]] = {n: [] for n in self._sizes}
+        self.last_match: tuple[int, int] | None = None  # (n, start) of the latest proposal's match
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append tokens to the indexed history. Each appended token gives every n-gram ending just before it
+        a follower, which is what makes that n-gram findable."""
+        hist = self._tokens
+        for t in tokens:
+            end = len(hist)  # position of the follower t
+            hist.append(int(t))
+            for n in self._sizes:
+                s = end - n
+                if s < 0:
+                    break
+                key = tuple(hist[s:end])
+                last = self._last[n]
+                self._prev[n].append(last.get(key, -1))
+                last[key] = s
+
+    def truncate(self, length: int) -> None:
+        """Cut the indexed history to its first `length` tokens, restoring each n-gram's latest start to the
+        occurrence before the removed ones (the index then equals a fresh build of the shorter history)."""
+        hist = self._tokens
+        length = max(0, length)
+        if length >= len(hist):
+            return
+        for n in self._sizes:
+            prev, last = self._prev[n], self._last[n]
+            # starts s with s + n < length keep their follower; pop the rest, latest first
+            for s in range(len(prev) - 1, max(0, length - n) - 1, -1):
+                key = tuple(hist[s:s + n])
+                p = prev.pop()
+                if p >= 0:
+                    last[key] = p
+                else:
+                    del last[key]
+        del hist[length:]
+
+    def sync(self, history: Sequence[int]) -> None:
+        """Make the index describe exactly `history`: append what is new, rewinding first if `history` is not
+        an extension of what was indexed. The prefix check is one C-level list comparison."""
+        hist = self._tokens
+        n_old = len(hist)
+        if len(history) >= n_old and (n_old == 0 or history[n_old - 1] == hist[-1]):
+            head = history[:n_old]
+            if not isinstance(head, list):
+                head = [int(t) for t in head]
+            if head == hist:
+                if len(history) > n_old:
+                    self.extend(history[n_old:])
+                return
+        common = 0
+        limit = min(n_old, len(history))
+        while common < limit and hist[common] == history[common]:
+            common += 1
+        self.truncate(common)
+        self.extend(history[common:])
+
+    # ------------------------------------------------------------------ drafting
+    def propose(self, history: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens that followed the most recent earlier occurrence of the longest n-gram ending
+        `history` (n from ngram_max down to ngram_min); [] when none occurred before or k <= 0.
+
+        With `periodic` (the default) the proposal always has k tokens once a match is found: when the
+        continuation reaches the end of the history it goes on with the proposal itself. Without it the
+        proposal stops at the end of the history."""
+        self.sync(history)
+        self.last_match = None
+        hist = self._tokens
+        size = len(hist)
+        if k <= 0 or size < 2:
+            return []
+        for n in range(min(self.ngram_max, size - 1), self.ngram_min - 1, -1):
+            s = self._last[n].get(tuple(hist[size - n:]))
+            if s is None:
+                continue
+            self.last_match = (n, s)
+            c = s + n  # first follower; c <= size - 1 because every indexed n-gram has a follower
+            if not self.periodic:
+                return hist[c:c + k]
+            out = hist[c:c + k]
+            while len(out) < k:  # position c + j lies past the end: it is proposal token c + j - size
+                out.append(out[c + len(out) - size])
+            return out
+        return []
+
+    # ------------------------------------------------------------------ tests and debugging
+    def snapshot(self) -> tuple:
+        """The whole index as plain data (tests compare a rewound index with a fresh one)."""
+        return (list(self._tokens), {n: dict(d) for n, d in self._last.items()},
+                {n: list(p) for n, p in self._prev.items()})

@@ -1,0 +1,120 @@
+"""Divergences of the target's distribution p against a ONE-HOT draft distribution q = e_d (FSD.md,
+"Drafters and draft length": the n-gram drafter proposes token d with certainty).
+
+p is the softmax of the raw target row x over its first n entries, with log-partition lx (`row_lse`), and
+P = p(d) = exp(x[d] - lx). With q one-hot most divergences are closed forms in P, so they cost O(1) once lx is
+known (the acceptance kernel computes lx anyway), instead of the general kernels' pass over the vocabulary:
+
+- `tv`   = 1 - P                                              (in [0, 1])
+- `rkl`  = KL(q || p) = -log P = lx - x[d]                    (+inf when d is masked)
+- `js`   = 1/2 [(1-P) ln 2 + P ln(2P/(1+P))] + 1/2 ln(2/(1+P))
+         = 1/2 [e ln 2 + P log1p(-e/(2-e)) - log1p(-e/2)],  e = 1 - P = -expm1(x[d] - lx)
+           (the second form has no cancellation near P = 1, where JS = e ln2 / 2 + O(e^2);
+           P = 0 gives ln 2, P = 1 gives 0)
+- `kl`   = KL(p || q): every i != d with p_i > 0 has q_i = 0, so +inf as soon as p has mass off d, else 0.
+- `paper-js` = 1/2 KL(m||p) + 1/2 KL(m||q), m = (p+q)/2: m_i = p_i / 2 > 0 where q_i = 0, so it is +inf
+  exactly when kl is; 0 otherwise. Neither kl nor paper-js can ever rescue an n-gram token (FSD.md).
+- `topk-*`: over the target's top-k tokens plus one rest bin, as the general kernel builds them: q puts mass 1
+  on d's own bin when d is among the top k, otherwise on the rest bin. O(n) (the top-k search) + O(k).
+
+"p has mass off d" means what it means for the general float32 kernels applied to an exact one-hot row
+(`divergence.divergence(kind, x, lx, y, 0.0, n, k)` with y = -inf except y[d] = 0): some i != d with
+x[i] - lx >= EXP_MIN (the float32 exp underflow). So this module and the general kernel agree everywhere; the
+float64 reference differs only when p's largest off-d log-probability lies in (-745, -87.3), where float64 still
+sees mass and float32 does not (tests name that case).
+
+Robust to -inf logits; NaN input (NaN lx) gives NaN, and the acceptance rule treats NaN as "reject".
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+from fsd_local.kernels.fastmath import EXP_MIN  # also sets numba's cache directory (jit_cache)
+from fsd_local.kernels.divergence import (JS, KL, PAPER_JS, RKL, TOPK_DEFAULT, TOPK_KL, TOPK_TV, TV,
+                                          count_at_least, divergence_id, row_lse, top_indices)
+
+LN2 = 0.6931471805599453
+
+
+@njit(cache=True)
+def js_of_logprob(lp):
+    """JS(p, e_d) from lp = log p(d) alone (float64): the closed form without cancellation near p(d) = 1."""
+    if lp >= 0.0:
+        return 0.0
+    e = -math.expm1(lp)  # 1 - p(d), exact to rounding even when p(d) ~ 1
+    t = e * LN2 - math.log1p(-0.5 * e)
+    if e < 1.0:  # p(d) > 0: P ln(2P/(1+P)); its limit at P = 0 is 0 (and 0 * log1p(-1) would be NaN)
+        t += (1.0 - e) * math.log1p(-e / (2.0 - e))
+    return 0.5 * t
+
+
+@njit(cache=True)
+def has_mass_off(x, lx, d, n):
+    """True when some i != d has a non-zero float32 probability (x[i] - lx >= EXP_MIN): one vectorised count."""
+    t = np.float32(lx + EXP_MIN)
+    c = count_at_least(x, n, t)
+    if x[d] >= t:
+        c -= 1
+    return c > 0
+
+
+@njit(cache=True)
+def _topk_onehot(kind, x, lx, d, n, k):
+    """The general kernel's k+1 bins (target's top k, then one rest bin, not renormalised) with q one-hot."""
+    idx = top_indices(x, n, k)
+    kk = idx.shape[0]
+    p = np.empty(kk + 1)
+    q = np.zeros(kk + 1)
+    sp = 0.0
+    hit = kk  # the rest bin unless d is among the top k
+    for j in range(kk):
+        p[j] = math.exp(float(x[idx[j]]) - lx)
+        sp += p[j]
+        if idx[j] == d:
+            hit = j
+    p[kk] = max(0.0, 1.0 - sp)
+    q[hit] = 1.0
+    acc = 0.0
+    for j in range(kk + 1):
+        a, b = p[j], q[j]
+        if kind == TOPK_TV:
+            acc += 0.5 * abs(a - b)
+        elif kind == TOPK_KL:
+            if a > 0.0:
+                acc += a * math.log(a) if b > 0.0 else np.inf  # b is 1 or 0
+        else:
+            m = 0.5 * (a + b)
+            if a > 0.0:
+                acc += 0.5 * a * (math.log(a) - math.log(m))
+            if b > 0.0:
+                acc += 0.5 * b * (math.log(b) - math.log(m))
+    return acc
+
+
+@njit(cache=True)
+def divergence_onehot(kind, x, lx, d, n, topk):
+    """Divergence of kind `kind` (divergence.DIVERGENCES order) between target row x (first n entries,
+    log-partition lx from `row_lse`) and the one-hot draft distribution at token d. Never negative;
+    NaN on bad input (NaN lx, an all -inf row, d outside [0, n))."""
+    if not lx == lx or lx == -np.inf or d < 0 or d >= n:
+        return np.nan
+    lp = min(float(x[d]) - lx, 0.0)  # log p(d); rounding of lx can put it a hair above 0
+    if kind == TV:
+        v = -math.expm1(lp)
+    elif kind == RKL:
+        v = -lp
+    elif kind == JS:
+        v = js_of_logprob(lp)
+    elif kind == KL or kind == PAPER_JS:
+        v = np.inf if has_mass_off(x, lx, d, n) else 0.0
+    else:
+        v = _topk_onehot(kind, x, lx, d, n, topk)
+    return max(v, 0.0) if v == v else np.nan
+
+
+def compute_onehot(name: str, target_logits, d: int, topk: int = TOPK_DEFAULT) -> float:
+    """Convenience for one row (tests, benchmarks): the divergence `name` of the target row against e_d."""
+    x = np.ascontiguousarray(target_logits, dtype=np.float32)
+    n = x.shape[0]
+    return float(divergence_onehot(divergence_id(name), x, row_lse(x, n), int(d), n, topk))
