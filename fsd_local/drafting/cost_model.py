@@ -111,8 +111,7 @@ class VerifyCost:
         b = max(0.0, sxy / sxx) if sxx > 0 else 0.0
         a = ybar - b * xbar
         floor = 0.1 * min(m for _, m, _ in pts)  # a steep fit must not predict a free (or negative) single decode
-        if a < floor:
-            a = floor
+        a = max(a, floor)
         return a, b
 
     def curve(self, n_hi: int) -> list[float]:
