@@ -14,7 +14,7 @@ Why each estimate is built the way it is:
 - v(n) is a per-n decayed mean where n was measured, blended with a weighted line a + b (n - 1) fitted through
   all measured n (b >= 0), which also answers for the n never tried; then forced non-decreasing in n. With a
   single measured n the line takes its slope from a prior (b = 0.3 a: a batch of 4 costs ~1.9 single decodes,
-  between a memory-bound F16 model, ~1.2, and a compute-bound Q4 one on 2 cores, ~2.4), so the very first
+  between a memory-bound F16 model (a guess: ~1.2) and the Q4_1 SmolLM2 on 2 cores (measured: ~2.4)), so the very first
   measurement sets the scale of the whole curve.
 - a_j are decayed counts per position, shrunk toward the pooled rate of all positions, itself shrunk toward a
   cold-start prior (0.7 at position 1, x0.95 per position) worth a couple of rounds. Positions beyond the k in
@@ -27,7 +27,7 @@ Why each estimate is built the way it is:
   wait (up to `probe_max`), so failed probes cost ~1-2% of the time; a probe that accepted a larger share than
   the current estimate, or any round that chooses k > 0, resets the wait (after a good probe the next one comes
   in probe_every / 4 rounds).
-- `settings_changed()` (tau, mode, divergence or temperature changed) shrinks the acceptance counts to a fraction
+- `settings_changed()` (tau, mode, divergence or temperature changed) shrinks the acceptance counts to a tenth
   but keeps the costs: the machine did not change, the acceptance did.
 
 The engine owns all timing and calls, per round:
@@ -111,8 +111,7 @@ class VerifyCost:
         b = max(0.0, sxy / sxx) if sxx > 0 else 0.0
         a = ybar - b * xbar
         floor = 0.1 * min(m for _, m, _ in pts)  # a steep fit must not predict a free (or negative) single decode
-        if a < floor:
-            a = floor
+        a = max(a, floor)
         return a, b
 
     def curve(self, n_hi: int) -> list[float]:

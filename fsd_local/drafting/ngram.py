@@ -18,7 +18,7 @@ Defaults: n in 1..3, the range of the original prompt-lookup decoding and of vLL
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 NGRAM_MIN_DEFAULT = 1
 NGRAM_MAX_DEFAULT = 3
@@ -123,6 +123,11 @@ class NgramDrafter:
         continuation reaches the end of the history it goes on with the proposal itself. Without it the
         proposal stops at the end of the history."""
         self.sync(history)
+        return self.draft(k)
+
+    def draft(self, k: int) -> list[int]:
+        """`propose` on the history as indexed now, without the prefix check of `sync`: for a caller that
+        keeps the index current itself with `extend` / `truncate` (saves an O(len) list comparison a round)."""
         self.last_match = None
         hist = self._tokens
         size = len(hist)

@@ -30,9 +30,10 @@ import math
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.fastmath import EXP_MIN  # also sets numba's cache directory (jit_cache)
+from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
 from fsd_local.kernels.divergence import (JS, KL, PAPER_JS, RKL, TOPK_DEFAULT, TOPK_KL, TOPK_TV, TV,
                                           count_at_least, divergence_id, row_lse, top_indices)
+from fsd_local.kernels.fastmath import EXP_MIN
 
 LN2 = 0.6931471805599453
 
