@@ -15,6 +15,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from fsd_local.drafting.length import DraftLength
+from fsd_local.drafting.ngram import NgramDrafter
 from fsd_local.errors import ConfigError, ContextOverflowError, FSDError
 from fsd_local.kernels.accept import (AR, DRAFT_ONLY, MODES, Drafts, RoundOut, accept_round, emit_one, rule_of,
                                       sampling_of, warm_up)
@@ -100,14 +102,16 @@ class Engine:
             raise
         # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries)
         self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft else self.target.n_vocab
+        self._lengths = DraftLength()  # measured costs and acceptance: how many tokens a round should draft
+        self._ngram: NgramDrafter | None = None
         self._alloc(self.defaults.draft_max)
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
 
     def _alloc(self, k: int) -> None:
-        nv = self.draft.n_vocab if self.draft else 1
-        # the draft's raw rows are copied: its logits buffer is reused per token
+        nv = self.draft.n_vocab if self.draft else self.n_vocab
+        # the draft's raw rows are copied: its logits buffer is reused per token (one-hot rows for prompt lookup)
         self._d = Drafts(rows=np.empty((k, nv), np.float32), tokens=np.empty(k, np.int32), prob=np.empty(k),
-                         stats=np.empty((k + 1, 3), np.float32))
+                         stats=np.empty((k + 1, 3), np.float32), onehot=np.zeros(k, np.uint8))
         self._out = RoundOut(reason=np.empty(k, np.int8), divergence=np.empty(k), logprob=np.empty(k + 1))
         self._k_alloc = k
 
@@ -240,7 +244,8 @@ class Engine:
                         stats.prompt_evaluated = evaluated
                 stats.prompt_seconds = perf_counter() - t0
                 t_start = perf_counter()
-                k = s.draft_max
+                lengths = self._lengths
+                lengths.start(s)
                 while finish is None:
                     if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
                         finish = "cancelled"
@@ -250,11 +255,12 @@ class Engine:
                         finish = "length"
                         break
                     if speculative:
-                        k_round = max(0, min(k, remaining - 1, n_ctx - len(seq)))
-                        n_drafts = self._draft(seq, k_round, s, rng, stats)
+                        n_drafts, source, k, t_draft = self._propose(seq, min(remaining - 1, n_ctx - len(seq)),
+                                                                     s, rng, stats)
+                        t_target = stats.seconds_target
                         new, reasons = self._verify(seq, n_drafts, rule, sampling, rng, stats)
-                        if s.adaptive and n_drafts:
-                            k = min(k + 2, s.draft_max) if len(new) > n_drafts else max(k - 1, s.draft_min)
+                        lengths.observe(source, n_drafts, len(new) - 1, t_draft, stats.seconds_target - t_target)
+                        stats.record_k(k)
                         origins = [ORIGINS[r] for r in reasons] + ["target"]
                     else:
                         new = self._plain_step(models[0], seq, sampling, rng, stats, mode)
@@ -288,6 +294,9 @@ class Engine:
                                     origins=out_origins)
             if mode == DRAFT_ONLY:
                 completion.stats["target_logprob_mean"] = None
+            plain = self._lengths.plain_tokens_per_second_est
+            completion.stats["plain_tokens_per_second_est"] = plain
+            completion.stats["speedup_vs_plain_est"] = completion.stats["tokens_per_second"] / plain if plain else None
             yield Piece(tail, [], [], completion)
 
     def _prefill(self, m: Model, seq: list[int], cancel) -> int:
@@ -299,6 +308,35 @@ class Engine:
                 break
             m.decode(todo[i:i + m.n_batch], logits="none")
         return len(todo) + 1
+
+    def _propose(self, seq, limit: int, s: Settings, rng, stats) -> tuple[int, str | None, int, float]:
+        """This round's drafts, by the settings' drafter and draft-length policy. Returns (how many were
+        drafted, the drafter that made them, the k chosen, seconds spent drafting)."""
+        if s.drafter != "model":
+            k = self._lengths.choose("ngram", limit)
+            t = perf_counter()
+            if self._ngram is None or (self._ngram.ngram_min, self._ngram.ngram_max) != (s.ngram_min, s.ngram_max):
+                self._ngram = NgramDrafter(s.ngram_min, s.ngram_max)
+            tokens = self._ngram.propose(seq, k) if k > 0 else []
+            if tokens or s.drafter == "ngram" or k == 0:
+                self._one_hot(tokens)
+                dt = perf_counter() - t
+                stats.seconds_draft += dt
+                return len(tokens), "ngram" if tokens else None, k, dt
+        k = self._lengths.choose("model", limit)
+        before = stats.seconds_draft
+        n = self._draft(seq, k, s, rng, stats)
+        return n, "model", k, stats.seconds_draft - before
+
+    def _one_hot(self, tokens: list[int]) -> None:
+        """Prompt-lookup drafts: q is one-hot on each proposed token (FSD.md), so the SD test accepts with
+        probability p(d) and the sampled replacement comes from p without d."""
+        d, nv = self._d, self.n_vocab
+        for i, tok in enumerate(tokens):
+            d.tokens[i], d.prob[i], d.onehot[i] = tok, 1.0, 1
+            d.stats[i] = (0.0, 0.0, 0.0)  # processed one-hot row: max 0, only logits >= 0 kept, log-normaliser 0
+            d.rows[i, :nv] = -np.inf
+            d.rows[i, tok] = 0.0
 
     def _draft(self, seq, k, s: Settings, rng, stats) -> int:
         """Propose up to k tokens; keep each raw row (the draft context overwrites its buffer)."""
@@ -320,6 +358,7 @@ class Engine:
                 break
             self._d.tokens[i] = tok
             self._d.prob[i] = p_tok
+            self._d.onehot[i] = 0
             n = i + 1
             if n < k:
                 t = perf_counter()
@@ -352,6 +391,7 @@ class Engine:
         dt = perf_counter() - t
         if mode == AR:
             stats.seconds_target += dt
+            self._lengths.observe(None, 0, 0, 0.0, dt)
         else:
             stats.seconds_draft += dt
         u = rng.random() if sampling.temperature > 0 else 0.0

@@ -12,7 +12,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 from typing import Any
 
 from fsd_local.errors import ConfigError
-from fsd_local.kernels.names import DIVERGENCES, MODES, SPECULATIVE_MODES, TOPK_DEFAULT
+from fsd_local.kernels.names import DIVERGENCES, DRAFT_POLICIES, DRAFTERS, MODES, SPECULATIVE_MODES, TOPK_DEFAULT
 
 TAU_HELP = ("divergence threshold for fuzzy acceptance. 0 = standard speculative decoding (output exactly the "
             "target's); larger = more draft tokens accepted, faster, further from the target. "
@@ -64,13 +64,23 @@ class Settings:
     divergence: str = setting("js", DIVERGENCE_HELP, choices=DIVERGENCES, cli="--divergence", chat="divergence")
     divergence_topk: int = setting(TOPK_DEFAULT, "k of the topk-* divergences: the target's top-k tokens plus one "
                                    "bin for the rest (not sampling's --top-k)", lo=1, cli="--divergence-topk")
-    draft_max: int = setting(4, "tokens drafted per round (k; the upper bound with --adaptive)", lo=1, hi=64,
-                             cli="--draft-max")
-    draft_min: int = setting(1, "smallest k with --adaptive", lo=1, hi=64, cli="--draft-min")
+    drafter: str = setting("model", "who proposes the draft tokens: model (the draft GGUF), ngram (prompt lookup "
+                           "over the prompt and the output so far: free, needs no draft model; shines when the output "
+                           "repeats the input), ngram+model (lookup first, the draft model when nothing matches)",
+                           choices=DRAFTERS, cli="--drafter", chat="drafter")
+    draft_policy: str = setting("fixed", "how many tokens a round drafts: fixed (--draft-max), adaptive (+2 after a "
+                                "fully accepted round, -1 after a rejection), auto (the k in 0..--draft-max that "
+                                "maximises the measured tokens per second; 0 = a plain target step)",
+                                choices=DRAFT_POLICIES, cli="--draft-policy", chat="policy")
+    draft_max: int = setting(4, "tokens drafted per round (k; the upper bound of the adaptive and auto policies)",
+                             lo=1, hi=64, cli="--draft-max")
+    draft_min: int = setting(1, "smallest k of the adaptive policy", lo=1, hi=64, cli="--draft-min")
+    ngram_min: int = setting(1, "shortest n-gram the ngram drafter matches", lo=1, hi=16, cli="--ngram-min")
+    ngram_max: int = setting(3, "longest n-gram the ngram drafter matches (longer matches are tried first)",
+                             lo=1, hi=16, cli="--ngram-max")
     draft_p_min: float = setting(0.0, "stop drafting when the draft's top probability falls below this (0 = off)",
                                  lo=0, hi=1, hi_open=True, cli="--draft-p-min")
-    adaptive: bool = setting(False, "grow k by 2 after a fully accepted round, shrink by 1 after a rejection",
-                             cli="--adaptive")
+    adaptive: bool = setting(False, "the same as --draft-policy adaptive (kept for older scripts)", cli="--adaptive")
     temperature: float = setting(0.0, "sampling temperature, 0 = greedy", lo=0, cli="--temp", chat="temp")
     top_k: int = setting(0, "sample from the k most likely tokens (0 = off)", lo=0, cli="--top-k")
     top_p: float = setting(1.0, "nucleus sampling: the smallest set holding this much probability (1 = off)",
@@ -93,12 +103,17 @@ class Settings:
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
         if self.draft_min > self.draft_max:
             raise ConfigError(f"draft_min={self.draft_min} must be <= draft_max ({self.draft_max})")
+        if self.ngram_min > self.ngram_max:
+            raise ConfigError(f"ngram_min={self.ngram_min} must be <= ngram_max ({self.ngram_max})")
+        if self.adaptive and self.draft_policy == "fixed":  # the old flag is an alias of the policy
+            object.__setattr__(self, "draft_policy", "adaptive")
+        object.__setattr__(self, "adaptive", self.draft_policy == "adaptive")
 
     # ---------------------------------------------------------------- derived
     @property
     def needs_draft(self) -> bool:
         """Whether this mode uses the draft model (the one place that says so)."""
-        return self.mode in SPECULATIVE_MODES or self.mode == "draft-only"
+        return (self.mode in SPECULATIVE_MODES and self.drafter != "ngram") or self.mode == "draft-only"
 
     def check_draft(self, has_draft: bool) -> None:
         if self.needs_draft and not has_draft:

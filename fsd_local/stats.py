@@ -27,6 +27,12 @@ class Stats:
     by_position_drafted: list = field(default_factory=list)
     by_position_accepted: list = field(default_factory=list)
     divergences: list = field(default_factory=list)
+    k_histogram: list = field(default_factory=list)  # rounds by the draft length chosen (0 = a plain step)
+
+    def record_k(self, k: int) -> None:
+        if k >= len(self.k_histogram):
+            self.k_histogram.extend([0] * (k + 1 - len(self.k_histogram)))
+        self.k_histogram[k] += 1
 
     def record_round(self, n_drafts, reasons, divs, logprobs, emitted):
         """One round: reasons/divs are the kernel's per-slot arrays, logprobs the emitted tokens' rows."""
@@ -76,6 +82,7 @@ class Stats:
                                        zip(self.by_position_accepted, self.by_position_drafted)],
             "drafted_by_position": list(self.by_position_drafted),
             "accepted_by_position": list(self.by_position_accepted),
+            "k_histogram": list(self.k_histogram),
             "divergence_quantiles": {f"q{int(q * 100)}": float(np.quantile(finite, q)) for q in QUANTILES}
             if finite.size else {},
             "divergences_computed": int(divs.size),

@@ -97,7 +97,8 @@ def run_accept(P, Q, drafts, mode, div, tau, temperature=0.0, uniforms=None):
             q_prob[i] = S.prob(Q[i], drafts[i], temperature, mx, cut, lz)
     out = RoundOut(reason=np.zeros(k, np.int8), divergence=np.zeros(k), logprob=np.zeros(k + 1))
     us = np.zeros(k + 1) if uniforms is None else uniforms
-    draft = Drafts(rows=Q, tokens=np.asarray(drafts, np.int32), prob=q_prob, stats=q_stats)
+    draft = Drafts(rows=Q, tokens=np.asarray(drafts, np.int32), prob=q_prob, stats=q_stats,
+                   onehot=np.zeros(k, np.uint8))
     acc, nxt = accept_round(P, draft, k, n, Rule(mode, DIVERGENCES.index(div), float(tau), 50),
                             Sampling(float(temperature), 0, 1.0, 0.0), us, out)
     return acc, nxt, out.reason.copy(), out.divergence.copy(), out.logprob.copy()

@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit
 
 from fsd_local.kernels.divergence import divergence, row_lse
+from fsd_local.kernels.onehot import divergence_onehot
 from fsd_local.kernels.names import AR, DIVERGENCES, DRAFT_ONLY, FSD, FSD_PAPER, MODES, SD  # noqa: F401
 from fsd_local.kernels.sampling import argmax, pick, prob, processed, sample_residual
 
@@ -35,12 +36,14 @@ class Sampling(NamedTuple):
 
 
 class Drafts(NamedTuple):
-    """What the drafter produced this round: the raw rows Q, the tokens, each token's draft probability, and
-    the (max, cut-off, log-normaliser) of each processed draft row."""
+    """What the drafter produced this round: the raw rows Q, the tokens, each token's draft probability, the
+    (max, cut-off, log-normaliser) of each processed draft row, and whether a row is one-hot (prompt lookup:
+    its divergences are closed forms, kernels/onehot.py)."""
     rows: np.ndarray
     tokens: np.ndarray
     prob: np.ndarray
     stats: np.ndarray
+    onehot: np.ndarray
 
 
 class RoundOut(NamedTuple):
@@ -93,8 +96,11 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out):
             if mode == SD or not tau > 0.0:  # tau = 0: exactly standard speculative decoding
                 break
         lse_p[i] = row_lse(x, n)
-        y = Q[i]
-        dv = divergence(div_kind, x, lse_p[i], y, row_lse(y, n), n, topk_div)
+        if draft.onehot[i]:
+            dv = divergence_onehot(div_kind, x, lse_p[i], d, n, topk_div)
+        else:
+            y = Q[i]
+            dv = divergence(div_kind, x, lse_p[i], y, row_lse(y, n), n, topk_div)
         divs[i] = dv
         if dv <= tau:  # NaN compares False: never accepts
             reason[i] = BY_FUZZY
@@ -143,13 +149,14 @@ def warm_up() -> None:
     q_stats = np.zeros((k + 1, 3), np.float32)
     q_prob = np.ones(k)
     drafts = np.zeros(k, np.int32)
-    draft = Drafts(Q, drafts, q_prob, q_stats)
-    out = RoundOut(np.zeros(k, np.int8), np.zeros(k), np.zeros(k + 1))
-    for temperature in (0.0, 1.0):
-        sampling = Sampling(temperature, 0, 1.0, 0.0)
-        pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], False)
-        pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], True)
-        emit_one(P[0], n, sampling, 0.5, q_stats[0])
-        for mode in (FSD, FSD_PAPER, SD):
-            accept_round(P, draft, k, n, Rule(mode, 0, 1.0, 50), sampling, np.full(k + 1, 0.5), out)
+    for onehot in (0, 1):
+        draft = Drafts(Q, drafts, q_prob, q_stats, np.full(k, onehot, np.uint8))
+        out = RoundOut(np.zeros(k, np.int8), np.zeros(k), np.zeros(k + 1))
+        for temperature in (0.0, 1.0):
+            sampling = Sampling(temperature, 0, 1.0, 0.0)
+            pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], False)
+            pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], True)
+            emit_one(P[0], n, sampling, 0.5, q_stats[0])
+            for mode in (FSD, FSD_PAPER, SD):
+                accept_round(P, draft, k, n, Rule(mode, 0, 1.0, 50), sampling, np.full(k + 1, 0.5), out)
     _warm = True
