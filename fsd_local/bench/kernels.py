@@ -14,7 +14,8 @@ from time import perf_counter
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.divergence import DIVERGENCES, TOPK_DEFAULT, divergence, row_lse
+from fsd_local.kernels.divergence import DIVERGENCES, TOPK_DEFAULT, divergence
+from fsd_local.kernels.rows import row_lse
 from fsd_local.errors import ConfigError
 
 VOCABS = (32000, 49152, 151936, 262144)

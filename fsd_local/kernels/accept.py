@@ -8,7 +8,8 @@ stats, and pre-drawn uniforms. Divergences are computed lazily: `fsd` only where
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.divergence import divergence, row_lse
+from fsd_local.kernels.divergence import divergence
+from fsd_local.kernels.rows import row_lse
 from fsd_local.kernels.sampling import argmax, pick, prob, processed, sample_residual
 
 MODES = ("fsd", "fsd-paper", "sd", "ar", "draft-only")
