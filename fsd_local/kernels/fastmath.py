@@ -156,14 +156,19 @@ def vlog_near1(u):
                      np.float32(-1.0) if low else np.float32(0.0))
 
 
+INT32_MIN = np.int32(-2147483647 - 1)  # below every order key
+
+
 @njit(inline="always")
 def order_key(x):
-    """An int32 that orders like the float32 x (NaN above +inf): integer max reductions vectorise,
-    float ones do not without nnan."""
+    """An int32 that orders like the float32 x: +0 and -0 share key 0, a positive NaN sorts above +inf and a
+    negative one below -inf. Integer max reductions and compares vectorise; float max does not without nnan."""
     b = _bits_from_f32(x)
-    return b ^ ((b >> np.int32(31)) & np.int32(0x7FFFFFFF))
+    s = b >> np.int32(31)  # 0 or -1
+    return np.int32(np.int32(b ^ (s & np.int32(0x7FFFFFFF))) - s)  # negative x: minus its magnitude bits
 
 
 @njit(inline="always")
 def from_order_key(k):
-    return _f32_from_bits(k ^ ((k >> np.int32(31)) & np.int32(0x7FFFFFFF)))
+    """The float32 of an order key (key 0 gives +0)."""
+    return _f32_from_bits(np.int32(-k) | INT32_MIN if k < np.int32(0) else k)

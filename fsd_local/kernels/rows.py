@@ -4,7 +4,7 @@ import math
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.fastmath import from_order_key, kernel, order_key, radd, vexp, wide
+from fsd_local.kernels.fastmath import INT32_MIN, from_order_key, kernel, order_key, radd, vexp, wide
 
 # float32 partial sums over blocks of this many entries, added in float64: the SIMD partial sums stay short
 # (BLOCK / 64 entries each), so the float32 rounding of a 262,144-entry row stays at the 1e-7 level
@@ -16,7 +16,7 @@ def row_max(x, n):
     """max of x[:n] (NaN if any entry is a positive NaN), through order-preserving integer keys so it
     vectorises. (A negative NaN sorts below -inf here; row_lse still returns NaN for it, through exp.)"""
     wide()
-    m = np.int32(-2147483647 - 1)
+    m = INT32_MIN
     for i in range(n):
         k = order_key(x[i])
         m = k if k > m else m

@@ -14,7 +14,7 @@ from numba import njit
 
 from fsd_local.kernels.fastmath import kernel, radd, vexp, wide
 from fsd_local.kernels.rows import row_max
-from fsd_local.kernels.topk import gather_sorted, top_threshold
+from fsd_local.kernels.topk import gather_sorted, top_indices
 
 BLOCK = 1024  # inverse-CDF sampling scans block sums (vectorised) before one scalar block
 
@@ -33,10 +33,10 @@ def _kept_mass(x, n, mx, inv_t, cutoff):
 @njit(cache=True)
 def _cutoff(x, n, mx, inv_t, top_k, top_p):
     """Lowest logit kept by top-k then top-p (renormalised over the top-k set), exact. Only candidates near
-    the top are sorted: top-k takes them from `top_threshold`; top-p widens a cut below the max (counting
+    the top are sorted: top-k takes them from `top_indices`; top-p widens a cut below the max (counting
     mass, one vectorised pass each) until the cut holds top_p of the mass, so it contains the nucleus."""
     if top_k > 0:
-        cand = gather_sorted(x, n, top_threshold(x, n, mx, top_k))[:top_k]
+        cand = top_indices(x, n, top_k)
         z_all = np.float32(0.0)  # top-p renormalises over the top-k set: its own mass, below
     else:
         z_all = _kept_mass(x, n, mx, inv_t, np.float32(-np.inf))
