@@ -5,7 +5,7 @@ log-softmax is `x - lse` and no per-entry log is needed except one in the JS for
 float32 (see fastmath.py for what kept LLVM from full-width vectors): a log-partition arrives split into a
 float32 high part and a small float32 low part, so `(x - hi) - lo` keeps the float64 value's accuracy, and
 the difference of the two rows' log-probabilities is formed from exactly such differences.
-Loops are written with `vexp`/`vlog` and branch-free selects so LLVM vectorises them; sums are float32 over
+Loops are written with `vexp`/`log_mid` and branch-free selects so LLVM vectorises them; sums are float32 over
 blocks of rows.BLOCK entries (SIMD partial sums), added in float64.
 Robustness: -inf entries (masked tokens) contribute exactly what the float64 reference gives (0, or +inf for
 kl/rkl/paper-js where only the other row masks a token). NaN or +inf anywhere makes the row's log-sum-exp
@@ -16,14 +16,14 @@ import math
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.fastmath import kernel, radd, vexp, vlog_near1, wide
+from fsd_local.kernels.fastmath import EXP_MIN, kernel, log_mid, radd, vexp, vexp_finite, wide
 from fsd_local.kernels.rows import BLOCK, row_lse  # noqa: F401  (row_lse: callers pair it with divergence)
 from fsd_local.kernels.topk import top_indices
 
 DIVERGENCES = ("js", "kl", "rkl", "tv", "topk-js", "topk-kl", "topk-tv", "paper-js")
 JS, KL, RKL, TV, TOPK_JS, TOPK_KL, TOPK_TV, PAPER_JS = range(8)
 TOPK_DEFAULT = 50
-T_CAP = np.float32(100.0)  # |lp - lq| beyond this: exp(-t) is 0 in float32; caps inf (one row masks a token)
+T_CAP = -EXP_MIN  # |lp - lq| capped here (inf where one row masks a token): exp(-t) stays in range
 
 
 @njit(inline="always", fastmath={"contract", "nsz", "arcp"}, error_model="numpy")
@@ -37,8 +37,8 @@ def _pair(x, hx, lox, y, hy, loy, c):
 @kernel
 def _js(x, hx, lox, y, hy, loy, c, n):
     """sum over entries of p log(p/m) + q log(q/m), m = (p+q)/2. Per entry, with M = max(p, q), t = |log p -
-    log q| and e = exp(-t) = min/max, this is M * g(t), g = -(1+e) log((1+e)/2) - t e: two exps and one log,
-    no division, exactly 0 where p == q."""
+    log q| and e = exp(-t) = min/max, this is M * g, g = -(1+e) log((1+e)/2) - t e = (1 - e^2) R(e) - t e
+    (fastmath.log_mid): two exps and one polynomial, no division, exactly 0 where p == q."""
     wide()
     total = 0.0
     for lo in range(0, n, BLOCK):
@@ -49,8 +49,8 @@ def _js(x, hx, lox, y, hy, loy, c, n):
             big = vexp(max(lp, lq))
             t = abs(d)
             t = t if t < T_CAP else T_CAP  # inf (one side masked) and NaN (both masked, big == 0) alike
-            e = vexp(-t)
-            g = -(np.float32(1.0) + e) * vlog_near1(np.float32(0.5) + np.float32(0.5) * e) - t * e
+            e = vexp_finite(-t)  # exp(-87.33) is tiny and normal: t e ~ 0, g ~ ln 2
+            g = -(np.float32(1.0) + e) * log_mid(e) - t * e
             acc = radd(acc, big * g if big > np.float32(0.0) else np.float32(0.0))
         total += float(acc)
     return total
@@ -71,7 +71,7 @@ def _paper_js(x, hx, lox, y, hy, loy, c, n):
             t = abs(d)
             e = vexp(-t)
             h = np.float32(0.5) + np.float32(0.5) * e
-            v = (big * h) * (np.float32(2.0) * vlog_near1(h) + t)
+            v = (big * h) * (np.float32(2.0) * log_mid(e) + t)
             acc = radd(acc, v if big > np.float32(0.0) else np.float32(0.0))
         total += float(acc)
     return total
