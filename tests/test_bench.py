@@ -314,6 +314,10 @@ def test_bench_kernels_json():
     for r in rows:
         assert r["numba_s"] > 0 and r["numpy_s"] > 0
         assert r["ratio"] == pytest.approx(r["numpy_s"] / r["numba_s"])
+        entries = r["vocab"] * r["rows"]
+        assert r["numba_ns_per_entry"] == pytest.approx(r["numba_s"] / entries * 1e9)
+        assert r["numpy_ns_per_entry"] == pytest.approx(r["numpy_s"] / entries * 1e9)
         assert r["max_rel_diff"] < 1e-3  # both computed the same thing
     table = _invoke(["bench", "--kernels", "--vocab", "64", "--rows", "1", "--divergence", "kl", "--repeats", "1"])
-    assert "numba ms" in table.stdout and len(table.stdout.strip().splitlines()) == 2
+    assert "numba ms" in table.stdout and "numba ns/entry" in table.stdout
+    assert len(table.stdout.strip().splitlines()) == 2

@@ -193,6 +193,7 @@ def test_speed_for_a_4k_token_history(capsys):
 from fsd_local.kernels import divergence as D
 from fsd_local.kernels import onehot as O
 from fsd_local.kernels import reference_onehot as R
+from fsd_local.kernels.rows import row_lse
 
 RTOL = 1e-4
 ATOL = 1e-7
@@ -210,7 +211,7 @@ def general_kernel(name, x, d, topk=D.TOPK_DEFAULT):
     x = np.ascontiguousarray(x, np.float32)
     n = x.shape[0]
     y = R.onehot_row(n, d)
-    return float(D.divergence(D.divergence_id(name), x, D.row_lse(x, n), y, D.row_lse(y, n), n, topk))
+    return float(D.divergence(D.divergence_id(name), x, row_lse(x, n), y, row_lse(y, n), n, topk))
 
 
 def logits(seed, n, scale=3.0):
@@ -331,7 +332,7 @@ def test_onehot_topk_with_d_inside_and_outside_the_top_k(k):
     order = np.argsort(-x.astype(np.float64), kind="stable")
     for d in (int(order[0]), int(order[min(k, 99) - 1]), int(order[min(k, 99)]), int(order[-1])):
         for name in ("topk-js", "topk-kl", "topk-tv"):
-            got = float(O.divergence_onehot(D.divergence_id(name), x, D.row_lse(x, 100), d, 100, k))
+            got = float(O.divergence_onehot(D.divergence_id(name), x, row_lse(x, 100), d, 100, k))
             assert close(got, R.divergence(name, x, d, topk=k)), (name, d, got)
 
 
@@ -351,7 +352,7 @@ def test_onehot_nan_and_bad_input_give_nan(name):
     assert math.isnan(O.compute_onehot(name, x, 10))
     assert math.isnan(O.compute_onehot(name, np.full(50, -np.inf, np.float32), 3))
     y = logits(13, 50)
-    lx = D.row_lse(y, 50)
+    lx = row_lse(y, 50)
     kind = D.divergence_id(name)
     assert math.isnan(O.divergence_onehot(kind, y, lx, -1, 50, 5))
     assert math.isnan(O.divergence_onehot(kind, y, lx, 50, 50, 5))
@@ -362,7 +363,7 @@ def test_onehot_speed(capsys):
     n = 262144
     x = logits(14, n)
     y = R.onehot_row(n, 7)
-    lx, ly = D.row_lse(x, n), D.row_lse(y, n)
+    lx, ly = row_lse(x, n), row_lse(y, n)
     lines = []
     for name in ("js", "tv", "kl", "topk-js"):
         kind = D.divergence_id(name)

@@ -10,9 +10,10 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.divergence import divergence, row_lse
-from fsd_local.kernels.onehot import divergence_onehot
+from fsd_local.kernels.divergence import divergence
 from fsd_local.kernels.names import AR, DIVERGENCES, DRAFT_ONLY, FSD, FSD_PAPER, MODES, SD  # noqa: F401
+from fsd_local.kernels.onehot import divergence_onehot
+from fsd_local.kernels.rows import row_lse
 from fsd_local.kernels.sampling import argmax, pick, prob, processed, sample_residual
 
 # why a slot was accepted (the core statistic)

@@ -1,155 +1,110 @@
 """Divergences between the target's and the draft's next-token distributions (FSD.md, "Divergences").
 
 Every kernel takes raw logit rows x (target) and y (draft) with their log-partition values, so a row's
-log-softmax is `x - lse` and no per-entry log is needed except log m in the JS forms. Loops are written
-with `vexp`/`vlog` and branch-free selects so LLVM vectorises them; reductions are float32 with
-reassociation allowed (SIMD partial sums), the error stays ~1e-6 relative over 262,144 entries.
-NaN anywhere propagates to a NaN divergence, and the acceptance rule treats NaN as "reject".
+log-softmax is `x - lse` and no per-entry log is needed except one in the JS forms. Everything per entry is
+float32 (see fastmath.py for what kept LLVM from full-width vectors): a log-partition arrives split into a
+float32 high part and a small float32 low part, so `(x - hi) - lo` keeps the float64 value's accuracy, and
+the difference of the two rows' log-probabilities is formed from exactly such differences.
+Loops are written with `vexp`/`log_mid` and branch-free selects so LLVM vectorises them; sums are float32 over
+blocks of rows.BLOCK entries (SIMD partial sums), added in float64.
+Robustness: -inf entries (masked tokens) contribute exactly what the float64 reference gives (0, or +inf for
+kl/rkl/paper-js where only the other row masks a token). NaN or +inf anywhere makes the row's log-sum-exp
+NaN, `divergence` returns NaN for it, and the acceptance rule treats NaN as "reject".
 """
 import math
 
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.fastmath import FLAGS, from_order_key, kernel, order_key, vexp, vlog
+from fsd_local.kernels.fastmath import EXP_MIN, kernel, log_mid, radd, vexp, vexp_finite, wide
+from fsd_local.kernels.rows import BLOCK, row_lse  # noqa: F401  (row_lse: callers pair it with divergence)
+from fsd_local.kernels.topk import top_indices
 
 from fsd_local.kernels.names import (DIVERGENCES, JS, KL, PAPER_JS, RKL, TOPK_DEFAULT, TOPK_JS,  # noqa: F401
                                     TOPK_KL, TOPK_TV, TV)
 
-
-@kernel
-def row_max(x, n):
-    """max of x[:n] (NaN if any entry is NaN), through order-preserving integer keys so it vectorises."""
-    m = np.int32(-2147483647 - 1)
-    for i in range(n):
-        k = order_key(x[i])
-        m = k if k > m else m
-    return from_order_key(m)
+T_CAP = -EXP_MIN  # |lp - lq| capped here (inf where one row masks a token): exp(-t) stays in range
 
 
-@kernel
-def _sum_exp(x, n, shift):
-    s = np.float32(0.0)
-    for i in range(n):
-        s += vexp(x[i] - shift)
-    return s
-
-
-@njit(cache=True)
-def row_lse(x, n):
-    """log sum exp of x[:n]; -inf for an all -inf row, NaN if any entry is NaN."""
-    m = row_max(x, n)
-    if m == -np.inf:
-        return -np.inf
-    s = _sum_exp(x, n, m)
-    return float(m) + math.log(s) if s == s else np.nan
-
-
-@njit(inline="always", fastmath=FLAGS, error_model="numpy")
-def _log_mid(lp, lq, p, q):
-    """log((p + q) / 2) as hi + log((1 + lo/hi) / 2): no overflow, no third exp, and exactly log p where
-    p == q, so identical rows give exactly 0. (0/0 where both underflow: the callers weigh it by 0.)"""
-    return max(lp, lq) + vlog(np.float32(0.5) + np.float32(0.5) * (min(p, q) / max(p, q)))
+@njit(inline="always", fastmath={"contract", "nsz", "arcp"}, error_model="numpy")
+def _pair(x, hx, lox, y, hy, loy, c):
+    """(log p, log q, log p - log q) of one entry, float32; each difference is taken where it is exact."""
+    a = x - hx
+    b = y - hy
+    return a - lox, b - loy, (a - b) - c
 
 
 @kernel
-def _js(x, lx, y, ly, n):
-    acc = np.float32(0.0)
-    for i in range(n):
-        lp = x[i] - lx
-        lq = y[i] - ly
-        p = vexp(lp)
-        q = vexp(lq)
-        lm = _log_mid(lp, lq, p, q)
-        tp = p * (lp - lm) if p > np.float32(0.0) else np.float32(0.0)
-        tq = q * (lq - lm) if q > np.float32(0.0) else np.float32(0.0)
-        acc += tp + tq
-    return 0.5 * float(acc)
+def _js(x, hx, lox, y, hy, loy, c, n):
+    """sum over entries of p log(p/m) + q log(q/m), m = (p+q)/2. Per entry, with M = max(p, q), t = |log p -
+    log q| and e = exp(-t) = min/max, this is M * g, g = -(1+e) log((1+e)/2) - t e = (1 - e^2) R(e) - t e
+    (fastmath.log_mid): two exps and one polynomial, no division, exactly 0 where p == q."""
+    wide()
+    total = 0.0
+    for lo in range(0, n, BLOCK):
+        xb, yb = x[lo:min(lo + BLOCK, n)], y[lo:min(lo + BLOCK, n)]  # see rows.sum_exp
+        acc = np.float32(0.0)
+        for i in range(xb.shape[0]):
+            lp, lq, d = _pair(xb[i], hx, lox, yb[i], hy, loy, c)
+            big = vexp(max(lp, lq))
+            t = abs(d)
+            t = t if t < T_CAP else T_CAP  # inf (one side masked) and NaN (both masked, big == 0) alike
+            e = vexp_finite(-t)  # exp(-87.33) is tiny and normal: t e ~ 0, g ~ ln 2
+            g = -(np.float32(1.0) + e) * log_mid(e) - t * e
+            acc = radd(acc, big * g if big > np.float32(0.0) else np.float32(0.0))
+        total += float(acc)
+    return total
 
 
 @kernel
-def _paper_js(x, lx, y, ly, n):
-    acc = np.float32(0.0)
-    for i in range(n):
-        lp = x[i] - lx
-        lq = y[i] - ly
-        p = vexp(lp)
-        q = vexp(lq)
-        m = np.float32(0.5) * (p + q)
-        lm = _log_mid(lp, lq, p, q)
-        acc += (m * ((lm - lp) + (lm - lq))) if m > np.float32(0.0) else np.float32(0.0)
-    return 0.5 * float(acc)
+def _paper_js(x, hx, lox, y, hy, loy, c, n):
+    """sum of m (2 log m - log p - log q); per entry M (1+e)/2 * (2 log((1+e)/2) + t), notation of _js
+    (t uncapped: +inf where one row masks a token the other keeps, as in the reference)."""
+    wide()
+    total = 0.0
+    for lo in range(0, n, BLOCK):
+        xb, yb = x[lo:min(lo + BLOCK, n)], y[lo:min(lo + BLOCK, n)]  # see rows.sum_exp
+        acc = np.float32(0.0)
+        for i in range(xb.shape[0]):
+            lp, lq, d = _pair(xb[i], hx, lox, yb[i], hy, loy, c)
+            big = vexp(max(lp, lq))
+            t = abs(d)
+            e = vexp(-t)
+            h = np.float32(0.5) + np.float32(0.5) * e
+            v = (big * h) * (np.float32(2.0) * log_mid(e) + t)
+            acc = radd(acc, v if big > np.float32(0.0) else np.float32(0.0))
+        total += float(acc)
+    return total
 
 
 @kernel
-def _kl(x, lx, y, ly, n):
+def _kl(x, hx, lox, y, hy, loy, c, n):
     """KL(p_x || p_y)."""
-    acc = np.float32(0.0)
-    for i in range(n):
-        lp = x[i] - lx
-        p = vexp(lp)
-        acc += p * (lp - (y[i] - ly)) if p > np.float32(0.0) else np.float32(0.0)
-    return float(acc)
+    wide()
+    total = 0.0
+    for lo in range(0, n, BLOCK):
+        xb, yb = x[lo:min(lo + BLOCK, n)], y[lo:min(lo + BLOCK, n)]  # see rows.sum_exp
+        acc = np.float32(0.0)
+        for i in range(xb.shape[0]):
+            lp, lq, d = _pair(xb[i], hx, lox, yb[i], hy, loy, c)
+            p = vexp(lp)
+            acc = radd(acc, p * d if p > np.float32(0.0) else np.float32(0.0))
+        total += float(acc)
+    return total
 
 
 @kernel
-def _tv(x, lx, y, ly, n):
-    acc = np.float32(0.0)
-    for i in range(n):
-        acc += abs(vexp(x[i] - lx) - vexp(y[i] - ly))
-    return 0.5 * float(acc)
-
-
-@kernel
-def count_at_least(x, n, t):
-    """How many of x[:n] are >= t: one vectorised compare-and-add pass (~0.05 ns an entry)."""
-    c = 0
-    for i in range(n):
-        c += np.int64(1) if x[i] >= t else np.int64(0)
-    return c
-
-
-@njit(cache=True)
-def gather_sorted(x, n, t):
-    """Indices of the entries of x[:n] that are >= t, largest value first (stable for ties)."""
-    idx = np.empty(count_at_least(x, n, t), np.int64)
-    j = 0
-    for i in range(n):
-        if x[i] >= t:
-            idx[j] = i
-            j += 1
-    return idx[np.argsort(-x[idx], kind="mergesort")]
-
-
-@njit(cache=True)
-def top_threshold(x, n, mx, k):
-    """A logit t with k <= count(x >= t) <= 4k where ties allow, found by counting passes only: double the
-    distance below the max until k entries are in, then bisect it down. Sorting then touches <= 4k entries
-    instead of everything near the top (tens of thousands on flat rows)."""
-    lo, hi = np.float32(0.0), np.float32(0.25)
-    while count_at_least(x, n, mx - hi) < k:
-        lo, hi = hi, hi * np.float32(2.0)
-        if hi > np.float32(1e30):
-            return np.float32(-np.inf)  # fewer than k finite entries: take everything
-    for _ in range(30):
-        if count_at_least(x, n, mx - hi) <= 4 * k:
-            break
-        mid = np.float32(0.5) * (lo + hi)
-        if count_at_least(x, n, mx - mid) >= k:
-            hi = mid
-        else:
-            lo = mid
-    return mx - hi
-
-
-@njit(cache=True)
-def top_indices(x, n, k):
-    """Indices of the k largest entries of x[:n], largest first (ties broken by lower index)."""
-    k = min(k, n)
-    t = top_threshold(x, n, row_max(x, n), k)
-    if t == -np.inf:
-        return np.argsort(-x[:n], kind="mergesort")[:k]
-    return gather_sorted(x, n, t)[:k]
+def _tv(x, hx, lox, y, hy, loy, c, n):
+    wide()
+    total = 0.0
+    for lo in range(0, n, BLOCK):
+        xb, yb = x[lo:min(lo + BLOCK, n)], y[lo:min(lo + BLOCK, n)]  # see rows.sum_exp
+        acc = np.float32(0.0)
+        for i in range(xb.shape[0]):
+            lp, lq, d = _pair(xb[i], hx, lox, yb[i], hy, loy, c)
+            acc = radd(acc, abs(vexp(lp) - vexp(lq)))
+        total += float(acc)
+    return total
 
 
 @njit(cache=True)
@@ -190,16 +145,20 @@ def divergence(kind, x, lx, y, ly, n, topk):
     lx, ly: log-partition of each row over those n entries (row_lse). Never negative; NaN on bad input."""
     if not (lx == lx and ly == ly) or lx == -np.inf or ly == -np.inf:
         return np.nan
-    if kind == JS:
-        d = _js(x, lx, y, ly, n)
-    elif kind == KL:
-        d = _kl(x, lx, y, ly, n)
-    elif kind == RKL:
-        d = _kl(y, ly, x, lx, n)
-    elif kind == TV:
-        d = _tv(x, lx, y, ly, n)
-    elif kind == PAPER_JS:
-        d = _paper_js(x, lx, y, ly, n)
+    if kind == JS or kind == KL or kind == RKL or kind == TV or kind == PAPER_JS:
+        hx, hy = np.float32(lx), np.float32(ly)  # lx = hx + lox to float64 accuracy, lox tiny
+        lox, loy = np.float32(lx - float(hx)), np.float32(ly - float(hy))
+        c = np.float32((lx - float(hx)) - (ly - float(hy)))
+        if kind == JS:
+            d = 0.5 * _js(x, hx, lox, y, hy, loy, c, n)
+        elif kind == KL:
+            d = _kl(x, hx, lox, y, hy, loy, c, n)
+        elif kind == RKL:
+            d = _kl(y, hy, loy, x, hx, lox, -c, n)
+        elif kind == TV:
+            d = 0.5 * _tv(x, hx, lox, y, hy, loy, c, n)
+        else:
+            d = 0.5 * _paper_js(x, hx, lox, y, hy, loy, c, n)
     else:
         d = _topk(kind, x, lx, y, ly, n, topk)
     return max(d, 0.0) if d == d else np.nan

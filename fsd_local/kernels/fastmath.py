@@ -1,10 +1,20 @@
-"""exp and log that LLVM can vectorise.
+"""exp and log that LLVM can vectorise, and the two compiler hints that let it use full-width vectors.
 
 numba has no SVML on most installs, so `math.exp` inside a jitted loop is a scalar libm call (~4 ns) and the
-whole loop stays scalar. These versions use only arithmetic, `floor`, int/float conversion and bit casts, which
-LLVM turns into SIMD instructions; accuracy is ~1e-7 relative, the float32 rounding level.
+whole loop stays scalar. These versions use only float32 arithmetic, `np.floor`, int/float conversion and bit
+casts, which LLVM turns into SIMD instructions; accuracy is ~2e-7 relative, the float32 rounding level.
+
+What kept the kernels at 4-8 float lanes (found in the generated assembly, fixed here):
+- float64 promotion: `math.floor` returns an int64 in numba, and int64 * float32 is float64, so the old vexp
+  ran in double; so did every kernel that subtracted a float64 log-partition from a float32 logit. Everything
+  here stays float32 (`np.floor` keeps the type; shifts arrive as float32).
+- LLVM's tuning for Intel AVX-512 cores (skylake-avx512 ... sapphirerapids, and the rocketlake this VM reports)
+  includes prefer-256-bit: with AVX-512 present the vectoriser still stops at ymm. `wide()` marks the function
+  it is called in with "prefer-vector-width"="512" (zmm where the CPU has AVX-512; no effect elsewhere).
+- `reassoc` on every float operation let LLVM re-associate compensated sums such as (x - hi) - lo into
+  x - (hi + lo), losing the low part. Kernels now get no reassoc at all; only their reductions do, through
+  `radd`, which is all the vectoriser needs to keep SIMD partial sums.
 """
-import math
 from functools import partial
 
 import numpy as np
@@ -15,17 +25,50 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 LN2 = 0.6931471805599453
-LOG2E = 1.4426950408889634
+LOG2E = np.float32(1.4426950408889634)
 # ln 2 split so that n * LN2_HI is exact in float32 (Cody-Waite range reduction)
 LN2_HI = np.float32(0.693359375)
 LN2_LO = np.float32(-2.12194440e-4)
 EXP_MIN = np.float32(-87.33)  # below this float32 exp underflows; we return exactly 0
 EXP_MAX = np.float32(88.7)
+# exp(f) ~ 1 + f*(E1 + f*(E2 + ...)) on |f| <= ln2/2: minimax for relative error, 1.7e-7 evaluated in float32
+E1, E2, E3, E4, E5 = (np.float32(c) for c in (0.9999997019767761, 0.4999915063381195, 0.1666763573884964,
+                                              0.04189793020486832, 0.008290315046906471))
 
-# reassoc lets LLVM keep SIMD partial sums; we do NOT allow nnan/ninf: -inf logits are real input.
+# No reassoc (see the module docstring) and no nnan/ninf: -inf logits are real input. contract: FMAs.
 # error_model="numpy": no ZeroDivisionError branch in divisions, which would stop vectorisation.
-FLAGS = {"reassoc", "contract", "nsz", "arcp"}
+FLAGS = {"contract", "nsz", "arcp"}
 kernel = partial(njit, fastmath=FLAGS, error_model="numpy", cache=True)
+REDUCE_FLAGS = ("reassoc", "nsz", "contract")
+
+
+@intrinsic
+def wide(typingctx):
+    """Let LLVM vectorise the calling function at the CPU's full width (512-bit with AVX-512). Call it first
+    thing in a kernel; it emits no code."""
+    def codegen(context, builder, signature, args):
+        # llvmlite knows only keyword attributes; a string attribute goes in verbatim
+        set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+@intrinsic
+def radd(typingctx, acc, v):
+    """acc + v with reassociation allowed on this one addition: a reduction LLVM may split into SIMD partial
+    sums. Both float32."""
+    if acc != types.float32 or v != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        # IRBuilder.fadd takes no fast-math flags; the generic instruction does
+        instr = ir.instructions.Instruction(builder.block, args[0].type, "fadd", (args[0], args[1]), "",
+                                            REDUCE_FLAGS)
+        builder._insert(instr)
+        return instr
+
+    return types.float32(types.float32, types.float32), codegen
 
 
 @intrinsic
@@ -49,51 +92,102 @@ def _bits_from_f32(typingctx, x):
 
 
 @njit(inline="always", fastmath=FLAGS, error_model="numpy")
+def vexp_finite(x):
+    """exp of a float32 x in [EXP_MIN, EXP_MAX], nothing else checked (the fastest form)."""
+    n = np.floor(x * LOG2E + np.float32(0.5))  # float32: math.floor would give an int64, and double math
+    f = (x - n * LN2_HI) - n * LN2_LO  # |f| <= ln2/2
+    p = E5
+    p = p * f + E4
+    p = p * f + E3
+    p = p * f + E2
+    p = p * f + E1
+    p = p * f + np.float32(1.0)
+    # numba types int32 + int32 as int64: np.int32(...) around each step keeps the lanes 32-bit
+    return p * _f32_from_bits(np.int32(np.int32(np.int32(n) + np.int32(127)) << np.int32(23)))
+
+
+@njit(inline="always", fastmath=FLAGS, error_model="numpy")
 def vexp(x):
     """exp of a float32; exactly 0 for x below the float32 range (-inf included), NaN stays NaN."""
-    xc = min(max(x, EXP_MIN), EXP_MAX)
-    n = math.floor(xc * np.float32(LOG2E) + np.float32(0.5))
-    f = xc - n * LN2_HI - n * LN2_LO  # |f| <= ln2/2
-    p = np.float32(1.0 / 720.0)
-    p = p * f + np.float32(1.0 / 120.0)
-    p = p * f + np.float32(1.0 / 24.0)
-    p = p * f + np.float32(1.0 / 6.0)
-    p = p * f + np.float32(0.5)
-    p = p * f + np.float32(1.0)
-    p = p * f + np.float32(1.0)
-    scale = _f32_from_bits(np.int32((np.int32(n) + np.int32(127)) << np.int32(23)))
-    r = p * scale
+    r = vexp_finite(min(max(x, EXP_MIN), EXP_MAX))
     return np.float32(0.0) if x < EXP_MIN else r
+
+
+# log((1 + e) / 2) = (e - 1) * R(e) on e in [0, 1]: minimax for R, 1.9e-7 relative evaluated in float32
+_R = tuple(np.float32(c) for c in (0.6931471824645996, -0.3068501651287079, 0.1930721551179886,
+                                   -0.13935674726963043, 0.10508429259061813, -0.0742846205830574,
+                                   0.042266324162483215, -0.015893075615167618, 0.002814671490341425))
+R0, R1, R2, R3, R4, R5, R6, R7, R8 = _R
+
+
+@njit(inline="always", fastmath=FLAGS, error_model="numpy")
+def log_mid(e):
+    """log((1 + e) / 2) for a float32 e in [0, 1] (the JS forms' log m - log max(p, q), e = min/max):
+    one polynomial, no division, no exponent handling, exactly 0 at e == 1 and accurate relative to its
+    value near there (no cancellation)."""
+    r = R8
+    r = r * e + R7
+    r = r * e + R6
+    r = r * e + R5
+    r = r * e + R4
+    r = r * e + R3
+    r = r * e + R2
+    r = r * e + R1
+    r = r * e + R0
+    return (e - np.float32(1.0)) * r
+
+
+# log(1 + f) = f - f^2/2 + f^3 * P(f) on f in [sqrt(1/2) - 1, sqrt(2) - 1] (Cephes logf, ~1e-7 relative)
+_L = tuple(np.float32(c) for c in (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
+                                   1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
+                                   3.3333331174e-1))
+L0, L1, L2, L3, L4, L5, L6, L7, L8 = _L
+SQRT2 = np.float32(1.41421356)
+
+
+@njit(inline="always", fastmath=FLAGS, error_model="numpy")
+def _log_poly(f, ef):
+    """log(2^ef * (1 + f)) for f in [sqrt(1/2) - 1, sqrt(2) - 1]: Cephes' logf polynomial, no division."""
+    z = f * f
+    y = L0
+    y = y * f + L1
+    y = y * f + L2
+    y = y * f + L3
+    y = y * f + L4
+    y = y * f + L5
+    y = y * f + L6
+    y = y * f + L7
+    y = y * f + L8
+    y = (y * f) * z + ef * LN2_LO
+    return (f + (y - np.float32(0.5) * z)) + ef * LN2_HI
 
 
 @njit(inline="always", fastmath=FLAGS, error_model="numpy")
 def vlog(x):
-    """natural log of a positive normal float32; -inf for 0 (the callers only pass x >= 0)."""
+    """natural log of a positive normal float32; -inf for x <= 0 (callers pass x >= 0)."""
     bits = _bits_from_f32(np.float32(x))
-    e = ((bits >> np.int32(23)) & np.int32(0xFF)) - np.int32(127)
-    m = _f32_from_bits((bits & np.int32(0x7FFFFF)) | np.int32(0x3F800000))  # mantissa in [1, 2)
-    big = m > np.float32(1.41421356)
+    ef = np.float32(np.int32((bits >> np.int32(23)) & np.int32(0xFF))) - np.float32(127.0)
+    m = _f32_from_bits(np.int32((bits & np.int32(0x7FFFFF)) | np.int32(0x3F800000)))  # mantissa in [1, 2)
+    big = m > SQRT2
     m = m * np.float32(0.5) if big else m
-    e = e + np.int32(1) if big else e
-    s = (m - np.float32(1.0)) / (m + np.float32(1.0))  # |s| <= 0.172
-    s2 = s * s
-    poly = np.float32(1.0 / 9.0)
-    poly = poly * s2 + np.float32(1.0 / 7.0)
-    poly = poly * s2 + np.float32(1.0 / 5.0)
-    poly = poly * s2 + np.float32(1.0 / 3.0)
-    poly = poly * s2 + np.float32(1.0)
-    r = np.float32(e) * np.float32(LN2) + np.float32(2.0) * s * poly
+    ef = ef + np.float32(1.0) if big else ef
+    r = _log_poly(m - np.float32(1.0), ef)
     return np.float32(-np.inf) if x <= np.float32(0.0) else r
+
+
+INT32_MIN = np.int32(-2147483647 - 1)  # below every order key
 
 
 @njit(inline="always")
 def order_key(x):
-    """An int32 that orders like the float32 x (NaN above +inf): integer max reductions vectorise,
-    float ones do not without nnan."""
+    """An int32 that orders like the float32 x: +0 and -0 share key 0, a positive NaN sorts above +inf and a
+    negative one below -inf. Integer max reductions and compares vectorise; float max does not without nnan."""
     b = _bits_from_f32(x)
-    return b ^ ((b >> np.int32(31)) & np.int32(0x7FFFFFFF))
+    s = b >> np.int32(31)  # 0 or -1
+    return np.int32(np.int32(b ^ (s & np.int32(0x7FFFFFFF))) - s)  # negative x: minus its magnitude bits
 
 
 @njit(inline="always")
 def from_order_key(k):
-    return _f32_from_bits(k ^ ((k >> np.int32(31)) & np.int32(0x7FFFFFFF)))
+    """The float32 of an order key (key 0 gives +0)."""
+    return _f32_from_bits(np.int32(-k) | INT32_MIN if k < np.int32(0) else k)

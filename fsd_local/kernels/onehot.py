@@ -31,9 +31,11 @@ import numpy as np
 from numba import njit
 
 from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
-from fsd_local.kernels.divergence import (JS, KL, PAPER_JS, RKL, TOPK_DEFAULT, TOPK_KL, TOPK_TV, TV,
-                                          count_at_least, divergence_id, row_lse, top_indices)
+from fsd_local.kernels.divergence import divergence_id
 from fsd_local.kernels.fastmath import EXP_MIN
+from fsd_local.kernels.names import JS, KL, PAPER_JS, RKL, TOPK_DEFAULT, TOPK_KL, TOPK_TV, TV
+from fsd_local.kernels.rows import row_lse
+from fsd_local.kernels.topk import count_at_least, top_indices
 
 LN2 = 0.6931471805599453
 

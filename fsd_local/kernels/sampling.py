@@ -12,28 +12,31 @@ import math
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.divergence import gather_sorted, row_max, top_threshold
-from fsd_local.kernels.fastmath import kernel, vexp
+from fsd_local.kernels.fastmath import kernel, radd, vexp, wide
+from fsd_local.kernels.rows import row_max
+from fsd_local.kernels.topk import gather_sorted, top_indices
 
 BLOCK = 1024  # inverse-CDF sampling scans block sums (vectorised) before one scalar block
 
 
 @kernel
 def _kept_mass(x, n, mx, inv_t, cutoff):
+    wide()
+    mx, inv_t, cutoff = np.float32(mx), np.float32(inv_t), np.float32(cutoff)  # float32 all through
     s = np.float32(0.0)
     for i in range(n):
         w = vexp((x[i] - mx) * inv_t)
-        s += w if x[i] >= cutoff else np.float32(0.0)
+        s = radd(s, w if x[i] >= cutoff else np.float32(0.0))
     return s
 
 
 @njit(cache=True)
 def _cutoff(x, n, mx, inv_t, top_k, top_p):
     """Lowest logit kept by top-k then top-p (renormalised over the top-k set), exact. Only candidates near
-    the top are sorted: top-k takes them from `top_threshold`; top-p widens a cut below the max (counting
+    the top are sorted: top-k takes them from `top_indices`; top-p widens a cut below the max (counting
     mass, one vectorised pass each) until the cut holds top_p of the mass, so it contains the nucleus."""
     if top_k > 0:
-        cand = gather_sorted(x, n, top_threshold(x, n, mx, top_k))[:top_k]
+        cand = top_indices(x, n, top_k)
         z_all = np.float32(0.0)  # top-p renormalises over the top-k set: its own mass, below
     else:
         z_all = _kept_mass(x, n, mx, inv_t, np.float32(-np.inf))
@@ -77,10 +80,13 @@ def prob(x, i, temperature, mx, cutoff, lz):
 
 @kernel
 def _block_mass(x, lo, hi, mx, inv_t, cutoff, lz):
+    wide()
+    mx, inv_t, cutoff, lz = np.float32(mx), np.float32(inv_t), np.float32(cutoff), np.float32(lz)
+    xb = x[lo:hi]  # a slice: x[i] over range(lo, hi) would vectorise as gathers (rows.sum_exp)
     s = np.float32(0.0)
-    for i in range(lo, hi):
-        w = vexp((x[i] - mx) * inv_t - lz)
-        s += w if x[i] >= cutoff else np.float32(0.0)
+    for i in range(xb.shape[0]):
+        w = vexp((xb[i] - mx) * inv_t - lz)
+        s = radd(s, w if xb[i] >= cutoff else np.float32(0.0))
     return s
 
 
@@ -114,14 +120,18 @@ def sample(x, n, temperature, mx, cutoff, lz, u):
 
 @kernel
 def _residual_mass(x, y, lo, hi, inv_t, px, py):
-    # px, py = (mx, cutoff, lz) of target / draft
+    # px, py = (mx, cutoff, lz) of target / draft, float32
+    wide()
+    inv_t = np.float32(inv_t)
+    xb, yb = x[lo:hi], y[lo:hi]  # slices: see _block_mass
+    mxp, cp, lzp, mxq, cq, lzq = px[0], px[1], px[2], py[0], py[1], py[2]
     s = np.float32(0.0)
-    for i in range(lo, hi):
-        p = vexp((x[i] - px[0]) * inv_t - px[2])
-        q = vexp((y[i] - py[0]) * inv_t - py[2])
-        p = p if x[i] >= px[1] else np.float32(0.0)
-        q = q if y[i] >= py[1] else np.float32(0.0)
-        s += max(p - q, np.float32(0.0))
+    for i in range(xb.shape[0]):
+        p = vexp((xb[i] - mxp) * inv_t - lzp)
+        q = vexp((yb[i] - mxq) * inv_t - lzq)
+        p = p if xb[i] >= cp else np.float32(0.0)
+        q = q if yb[i] >= cq else np.float32(0.0)
+        s = radd(s, max(p - q, np.float32(0.0)))
     return s
 
 
