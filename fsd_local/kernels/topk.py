@@ -11,7 +11,6 @@ import numpy as np
 from numba import njit
 
 from fsd_local.kernels.fastmath import INT32_MIN, from_order_key, kernel, order_key, wide
-from fsd_local.kernels.rows import row_max
 
 BLOCK = 64
 
