@@ -9,15 +9,26 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from fsd_local.errors import ConfigError, ContextOverflowError, FSDError
-from fsd_local.kernels.accept import (AR, DRAFT_ONLY, MODES, Drafts, RoundOut, accept_round, emit_one, rule_of,
-                                      sampling_of, warm_up)
+from fsd_local.kernels.accept import (
+    AR,
+    DRAFT_ONLY,
+    MODES,
+    Drafts,
+    RoundOut,
+    accept_round,
+    emit_one,
+    rule_of,
+    sampling_of,
+    warm_up,
+)
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.sampling import pick
 from fsd_local.llama.model import Model
@@ -38,7 +49,7 @@ class Piece:
     text: str
     token_ids: list[int]
     origins: list[str]
-    completion: "Completion | None" = None  # set on the final piece only
+    completion: Completion | None = None  # set on the final piece only
 
 
 @dataclass
@@ -181,7 +192,7 @@ class Engine:
                 if m is not None:
                     m.close()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -7,10 +7,18 @@ import sys
 import click
 
 from fsd_local.cli import bench as bench_cli
-from fsd_local.cli.options import (load_engine, model_options, pop_settings, resolve_models, say, settings_options,
-                                   summary_line)
+from fsd_local.cli.options import (
+    load_engine,
+    model_options,
+    pop_settings,
+    resolve_models,
+    say,
+    settings_options,
+    summary_line,
+)
 from fsd_local.errors import FSDError
 from fsd_local.settings import DIVERGENCE_HELP, MODE_HELP, TAU_HELP
+
 EXAMPLES = """
 \b
 Examples:

@@ -5,8 +5,9 @@ Nothing here imports Numba or llama.cpp at module level: `fsd-local --help` and 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import MISSING
-from typing import Any, Callable
+from typing import Any
 
 import click
 

@@ -10,8 +10,8 @@ import ctypes
 import socket
 from dataclasses import asdict, dataclass, field
 
-from fsd_local.llama import ggml as g
 from fsd_local.errors import ModelLoadError
+from fsd_local.llama import ggml as g
 from fsd_local.llama.bindings import default_threads, init_backend
 
 # ggml registry name -> the name users know the backend by

@@ -6,10 +6,7 @@ no weights are read, so doctor is quick even for models larger than memory.
 from __future__ import annotations
 
 from fsd_local import __version__
-from fsd_local.llama import backend
-from fsd_local.llama import cpu_features
-from fsd_local.llama import gguf_info
-from fsd_local.llama import placement
+from fsd_local.llama import backend, cpu_features, gguf_info, placement
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import compatibility_problem

@@ -8,8 +8,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from fsd_local.llama import ggml as g
 from fsd_local.errors import ModelLoadError
+from fsd_local.llama import ggml as g
 
 _SCALARS = {g.GGUF_UINT8: ctypes.c_uint8, g.GGUF_INT8: ctypes.c_int8, g.GGUF_UINT16: ctypes.c_uint16,
             g.GGUF_INT16: ctypes.c_int16, g.GGUF_UINT32: ctypes.c_uint32, g.GGUF_INT32: ctypes.c_int32,

@@ -126,8 +126,7 @@ def resolve(target: ModelOptions, draft: ModelOptions | None, *, target_auto: bo
     """Fill in the automatic GPU-layer counts; returns the options to load and a line saying what was chosen."""
     if not target_auto and not (draft is not None and draft_auto):
         return target, draft, ""
-    from fsd_local.llama import backend
-    from fsd_local.llama import gguf_info
+    from fsd_local.llama import backend, gguf_info
 
     if target.rpc_servers:  # their devices count for the target only
         backend.add_rpc_servers(target.rpc_servers)

@@ -25,8 +25,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from fsd_local.kernels.names import DIVERGENCES
 from fsd_local.errors import DownloadError, ModelLoadError, RegistryError
+from fsd_local.kernels.names import DIVERGENCES
 
 ENV_FILE = "FSD_LOCAL_MODELS"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -241,8 +241,13 @@ def verify(f: ModelFile, path: str, pair_name: str) -> str:
 
 def _download(f: ModelFile, cache_dir, endpoint, local_only: bool) -> str:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                       RepositoryNotFoundError)
+    from huggingface_hub.utils import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     try:
         return hf_hub_download(f.repo, f.file, cache_dir=cache_dir, endpoint=endpoint, local_files_only=local_only)
