@@ -89,12 +89,14 @@ class Engine:
             print(out.text, out.stats["acceptance_rate"])
     """
 
+    target: Model  # set once loaded: a failed load raises before anyone can see the Engine
+    draft: Model | None
+
     def __init__(self, target: str | os.PathLike | ModelOptions, draft: str | os.PathLike | ModelOptions | None = None,
                  *, n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int | None = -1,
                  draft_n_gpu_layers: int | None = None, settings: Settings | None = None, **setting_overrides: Any):
         self.defaults = (settings or Settings()).with_(**setting_overrides)
-        self.target: Model | None = None
-        self.draft: Model | None = None
+        self.draft = None
         # before loading: close() (also called when loading fails) takes the lock
         self._lock = threading.RLock()
         self._cancel = CancelToken()
@@ -188,7 +190,7 @@ class Engine:
         self._cancel.set()
         with self._lock:
             self._closed = True
-            for m in (self.draft, self.target):
+            for m in (self.draft, getattr(self, "target", None)):  # no target yet if loading it failed
                 if m is not None:
                     m.close()
 
@@ -232,7 +234,11 @@ class Engine:
         with self._lock:
             self._check_open()
             self._cancel.clear()
-            models = [self.target, self.draft] if speculative else [self.draft if mode == DRAFT_ONLY else self.target]
+            if speculative or mode == DRAFT_ONLY:
+                assert self.draft is not None, "stream() checked that this mode has its draft"
+                models = [self.target, self.draft] if speculative else [self.draft]
+            else:
+                models = [self.target]
             seq = self.prompt_tokens(prompt, models)
             n_ctx = min(m.n_ctx for m in models)
             if s.draft_max > self._k_alloc:
@@ -317,6 +323,7 @@ class Engine:
             return 0
 
         d, nv, q = self.draft, self.n_vocab, self._d.rows
+        assert d is not None, "speculative modes have a draft (Settings.check_draft)"
         us = rng.random(k) if s.temperature > 0 else np.zeros(k)
         t = perf_counter()
         d.decode(seq[len(d.tokens):], "last")

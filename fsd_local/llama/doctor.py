@@ -5,6 +5,8 @@ no weights are read, so doctor is quick even for models larger than memory.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from fsd_local import __version__
 from fsd_local.llama import backend, cpu_features, gguf_info, placement
 from fsd_local.llama.model import Model
@@ -43,7 +45,7 @@ def report(target: str | None = None, draft: str | None = None, n_ctx: int = 409
     features = cpu_features.backend_cpu_features()
     host_amx = cpu_features.host_has_amx()
     choice = cpu_features.decide_repack(features, host_amx)
-    out = {"fsd_local": __version__, "backend": info.to_dict(), "models": {},
+    out: dict[str, Any] = {"fsd_local": __version__, "backend": info.to_dict(), "models": {},
            "cpu": {"backend_features": sorted(k for k, v in features.items() if v not in ("", "0")),
                    "host_amx": host_amx, "repack": choice.repack, "repack_reason": choice.reason}}
     for role, path in (("target", target), ("draft", draft)):

@@ -240,6 +240,7 @@ class Model:
         if len(tokens) > self.n_batch and first_row < len(tokens) - self.n_batch:
             raise ValueError("logit rows must fit in one batch")
         b = self._batch
+        assert b is not None, f"{self.role} model is closed"
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start:start + self.n_batch]
             base = len(self.tokens)

@@ -153,7 +153,7 @@ def registry_source() -> tuple[str, str]:
             return Path(path).read_text(encoding="utf-8"), path
         except OSError as exc:
             raise RegistryError(f"{ENV_FILE}={path}: cannot read it ({exc.strerror})") from None
-    packaged = resources.files("fsd_local").joinpath("data", "models.toml")
+    packaged = resources.files("fsd_local").joinpath("data").joinpath("models.toml")
     return packaged.read_text(encoding="utf-8"), "models.toml"
 
 
@@ -179,7 +179,9 @@ def local_pair_paths(name: str, cache_dir=None, registry: dict[str, Pair] | None
     if missing:
         raise ModelLoadError(f"pair {name!r} is not downloaded yet (missing {', '.join(missing)}); "
                              f"run `fsd-local pull {name}`")
-    return paths["target"], paths["draft"]
+    target, draft = paths["target"], paths["draft"]
+    assert target is not None and draft is not None  # nothing missing
+    return target, draft
 
 
 # ------------------------------------------------------------------ pull
