@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
@@ -143,7 +143,7 @@ class Engine:
         raise AssertionError("unreachable: the stream always ends with a completion")
 
     def stream(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
-               settings: Settings | None = None, **overrides: Any) -> Iterator[Piece]:
+               settings: Settings | None = None, **overrides: Any) -> Generator[Piece, None, None]:
         """Yield pieces as tokens are accepted; the last piece carries `.completion`. The engine's lock is held
         from the first piece until the stream ends or is closed: iterate it in one thread, to the end or close()."""
         s = settings or self.defaults
@@ -171,7 +171,7 @@ class Engine:
         return self.generate(self.chat_prompt(messages), cancel=cancel, settings=settings, **overrides)
 
     def chat_stream(self, messages: Sequence[Mapping[str, str]], *, cancel: CancelToken | None = None,
-                    settings: Settings | None = None, **overrides: Any) -> Iterator[Piece]:
+                    settings: Settings | None = None, **overrides: Any) -> Generator[Piece, None, None]:
         return self.stream(self.chat_prompt(messages), cancel=cancel, settings=settings, **overrides)
 
     def cancel(self) -> None:
@@ -227,7 +227,7 @@ class Engine:
                                        "shorten the prompt or raise --ctx")
         return tokens
 
-    def _run(self, prompt, s: Settings, cancel) -> Iterator[Piece]:
+    def _run(self, prompt, s: Settings, cancel) -> Generator[Piece, None, None]:
         mode = MODES.index(s.mode)
         speculative = s.mode in SPECULATIVE_MODES
         rule, sampling = rule_of(s), sampling_of(s)  # the kernels' view of the settings, once per call
