@@ -101,7 +101,8 @@ def render(r: dict) -> str:
         types = ", ".join(f"{k} x{v}" for k, v in sorted(m["tensor_types"].items(), key=lambda kv: -kv[1]))
         lines += [f"{role}: {m['path']}",
                   f"  {m['architecture']} ({m['name'] or 'unnamed'}), {m['layers']} layers, "
-                  f"embedding {m['embedding']}, {m['heads']} heads ({m['kv_heads']} KV), trained context {m['context_train']}",
+                  f"embedding {m['embedding']}, {m['heads']} heads ({m['kv_heads']} KV), "
+                  f"trained context {m['context_train']}",
                   f"  {_size(m['size_bytes'])}, quantisation {m['quantisation']} (tensors: {types})",
                   f"  vocabulary {m['vocab_size']} tokens, {m['tokenizer']}; "
                   f"chat template {_yes(m['chat_template'])}"]

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from fsd_local.errors import ModelLoadError
 from fsd_local.llama import ggml as g
 
-_SCALARS: dict[int, type[ctypes._SimpleCData]] = {g.GGUF_UINT8: ctypes.c_uint8, g.GGUF_INT8: ctypes.c_int8, g.GGUF_UINT16: ctypes.c_uint16,
-            g.GGUF_INT16: ctypes.c_int16, g.GGUF_UINT32: ctypes.c_uint32, g.GGUF_INT32: ctypes.c_int32,
-            g.GGUF_FLOAT32: ctypes.c_float, g.GGUF_BOOL: ctypes.c_bool, g.GGUF_UINT64: ctypes.c_uint64,
-            g.GGUF_INT64: ctypes.c_int64, g.GGUF_FLOAT64: ctypes.c_double}
+_SCALARS: dict[int, type[ctypes._SimpleCData]] = {
+    g.GGUF_UINT8: ctypes.c_uint8, g.GGUF_INT8: ctypes.c_int8, g.GGUF_UINT16: ctypes.c_uint16,
+    g.GGUF_INT16: ctypes.c_int16, g.GGUF_UINT32: ctypes.c_uint32, g.GGUF_INT32: ctypes.c_int32,
+    g.GGUF_FLOAT32: ctypes.c_float, g.GGUF_BOOL: ctypes.c_bool, g.GGUF_UINT64: ctypes.c_uint64,
+    g.GGUF_INT64: ctypes.c_int64, g.GGUF_FLOAT64: ctypes.c_double}
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _SPLIT = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
 # tokenizer.ggml.model -> the name llama.cpp's vocabulary types go by (vocab.py VOCAB_TYPES)
