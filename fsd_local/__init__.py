@@ -22,8 +22,14 @@ __all__ = ["Engine", "CancelToken", "Completion", "Piece", "Settings", "ModelOpt
 
 if TYPE_CHECKING:
     from fsd_local.engine import CancelToken, Completion, Engine, Piece
-    from fsd_local.errors import (CacheTruncationError, ConfigError, ContextOverflowError, FSDError, ModelLoadError,
-                                  VocabularyMismatchError)
+    from fsd_local.errors import (
+        CacheTruncationError,
+        ConfigError,
+        ContextOverflowError,
+        FSDError,
+        ModelLoadError,
+        VocabularyMismatchError,
+    )
     from fsd_local.llama.options import ModelOptions
     from fsd_local.settings import Settings
 

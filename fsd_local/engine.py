@@ -9,17 +9,28 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from fsd_local.drafting.length import DraftLength
 from fsd_local.drafting.ngram import NgramDrafter
 from fsd_local.errors import ConfigError, ContextOverflowError, FSDError
-from fsd_local.kernels.accept import (AR, DRAFT_ONLY, MODES, Drafts, RoundOut, accept_round, emit_one, rule_of,
-                                      sampling_of, warm_up)
+from fsd_local.kernels.accept import (
+    AR,
+    DRAFT_ONLY,
+    MODES,
+    Drafts,
+    RoundOut,
+    accept_round,
+    emit_one,
+    rule_of,
+    sampling_of,
+    warm_up,
+)
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.sampling import pick
 from fsd_local.llama.model import Model
@@ -40,7 +51,7 @@ class Piece:
     text: str
     token_ids: list[int]
     origins: list[str]
-    completion: "Completion | None" = None  # set on the final piece only
+    completion: Completion | None = None  # set on the final piece only
 
 
 @dataclass
@@ -80,12 +91,14 @@ class Engine:
             print(out.text, out.stats["acceptance_rate"])
     """
 
+    target: Model  # set once loaded: a failed load raises before anyone can see the Engine
+    draft: Model | None
+
     def __init__(self, target: str | os.PathLike | ModelOptions, draft: str | os.PathLike | ModelOptions | None = None,
                  *, n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int | None = -1,
                  draft_n_gpu_layers: int | None = None, settings: Settings | None = None, **setting_overrides: Any):
         self.defaults = (settings or Settings()).with_(**setting_overrides)
-        self.target: Model | None = None
-        self.draft: Model | None = None
+        self.draft = None
         # before loading: close() (also called when loading fails) takes the lock
         self._lock = threading.RLock()
         self._cancel = CancelToken()
@@ -134,7 +147,7 @@ class Engine:
         raise AssertionError("unreachable: the stream always ends with a completion")
 
     def stream(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
-               settings: Settings | None = None, **overrides: Any) -> Iterator[Piece]:
+               settings: Settings | None = None, **overrides: Any) -> Generator[Piece, None, None]:
         """Yield pieces as tokens are accepted; the last piece carries `.completion`. The engine's lock is held
         from the first piece until the stream ends or is closed: iterate it in one thread, to the end or close()."""
         s = settings or self.defaults
@@ -162,7 +175,7 @@ class Engine:
         return self.generate(self.chat_prompt(messages), cancel=cancel, settings=settings, **overrides)
 
     def chat_stream(self, messages: Sequence[Mapping[str, str]], *, cancel: CancelToken | None = None,
-                    settings: Settings | None = None, **overrides: Any) -> Iterator[Piece]:
+                    settings: Settings | None = None, **overrides: Any) -> Generator[Piece, None, None]:
         return self.stream(self.chat_prompt(messages), cancel=cancel, settings=settings, **overrides)
 
     def cancel(self) -> None:
@@ -181,11 +194,11 @@ class Engine:
         self._cancel.set()
         with self._lock:
             self._closed = True
-            for m in (self.draft, self.target):
+            for m in (self.draft, getattr(self, "target", None)):  # no target yet if loading it failed
                 if m is not None:
                     m.close()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -218,14 +231,18 @@ class Engine:
                                        "shorten the prompt or raise --ctx")
         return tokens
 
-    def _run(self, prompt, s: Settings, cancel) -> Iterator[Piece]:
+    def _run(self, prompt, s: Settings, cancel) -> Generator[Piece, None, None]:
         mode = MODES.index(s.mode)
         speculative = s.mode in SPECULATIVE_MODES
         rule, sampling = rule_of(s), sampling_of(s)  # the kernels' view of the settings, once per call
         with self._lock:
             self._check_open()
             self._cancel.clear()
-            models = [self.target, self.draft] if speculative else [self.draft if mode == DRAFT_ONLY else self.target]
+            if speculative or mode == DRAFT_ONLY:
+                assert self.draft is not None, "stream() checked that this mode has its draft"
+                models = [self.target, self.draft] if speculative else [self.draft]
+            else:
+                models = [self.target]
             seq = self.prompt_tokens(prompt, models)
             n_ctx = min(m.n_ctx for m in models)
             if s.draft_max > self._k_alloc:
@@ -344,6 +361,7 @@ class Engine:
             return 0
 
         d, nv, q = self.draft, self.n_vocab, self._d.rows
+        assert d is not None, "speculative modes have a draft (Settings.check_draft)"
         us = rng.random(k) if s.temperature > 0 else np.zeros(k)
         t = perf_counter()
         d.decode(seq[len(d.tokens):], "last")

@@ -147,7 +147,12 @@ def spec(f: Field) -> Spec:
 
 def field_type(f: Field) -> type:
     """The Python type a field holds (None allowed for seed): float, int, bool, str or tuple."""
-    default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+    if f.default is not MISSING:
+        default = f.default
+    else:
+        factory = f.default_factory
+        assert callable(factory), f"setting {f.name} has neither a default nor a default factory"
+        default = factory()
     if f.name == "seed":
         return int
     return type(default)

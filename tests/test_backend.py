@@ -14,17 +14,17 @@ from pathlib import Path
 import llama_cpp as lc
 import pytest
 from click.testing import CliRunner
+from tinymodels import write_tiny_gguf
 
-from fsd_local.llama import backend, gguf_info
 from fsd_local.cli import cli
 from fsd_local.cli.options import load_engine
-from fsd_local.llama.doctor import report, render
 from fsd_local.errors import ModelLoadError
+from fsd_local.llama import backend, gguf_info
+from fsd_local.llama.doctor import render, report
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import KV_TYPES, ModelOptions
-from fsd_local.settings import Settings
 from fsd_local.llama.placement import Footprint, footprint, plan
-from tinymodels import write_tiny_gguf
+from fsd_local.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PIN = re.search(r'"llama-cpp-python==([0-9.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)

@@ -10,7 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 from fsd_local.cli import cli
-from fsd_local.llama.cpu_features import backend_cpu_features, decide_repack, host_cpu_flags, host_has_amx, repack_choice
+from fsd_local.llama.cpu_features import (
+    backend_cpu_features,
+    decide_repack,
+    host_cpu_flags,
+    host_has_amx,
+    repack_choice,
+)
 from fsd_local.llama.model import Model, ModelOptions
 from fsd_local.settings import Settings
 

@@ -74,7 +74,7 @@ def test_kv_caches_equal_a_fresh_evaluation_after_many_rounds(tiny_pair, setting
     draft, target = tiny_pair
     with Engine(target=target, draft=draft, n_ctx=512, n_threads=1) as eng:
         seq = eng.tokenize("the cat")
-        for turn in range(3):  # several calls that extend each other: prefix reuse across calls too
+        for _turn in range(3):  # several calls that extend each other: prefix reuse across calls too
             out = eng.generate(seq, max_tokens=60, **settings)
             assert out.stats["drafted"] > out.stats["accepted_sd"] + out.stats["accepted_fuzzy"], "no rejection"
             seq = seq + out.token_ids + eng.tokenize(" and", add_special=False)

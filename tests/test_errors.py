@@ -5,8 +5,7 @@ import sys
 
 import pytest
 
-from fsd_local import (ConfigError, ContextOverflowError, Engine, ModelLoadError, Settings,
-                       VocabularyMismatchError)
+from fsd_local import ConfigError, ContextOverflowError, Engine, ModelLoadError, Settings, VocabularyMismatchError
 
 
 def test_missing_file(tmp_path):

@@ -8,11 +8,18 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
+from loopback_hub import COMMIT, LoopbackHub, closed_port, toml_for
 
 from fsd_local.errors import DownloadError, ModelLoadError, RegistryError
-from fsd_local.pairs.registry import (format_pairs, get_pair, load_registry, local_pair_paths, parse_registry, pull,
-                                unreachable)
-from loopback_hub import COMMIT, LoopbackHub, closed_port, toml_for
+from fsd_local.pairs.registry import (
+    format_pairs,
+    get_pair,
+    load_registry,
+    local_pair_paths,
+    parse_registry,
+    pull,
+    unreachable,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHA_A = "a" * 64

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from fsd_local.bench.runner import TAU_MODES, BenchData, Config, run_bench, summarise
 from fsd_local.errors import ConfigError
@@ -68,7 +69,7 @@ def calibrate(engine, prompts, *, budget: Budget, divergence: str = "js", mode: 
     tau_max = TAU_CEILING.get(divergence, TAU_CEILING_UNBOUNDED) if tau_max is None else tau_max
     if tau_max <= 0:
         raise ConfigError("--tau-max must be > 0")
-    run = dict(max_tokens=max_tokens, repeats=1, seed=seed, chat=chat, ignore_eos=ignore_eos)
+    run: dict[str, Any] = dict(max_tokens=max_tokens, repeats=1, seed=seed, chat=chat, ignore_eos=ignore_eos)
     ar, sd = Config("ar", temperature), Config("sd", temperature, draft_max=draft_max)
     base = run_bench(engine, prompts, [ar, sd], **run)
     sd_row = summarise(base)[1]

@@ -37,7 +37,8 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
                              squeeze=False)
     ks = sorted({r["draft_max"] for r in rows if r["draft_max"] is not None})
     colour = {k: f"C{i}" for i, k in enumerate(ks)}
-    styles = {}  # (mode, divergence) -> marker, so one divergence looks the same in every panel
+    # (mode, divergence) -> marker, so one divergence looks the same in every panel
+    styles: dict[tuple[str, str], str] = {}
     markers = "osD^vP*X"
     for ti, temp in enumerate(temps):
         at = [r for r in rows if r["temperature"] == temp]
@@ -51,7 +52,7 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
                 ax.set_xticks([])
                 ax.set_yticks([])
                 continue
-            curves = {}
+            curves: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
             for r in at:
                 if r["mode"] in TAU_MODES and r[key] is not None:
                     curves.setdefault((r["mode"], r["divergence"], r["draft_max"]), []).append((r["tau"], r[key]))

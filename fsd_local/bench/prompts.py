@@ -50,7 +50,7 @@ class Prompt:
         return answers_match(self.extract, self.extract_answer(output), self.answer)
 
 
-def extract_answer(output: str, extract: str, pattern: re.Pattern | None = None) -> str | None:
+def extract_answer(output: str, extract: str | None, pattern: re.Pattern | None = None) -> str | None:
     if extract == "letter":
         for rx in _LETTER_RES:
             m = rx.search(output)
@@ -62,6 +62,7 @@ def extract_answer(output: str, extract: str, pattern: re.Pattern | None = None)
         hits = _ANSWER_NUMBER_RE.findall(output) or _NUMBER_RE.findall(output)
         return hits[-1].replace(",", "") if hits else None
     if extract == "regex":
+        assert pattern is not None, 'extract "regex" needs a pattern'  # _prompt_from_json checks it
         m = pattern.search(output)
         if m is None:
             return None
@@ -69,7 +70,7 @@ def extract_answer(output: str, extract: str, pattern: re.Pattern | None = None)
     raise ConfigError(f"unknown extract {extract!r}; choose one of {', '.join(EXTRACTORS)}")
 
 
-def answers_match(extract: str, found: str | None, expected: str) -> bool:
+def answers_match(extract: str | None, found: str | None, expected: str) -> bool:
     if found is None:
         return False
     if extract == "number":

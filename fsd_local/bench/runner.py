@@ -159,7 +159,7 @@ def spread(values) -> float | None:
     return (max(values) - min(values)) / 2 if values else None
 
 
-def paired_ratio(num: list[float], den: list[float]) -> float | None:
+def paired_ratio(num: list[float | None], den: list[float | None]) -> float | None:
     """Median over repeats of num[r] / den[r]: both measured in the same repeat, under the same noise."""
     return median([a / b if a is not None and b else None for a, b in zip(num, den)])
 
@@ -248,7 +248,8 @@ def summarise(data: BenchData) -> list[dict]:
 
 
 def _by_position(runs: list[Run]) -> list[float]:
-    drafted, accepted = [], []
+    drafted: list[int] = []
+    accepted: list[int] = []
     for run in runs:
         for i, (d, a) in enumerate(zip(run.stats["drafted_by_position"], run.stats["accepted_by_position"])):
             if i == len(drafted):

@@ -14,20 +14,21 @@ import sys
 import textwrap
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import click
 
 from fsd_local.cli.options import say as _say_err
 from fsd_local.cli.options import summary_line
-from fsd_local.engine import CancelToken
+from fsd_local.engine import CancelToken, Completion, Engine, Piece
 from fsd_local.errors import ConfigError, FSDError
 from fsd_local.llama.chat_template import ChatTemplate
 from fsd_local.settings import FIELDS, Settings, field_type, spec
 
 # command -> (Settings field, parser), from the settings that declare a chat command; a parser's ValueError
 # becomes a usage hint
-SETTERS = {spec(f).chat: (f.name, field_type(f)) for f in FIELDS if spec(f).chat}
+SETTERS = {chat: (f.name, field_type(f)) for f in FIELDS if (chat := spec(f).chat)}
 ACTIONS = ("stats", "reset", "help", "quit")
 
 
@@ -67,10 +68,10 @@ def parse_command(line: str) -> Command | None:
     name = name.lower()
     if name not in SETTERS and name not in ACTIONS:
         raise ConfigError(f"unknown command /{name}; /help lists the commands")
-    arg = arg.strip() or None
-    if arg is not None and name in ACTIONS:
+    value = arg.strip() or None
+    if value is not None and name in ACTIONS:
         raise ConfigError(f"/{name} takes no value")
-    return Command(name, arg)
+    return Command(name, value)
 
 
 @dataclass
@@ -104,12 +105,12 @@ class Totals:
 @dataclass
 class ChatSession:
     """One conversation with live settings. `reply` streams the engine's pieces and records the turn."""
-    engine: object
+    engine: Engine
     settings: Settings
     system: str | None = None
     messages: list = field(default_factory=list)
     totals: Totals = field(default_factory=Totals)
-    last: object = None  # the last reply's Completion
+    last: Completion | None = None  # the last reply's Completion
     done: bool = False
 
     def __post_init__(self):
@@ -165,7 +166,8 @@ class ChatSession:
         (finished, cancelled, or closed early): a partial answer stays in the conversation, so the next
         prompt still matches what the caches hold. A turn that produced nothing is dropped."""
         self.messages.append({"role": "user", "content": text})
-        shown, completion = [], None
+        shown: list[str] = []
+        completion: Completion | None = None
         try:
             with contextlib.closing(self.engine.chat_stream(self.messages, cancel=cancel,
                                                             settings=self.settings)) as stream:
@@ -188,17 +190,19 @@ class OriginPainter:
     """Colours released text by the origin of the token each character came from. It decodes the same token
     bytes as the engine's text stream, so released text is always a prefix of what it has decoded."""
 
-    def __init__(self, token_bytes):
+    def __init__(self, token_bytes: Callable[[int], bytes]):
         self._bytes = token_bytes  # token id -> bytes (the target's piece)
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        self._pending = deque()  # (character, origin), decoded but not yet released
+        self._pending: deque[tuple[str, str]] = deque()  # (character, origin), decoded but not yet released
 
-    def paint(self, piece) -> str:
+    def paint(self, piece: Piece) -> str:
         for token, origin in zip(piece.token_ids, piece.origins):
             self._pending.extend((ch, origin) for ch in self._utf8.decode(self._bytes(token)))
         if piece.completion is not None:
             self._pending.extend((ch, "target") for ch in self._utf8.decode(b"", final=True))
-        out, run, run_origin = [], [], None
+        out: list[str] = []
+        run: list[str] = []
+        run_origin = "target"  # set by the first character, before any run is styled
         for ch in piece.text:
             origin = self._pending.popleft()[1] if self._pending else "target"
             if origin != run_origin and run:
@@ -285,6 +289,7 @@ def _answer(session: ChatSession, text: str, color: bool, as_json: bool, say) ->
             if shown and not as_json:
                 click.echo(shown, nl=False)
     completion = session.last
+    assert completion is not None  # the stream ran to its end: the engine's last piece carries the completion
     if as_json:
         click.echo(json.dumps({"text": completion.text, "finish_reason": completion.finish_reason,
                                "stats": completion.stats}))

@@ -7,10 +7,18 @@ import sys
 import click
 
 from fsd_local.cli import bench as bench_cli
-from fsd_local.cli.options import (load_engine, model_options, pop_settings, resolve_models, say, settings_options,
-                                   summary_line)
+from fsd_local.cli.options import (
+    load_engine,
+    model_options,
+    pop_settings,
+    resolve_models,
+    say,
+    settings_options,
+    summary_line,
+)
 from fsd_local.errors import FSDError
 from fsd_local.settings import DIVERGENCE_HELP, MODE_HELP, TAU_HELP
+
 EXAMPLES = """
 \b
 Examples:
@@ -97,12 +105,15 @@ def doctor(target, draft, pair, n_ctx, as_json):
 @cli.command()
 @model_options
 @settings_options
-@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on (loopback = this machine only)")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address to listen on (loopback = this machine only)")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
-@click.option("--api-key", envvar="FSD_LOCAL_API_KEY", help="require 'Authorization: Bearer KEY' (env FSD_LOCAL_API_KEY)")
+@click.option("--api-key", envvar="FSD_LOCAL_API_KEY",
+              help="require 'Authorization: Bearer KEY' (env FSD_LOCAL_API_KEY)")
 @click.option("--max-queue", type=click.IntRange(0), default=16, show_default=True,
               help="requests that may wait behind the running one; more get 503")
-@click.option("--model-name", help="model id reported by /v1/models (default: the pair's name or the target's file name)")
+@click.option("--model-name",
+              help="model id reported by /v1/models (default: the pair's name or the target's file name)")
 def serve(host, port, api_key, max_queue, model_name, **kwargs):
     """An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,
     /metrics). The generation options are the defaults; requests override them, including fsd-local's own
@@ -110,7 +121,8 @@ def serve(host, port, api_key, max_queue, model_name, **kwargs):
     try:
         from fsd_local.server.app import serve as run_server
     except ImportError as exc:  # the server's packages are an optional extra
-        raise click.UsageError(f"the server needs FastAPI and uvicorn: pip install 'fsd-local[server]' ({exc})") from None
+        raise click.UsageError(
+            f"the server needs FastAPI and uvicorn: pip install 'fsd-local[server]' ({exc})") from None
 
     settings = pop_settings(kwargs)
     with load_engine(**kwargs, settings=settings, say=say) as engine:

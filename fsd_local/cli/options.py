@@ -5,8 +5,9 @@ Nothing here imports Numba or llama.cpp at module level: `fsd-local --help` and 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import MISSING
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -36,23 +37,30 @@ def _apply(f: Callable, opts: list) -> Callable:
 
 
 # ------------------------------------------------------------------ generation settings
+def _int_bound(x: float | None) -> int | None:
+    """An integer field's bound for click.IntRange (Spec declares bounds as numbers)."""
+    return None if x is None else int(x)
+
+
 def _setting_option(f) -> Callable:
     """The click option of one Settings field. Numbers are parsed by click and range-checked by Settings (one
     validation, one message for CLI, API and chat alike); integers also get click's range so --help shows it."""
     s, kind = spec(f), field_type(f)
+    cli = s.cli
+    assert cli is not None, f"setting {f.name} has no command-line flag"
     default = None if f.name == "seed" else (f.default if f.default is not MISSING else None)
     if kind is bool:
-        return click.option(s.cli, f.name, is_flag=True, help=s.help)
+        return click.option(cli, f.name, is_flag=True, help=s.help)
     if kind is tuple:
-        return click.option(s.cli, f.name, multiple=True, help=s.help)
+        return click.option(cli, f.name, multiple=True, help=s.help)
     if s.choices:
-        return click.option(s.cli, f.name, type=click.Choice(s.choices), default=default, show_default=True,
+        return click.option(cli, f.name, type=click.Choice(s.choices), default=default, show_default=True,
                             help=s.help)
     if kind is int:
-        typ: Any = click.IntRange(s.lo, s.hi, min_open=s.lo_open, max_open=s.hi_open)
+        typ: Any = click.IntRange(_int_bound(s.lo), _int_bound(s.hi), min_open=s.lo_open, max_open=s.hi_open)
     else:
         typ = float
-    return click.option(s.cli, f.name, type=typ, default=default, show_default=default is not None, help=s.help)
+    return click.option(cli, f.name, type=typ, default=default, show_default=default is not None, help=s.help)
 
 
 SETTING_OPTIONS = [_setting_option(f) for f in FIELDS if spec(f).cli]
@@ -115,8 +123,10 @@ MODEL_OPTIONS = [
                  help="target KV cache type for keys (q8_0 halves the cache, q4_0 quarters it)"),
     click.option("--cache-type-v", type=click.Choice(KV_CHOICES), default="f16", show_default=True,
                  help="target KV cache type for values (quantised needs flash attention)"),
-    click.option("--draft-cache-type-k", type=click.Choice(KV_CHOICES), help="draft K cache type (default: the target's)"),
-    click.option("--draft-cache-type-v", type=click.Choice(KV_CHOICES), help="draft V cache type (default: the target's)"),
+    click.option("--draft-cache-type-k", type=click.Choice(KV_CHOICES),
+                 help="draft K cache type (default: the target's)"),
+    click.option("--draft-cache-type-v", type=click.Choice(KV_CHOICES),
+                 help="draft V cache type (default: the target's)"),
     click.option("--no-mmap", is_flag=True, help="read the model files into memory instead of mapping them"),
     click.option("--mlock", is_flag=True, help="lock the models in RAM (no swapping)"),
     click.option("--split-mode", type=click.Choice(list(SPLIT_MODES)), default="layer", show_default=True,
@@ -182,10 +192,10 @@ def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu
                           tensor_split=tensor_split, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                           rpc_servers=rpc_servers, repack=repack, **both)
     # the draft decodes one token at a time: spreading it over GPUs would only add transfers
-    d_opts = d and ModelOptions(d, n_ctx=draft_n_ctx or n_ctx, n_gpu_layers=-1 if draft_auto else draft_n_gpu_layers,
-                                split_mode="none", cache_type_k=draft_cache_type_k or cache_type_k,
-                                cache_type_v=draft_cache_type_v or cache_type_v,
-                                repack=repack if draft_repack is None else draft_repack, **both)
+    d_opts = ModelOptions(d, n_ctx=draft_n_ctx or n_ctx, n_gpu_layers=-1 if draft_auto else draft_n_gpu_layers,
+                          split_mode="none", cache_type_k=draft_cache_type_k or cache_type_k,
+                          cache_type_v=draft_cache_type_v or cache_type_v,
+                          repack=repack if draft_repack is None else draft_repack, **both) if d is not None else None
     t_opts, d_opts, placed = resolve(t_opts, d_opts, target_auto=target_auto, draft_auto=draft_auto)
     if placed and say:
         say(placed)

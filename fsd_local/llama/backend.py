@@ -10,8 +10,8 @@ import ctypes
 import socket
 from dataclasses import asdict, dataclass, field
 
-from fsd_local.llama import ggml as g
 from fsd_local.errors import ModelLoadError
+from fsd_local.llama import ggml as g
 from fsd_local.llama.bindings import default_threads, init_backend
 
 # ggml registry name -> the name users know the backend by
@@ -193,7 +193,8 @@ def local_offload_devices() -> list[int]:
     """Handles of the local devices llama.cpp would offload to, RPC excluded: discrete GPUs, or integrated
     ones when there is no discrete GPU (llama.cpp's own default rule)."""
     lib = g.lib()
-    gpus, igpus = [], []
+    gpus: list[int] = []
+    igpus: list[int] = []
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
         reg = g.text(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)))

@@ -17,7 +17,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the package is a hard dependency
     raise ImportError("llama-cpp-python is required: pip install llama-cpp-python") from exc
 
-_LOG = deque(maxlen=64)
+_LOG: deque[str] = deque(maxlen=64)
 _init_lock = threading.Lock()
 _initialised = False
 

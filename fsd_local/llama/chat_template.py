@@ -22,7 +22,7 @@ class ChatTemplate:
     is_fallback: bool = False
 
     @classmethod
-    def from_model(cls, model) -> "ChatTemplate":
+    def from_model(cls, model) -> ChatTemplate:
         src = model.meta("tokenizer.chat_template")
         bos = model.token_text(model.bos).decode("utf-8", "replace") if model.bos >= 0 else ""
         eos = model.token_text(model.eos).decode("utf-8", "replace") if model.eos >= 0 else ""

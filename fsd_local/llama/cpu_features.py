@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from fsd_local.llama import ggml as g
 from fsd_local.llama.bindings import init_backend
 
+
 class _Feature(ctypes.Structure):  # struct ggml_backend_feature { const char * name; const char * value; }
     _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
 

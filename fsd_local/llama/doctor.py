@@ -5,11 +5,10 @@ no weights are read, so doctor is quick even for models larger than memory.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from fsd_local import __version__
-from fsd_local.llama import backend
-from fsd_local.llama import cpu_features
-from fsd_local.llama import gguf_info
-from fsd_local.llama import placement
+from fsd_local.llama import backend, cpu_features, gguf_info, placement
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import compatibility_problem
@@ -46,7 +45,7 @@ def report(target: str | None = None, draft: str | None = None, n_ctx: int = 409
     features = cpu_features.backend_cpu_features()
     host_amx = cpu_features.host_has_amx()
     choice = cpu_features.decide_repack(features, host_amx)
-    out = {"fsd_local": __version__, "backend": info.to_dict(), "models": {},
+    out: dict[str, Any] = {"fsd_local": __version__, "backend": info.to_dict(), "models": {},
            "cpu": {"backend_features": sorted(k for k, v in features.items() if v not in ("", "0")),
                    "host_amx": host_amx, "repack": choice.repack, "repack_reason": choice.reason}}
     for role, path in (("target", target), ("draft", draft)):
@@ -102,7 +101,8 @@ def render(r: dict) -> str:
         types = ", ".join(f"{k} x{v}" for k, v in sorted(m["tensor_types"].items(), key=lambda kv: -kv[1]))
         lines += [f"{role}: {m['path']}",
                   f"  {m['architecture']} ({m['name'] or 'unnamed'}), {m['layers']} layers, "
-                  f"embedding {m['embedding']}, {m['heads']} heads ({m['kv_heads']} KV), trained context {m['context_train']}",
+                  f"embedding {m['embedding']}, {m['heads']} heads ({m['kv_heads']} KV), "
+                  f"trained context {m['context_train']}",
                   f"  {_size(m['size_bytes'])}, quantisation {m['quantisation']} (tensors: {types})",
                   f"  vocabulary {m['vocab_size']} tokens, {m['tokenizer']}; "
                   f"chat template {_yes(m['chat_template'])}"]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fsd_local.errors import ModelLoadError
 
@@ -70,6 +72,9 @@ _PROTOTYPES = {
 
 class GGML:
     """Attribute access to the bound functions: `lib().ggml_backend_dev_count()`."""
+
+    if TYPE_CHECKING:  # the functions of _PROTOTYPES are set as attributes in __init__
+        def __getattr__(self, name: str) -> Callable[..., Any]: ...
 
     def __init__(self):
         import llama_cpp.llama_cpp as bindings

@@ -8,13 +8,14 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from fsd_local.llama import ggml as g
 from fsd_local.errors import ModelLoadError
+from fsd_local.llama import ggml as g
 
-_SCALARS = {g.GGUF_UINT8: ctypes.c_uint8, g.GGUF_INT8: ctypes.c_int8, g.GGUF_UINT16: ctypes.c_uint16,
-            g.GGUF_INT16: ctypes.c_int16, g.GGUF_UINT32: ctypes.c_uint32, g.GGUF_INT32: ctypes.c_int32,
-            g.GGUF_FLOAT32: ctypes.c_float, g.GGUF_BOOL: ctypes.c_bool, g.GGUF_UINT64: ctypes.c_uint64,
-            g.GGUF_INT64: ctypes.c_int64, g.GGUF_FLOAT64: ctypes.c_double}
+_SCALARS: dict[int, type[ctypes._SimpleCData]] = {
+    g.GGUF_UINT8: ctypes.c_uint8, g.GGUF_INT8: ctypes.c_int8, g.GGUF_UINT16: ctypes.c_uint16,
+    g.GGUF_INT16: ctypes.c_int16, g.GGUF_UINT32: ctypes.c_uint32, g.GGUF_INT32: ctypes.c_int32,
+    g.GGUF_FLOAT32: ctypes.c_float, g.GGUF_BOOL: ctypes.c_bool, g.GGUF_UINT64: ctypes.c_uint64,
+    g.GGUF_INT64: ctypes.c_int64, g.GGUF_FLOAT64: ctypes.c_double}
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _SPLIT = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
 # tokenizer.ggml.model -> the name llama.cpp's vocabulary types go by (vocab.py VOCAB_TYPES)
@@ -50,7 +51,7 @@ class GGUFInfo:
         """The file type if stated, else the dominant tensor type of the repeating blocks."""
         if self.file_type:
             return self.file_type
-        return max(self.tensor_types, key=self.tensor_types.get) if self.tensor_types else "unknown"
+        return max(self.tensor_types, key=self.tensor_types.__getitem__) if self.tensor_types else "unknown"
 
     def kv_bytes_per_layer(self, n_ctx: int, type_k: int, type_v: int) -> int:
         """KV cache of one layer for n_ctx positions (ggml type ids, e.g. model.KV_TYPES['q8_0'])."""
@@ -170,6 +171,7 @@ def read(path: str, role: str = "model") -> GGUFInfo:
     head_dim = n_embd // n_head if n_head else 0
     tokens = meta.get("tokenizer.ggml.tokens")
     ftype = meta.get("general.file_type")
+    tokenizer = meta.get("tokenizer.ggml.model")
     return GGUFInfo(
         path=str(path), file_bytes=sum(map(os.path.getsize, files)), architecture=arch, name=meta.get("general.name"),
         n_layer=n_layer, n_ctx_train=most(meta.get("context_length"), None), n_embd=n_embd, n_head=n_head,
@@ -177,7 +179,7 @@ def read(path: str, role: str = "model") -> GGUFInfo:
         head_dim_k=most(meta.get("attention.key_length"), head_dim),
         head_dim_v=most(meta.get("attention.value_length"), head_dim),
         vocab_size=tokens if isinstance(tokens, int) else most(meta.get("vocab_size")),
-        tokenizer=TOKENIZERS.get(meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.model")),
+        tokenizer=TOKENIZERS.get(tokenizer, tokenizer) if tokenizer is not None else None,
         file_type=file_type_name(ftype) if isinstance(ftype, int) else None, tensor_types=dict(tensors.types),
         layer_bytes=[tensors.blocks.get(i, 0) for i in range(n_layer)], output_bytes=tensors.output_bytes,
         other_bytes=tensors.other, has_chat_template=bool(meta.get("tokenizer.chat_template")), meta=meta)

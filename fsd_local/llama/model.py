@@ -124,7 +124,8 @@ class Model:
         cp.n_threads_batch = opts.n_threads_batch or cp.n_threads
         cp.no_perf = True
         if opts.flash_attn is not None:
-            cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            cp.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn
+                                  else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         cp.type_k, cp.type_v = KV_TYPES[opts.cache_type_k], KV_TYPES[opts.cache_type_v]
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
@@ -240,6 +241,7 @@ class Model:
         if len(tokens) > self.n_batch and first_row < len(tokens) - self.n_batch:
             raise ValueError("logit rows must fit in one batch")
         b = self._batch
+        assert b is not None, f"{self.role} model is closed"
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start:start + self.n_batch]
             base = len(self.tokens)

@@ -95,17 +95,20 @@ def plan(target: Footprint, draft: Footprint | None, free: list[int], *, target_
             amount -= used
 
     draft_auto, target_auto = draft_ngl is None, target_ngl is None
-    if draft is not None and not draft_auto:
+    if draft is not None and draft_ngl is not None:
         take(draft.bytes_for(draft_ngl), draft_device)
-    if not target_auto:
+    if target_ngl is not None:
         take(target.bytes_for(target_ngl))
-    if draft is not None and draft_auto:
+    if draft is not None and draft_ngl is None:
         draft_ngl = draft.most_layers_within(usable[draft_device] if has_draft_device else 0)
         take(draft.bytes_for(draft_ngl), draft_device)
-    if target_auto:
+    if target_ngl is None:
         target_ngl = target.most_layers_within(sum(usable[i] for i in target_devices))
     # the draft never goes to RPC servers: without a local GPU it is simply on the CPU
-    chosen = [f"draft {_describe(draft_ngl, draft, draft_auto and has_draft_device)}"] if draft is not None else []
+    chosen = []
+    if draft is not None:
+        assert draft_ngl is not None  # given, or chosen above
+        chosen.append(f"draft {_describe(draft_ngl, draft, draft_auto and has_draft_device)}")
     target_where = "the GPU" if not rpc_free else "the GPUs and RPC servers" if free else "the RPC servers"
     chosen.append(f"target {_describe(target_ngl, target, target_auto, target_where)}")
     pools = [f"{f / MiB:,.0f} MiB free on GPU {i}" for i, f in enumerate(free)]
@@ -126,8 +129,7 @@ def resolve(target: ModelOptions, draft: ModelOptions | None, *, target_auto: bo
     """Fill in the automatic GPU-layer counts; returns the options to load and a line saying what was chosen."""
     if not target_auto and not (draft is not None and draft_auto):
         return target, draft, ""
-    from fsd_local.llama import backend
-    from fsd_local.llama import gguf_info
+    from fsd_local.llama import backend, gguf_info
 
     if target.rpc_servers:  # their devices count for the target only
         backend.add_rpc_servers(target.rpc_servers)
@@ -147,5 +149,6 @@ def resolve(target: ModelOptions, draft: ModelOptions | None, *, target_auto: bo
              target_devices=target_devices, rpc_free=rpc_free, no_gpu=_no_gpu_reason(info))
     target = replace(target, n_gpu_layers=p.target_ngl)
     if draft is not None:
+        assert p.draft_ngl is not None  # plan() places a draft whenever it is given one
         draft = replace(draft, n_gpu_layers=p.draft_ngl)
     return target, draft, p.summary

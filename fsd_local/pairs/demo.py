@@ -37,9 +37,10 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], r
     """Write a copy of a GGUF whose transformer blocks are `blocks` of the source, renumbered 0..n-1.
     Metadata is copied as is except the block count (and the file type when retyped). retype "f16": every
     quantised tensor is dequantised and stored as F16; "q4_0": every Q4_1 tensor is requantised to Q4_0 (the
-    layout llama.cpp repacks on AVX2/AVX-512/ARM CPUs: what --repack changes). F16 gives (the same function, without per-batch-shape activation quantisation:
-    llama.cpp's F16 kernels give the same logits for one batch and for token-by-token evaluation up to ~0.04,
-    where Q4_1 differs by up to ~1.2). Written to a temporary file, then renamed."""
+    layout llama.cpp repacks on AVX2/AVX-512/ARM CPUs: what --repack changes). F16 gives (the same function,
+    without per-batch-shape activation quantisation: llama.cpp's F16 kernels give the same logits for one
+    batch and for token-by-token evaluation up to ~0.04, where Q4_1 differs by up to ~1.2). Written to a
+    temporary file, then renamed."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, quants
 
@@ -75,7 +76,8 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], r
         for new_i, old_i in enumerate(blocks):
             renamed += [(f"blk.{new_i}.{suffix}", t) for suffix, t in per_block[old_i]]
         renamed += [(t.name, t) for t in order if t.name != "token_embd.weight"]
-        assert len(by_name) - sum(len(v) for v in per_block.values()) + sum(len(per_block[b]) for b in blocks) == len(renamed)
+        n_unblocked = len(by_name) - sum(len(v) for v in per_block.values())
+        assert n_unblocked + sum(len(per_block[b]) for b in blocks) == len(renamed)
         for name, t in renamed:
             if retype == "f16" and t.tensor_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
                 data = quants.dequantize(t.data, t.tensor_type).astype(np.float16)

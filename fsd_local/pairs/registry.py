@@ -25,8 +25,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from fsd_local.kernels.names import DIVERGENCES
 from fsd_local.errors import DownloadError, ModelLoadError, RegistryError
+from fsd_local.kernels.names import DIVERGENCES
 
 ENV_FILE = "FSD_LOCAL_MODELS"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -153,7 +153,7 @@ def registry_source() -> tuple[str, str]:
             return Path(path).read_text(encoding="utf-8"), path
         except OSError as exc:
             raise RegistryError(f"{ENV_FILE}={path}: cannot read it ({exc.strerror})") from None
-    packaged = resources.files("fsd_local").joinpath("data", "models.toml")
+    packaged = resources.files("fsd_local").joinpath("data").joinpath("models.toml")
     return packaged.read_text(encoding="utf-8"), "models.toml"
 
 
@@ -179,7 +179,9 @@ def local_pair_paths(name: str, cache_dir=None, registry: dict[str, Pair] | None
     if missing:
         raise ModelLoadError(f"pair {name!r} is not downloaded yet (missing {', '.join(missing)}); "
                              f"run `fsd-local pull {name}`")
-    return paths["target"], paths["draft"]
+    target, draft = paths["target"], paths["draft"]
+    assert target is not None and draft is not None  # nothing missing
+    return target, draft
 
 
 # ------------------------------------------------------------------ pull
@@ -241,8 +243,13 @@ def verify(f: ModelFile, path: str, pair_name: str) -> str:
 
 def _download(f: ModelFile, cache_dir, endpoint, local_only: bool) -> str:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                       RepositoryNotFoundError)
+    from huggingface_hub.utils import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     try:
         return hf_hub_download(f.repo, f.file, cache_dir=cache_dir, endpoint=endpoint, local_files_only=local_only)
