@@ -184,7 +184,8 @@ def resolve_models(target, draft, pair, say=None) -> tuple[str, str | None]:
 def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu_layers, settings, say=None, *,
                 draft_n_ctx=None, flash_attn="auto", cache_type_k="f16", cache_type_v="f16", draft_cache_type_k=None,
                 draft_cache_type_v=None, no_mmap=False, mlock=False, split_mode="layer", main_gpu=0,
-                tensor_split=None, rpc_servers=None, repack=None, draft_repack=None):
+                tensor_split=None, rpc_servers=None, repack=None, draft_repack=None, engine_class=None):
+    """The Engine (or `engine_class`, e.g. serve's Supervisor: same arguments) for the command's options."""
     from .config import Settings
     from .engine import Engine
     from .model import ModelOptions
@@ -212,7 +213,7 @@ def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu
 
     if say and not is_warm():
         say("compiling fsd-local's kernels with Numba (first run only, about 20 s on 2 cores)...")
-    return Engine(target=t_opts, draft=d_opts, settings=s)
+    return (engine_class or Engine)(target=t_opts, draft=d_opts, settings=s)
 
 
 def _say(msg):
@@ -282,17 +283,22 @@ def doctor(target, draft, pair, n_ctx, as_json):
 @click.option("--max-queue", type=click.IntRange(0), default=16, show_default=True,
               help="requests that may wait behind the running one; more get 503")
 @click.option("--model-name", help="model id reported by /v1/models (default: the pair's name or the target's file name)")
-def serve(host, port, api_key, max_queue, model_name, **kwargs):
+@click.option("--in-process", is_flag=True,
+              help="run the models inside the server process (no restart after a crash in llama.cpp; for debugging)")
+def serve(host, port, api_key, max_queue, model_name, in_process, **kwargs):
     """An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,
     /metrics). The generation options are the defaults; requests override them, including fsd-local's own
-    (tau, mode, divergence, draft_max...) as extra body fields. One pair answers whatever `model` a request names."""
+    (tau, mode, divergence, draft_max...) as extra body fields. One pair answers whatever `model` a request names.
+    The models run in a child process that is restarted if it crashes (the request it was running fails)."""
     try:
         from .server import serve as run_server
+        from .supervisor import Supervisor
     except ImportError as exc:  # the server's packages are an optional extra
-        raise click.UsageError(f"the server needs FastAPI and uvicorn: pip install 'fsd-local[server]' ({exc})") from None
+        raise click.UsageError(f"the server needs FastAPI, uvicorn and prometheus_client: "
+                               f"pip install 'fsd-local[server]' ({exc})") from None
 
     settings = split_settings(kwargs)
-    with load_engine(**kwargs, settings=settings, say=_say) as engine:
+    with load_engine(**kwargs, settings=settings, say=_say, engine_class=None if in_process else Supervisor) as engine:
         _say(f"serving the OpenAI API on http://{host}:{port}/v1")
         run_server(engine, host=host, port=port, api_key=api_key, max_queue=max_queue,
                    model_name=model_name or kwargs["pair"])
