@@ -345,18 +345,19 @@ class Supervisor:
         while True:
             child = self._child
             child.cause = describe_exit(child.proc.wait())
-            child.exited.set()
             if self._closed:
+                child.exited.set()
                 return
-            if child.lock.acquire(blocking=False):  # else the generation using it closes it when it ends
-                child.conn.close()
-                child.lock.release()
             proved = child.healthy or time.monotonic() - child.ready_at >= self.healthy_after_s
-            with self._cond:
+            with self._cond:  # before the running generation hears of it: its client may ask /health next
                 self.deaths[child.cause] += 1
                 self._streak = 1 if proved else self._streak + 1
                 self.state, self.reason = "restarting", f"the model process died ({_how(child.cause)}); restarting it"
                 self._cond.notify_all()
+            child.exited.set()
+            if child.lock.acquire(blocking=False):  # else the generation using it closes it when it ends
+                child.conn.close()
+                child.lock.release()
             log.error("the model process (pid %d) died (%s); restarting it", child.proc.pid, _how(child.cause))
             if not self._restart(_how(child.cause)):
                 return
