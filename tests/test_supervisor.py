@@ -335,3 +335,18 @@ def test_fsd_local_serve_restarts_its_child(pair):
     assert proc.returncode == 130, out
     assert "died (killed by SIGKILL)" in out
     assert stat(new) is None  # the model process ended with the server
+
+
+def test_the_model_process_does_not_outlive_a_killed_server(pair):
+    """SIGKILL to the server leaves it no time to stop its child: the child sees its socket close and exits."""
+    d, t = pair
+    code = ("import sys, time; from fsd_local.supervisor import Supervisor; "
+            "s = Supervisor(sys.argv[1], sys.argv[2]); print(s.pid, flush=True); time.sleep(600)")
+    server = subprocess.Popen([sys.executable, "-c", code, t, d], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(server.stdout.readline())
+        assert stat(child)[1] == server.pid
+    finally:
+        server.kill()
+        server.wait(TIMEOUT)
+    wait_for(lambda: stat(child) is None or stat(child)[0] == "Z", "the orphaned model process to exit", 10)
