@@ -215,6 +215,7 @@ class Supervisor:
             if child is None:  # cancelled while the child restarted: nothing ran, nothing to run
                 yield Piece("", [], [], self._cancelled(prompt, overrides))
                 return
+            last = None
             with child.lock:
                 if child.exited.is_set():  # died while we waited for the lock: wait for its successor
                     continue
@@ -233,8 +234,8 @@ class Supervisor:
                             yield Piece(msg[1], msg[2], msg[3])
                         elif msg[0] == "done":
                             ended = child.healthy = True
-                            yield Piece(msg[1], [], [], Completion(**msg[2]))
-                            return
+                            last = Piece(msg[1], [], [], Completion(**msg[2]))
+                            break
                         else:  # "error": the generation failed, the child lives on
                             ended = True
                             raise _rebuild(msg[1], msg[2])
@@ -246,6 +247,9 @@ class Supervisor:
                         self._abandon(child)
                     if child.exited.is_set():
                         child.conn.close()
+            # outside the lock: a caller that stops at the completion (generate) need not close the stream
+            yield last
+            return
 
     def _ready_child(self, cancel: CancelToken | None) -> _Child | None:
         with self._cond:

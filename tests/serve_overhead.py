@@ -8,7 +8,9 @@ All sides run the same settings with ignore_eos (a fixed length) from a warm KV 
 same every time), one at a time: tokens/s is output tokens over the wall time of the whole request, as a
 client sees it (a server's: from sending the request to the last event of the stream). Each repeat runs
 every side, in a rotating order, so a busy neighbour slows all alike; ratios to the engine are taken within
-each repeat and the median reported. Prints one JSON object.
+each repeat and the median reported. `outside_ms` is the wall time of a request minus the time the engine
+itself measured (prompt + generation): what the path around the engine costs per request, less sensitive to
+a busy machine than the ratios. Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -28,25 +30,27 @@ from fsd_local.server import BackgroundServer
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def through_engine(engine: Engine, prompt: list[int], max_tokens: int) -> tuple[int, float]:
+def through_engine(engine: Engine, prompt: list[int], max_tokens: int) -> tuple[int, float, float]:
+    """(tokens, wall seconds, seconds the engine itself reports for prompt + generation)"""
     t = time.perf_counter()
     n = 0
     for piece in engine.stream(prompt, max_tokens=max_tokens):
         n += len(piece.token_ids)
-    return n, time.perf_counter() - t
+        st = piece.completion.stats if piece.completion else None
+    return n, time.perf_counter() - t, st["prompt_seconds"] + st["seconds_total"]
 
 
-def through_server(url: str, prompt: list[int], max_tokens: int) -> tuple[int, float]:
-    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}
+def through_server(url: str, prompt: list[int], max_tokens: int) -> tuple[int, float, float]:
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "stream": True}
     t = time.perf_counter()
-    n = None
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                usage = json.loads(line[6:]).get("usage")
-                n = usage["completion_tokens"] if usage else n
-    return n, time.perf_counter() - t
+                chunk = json.loads(line[6:])
+                if "fsd" in chunk:  # the last chunk: usage and the engine's own statistics
+                    n = chunk["usage"]["completion_tokens"]
+                    inside = chunk["fsd"]["prompt_seconds"] + chunk["fsd"]["seconds_total"]
+    return n, time.perf_counter() - t, inside
 
 
 def main() -> None:
@@ -76,14 +80,16 @@ def main() -> None:
             run(args.max_tokens)
         names = list(sides)
         rates: dict[str, list[float]] = {name: [] for name in names}
+        outside: dict[str, list[float]] = {name: [] for name in names}
         ratios: dict[str, list[float]] = {"server": [], "in_process_server": []}
         for rep in range(args.repeats):
             got = {}
             for side in names[rep % 3:] + names[:rep % 3]:
-                n, secs = sides[side](args.max_tokens)
+                n, secs, inside = sides[side](args.max_tokens)
                 assert n == args.max_tokens, (side, n)
                 got[side] = n / secs
                 rates[side].append(got[side])
+                outside[side].append((secs - inside) * 1000)
             for side in ratios:
                 ratios[side].append(got[side] / got["engine"])
 
@@ -103,6 +109,7 @@ def main() -> None:
         "tokens_per_second": {side: round(statistics.median(r), 2) for side, r in rates.items()},
         "over_engine_median": {side: round(statistics.median(r), 4) for side, r in ratios.items()},
         "over_engine": {side: [round(x, 4) for x in r] for side, r in ratios.items()},
+        "outside_ms_median": {side: round(statistics.median(r), 2) for side, r in outside.items()},
         "first_start_seconds": round(first_start, 2),
         "restart_seconds": [round(s, 2) for s in restart_seconds],
         "child_load_seconds_last": round(sup.last_start_seconds, 2),

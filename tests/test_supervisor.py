@@ -235,6 +235,25 @@ def test_a_disconnect_still_cancels_in_the_child(server, expected):
     assert chat(server).json()["choices"][0]["message"]["content"] == expected["hello"]
 
 
+def test_the_supervisor_as_a_python_object(server, expected):
+    """What the server relies on: errors of a generation come back as the same class and the child lives on;
+    a stream dropped halfway is cancelled and drained, so the next call starts clean."""
+    from fsd_local import ConfigError, ContextOverflowError
+
+    sup = server.app.state.engine
+    pid = sup.pid
+    with pytest.raises(ConfigError):
+        sup.stream("abc", tau=-1)
+    with pytest.raises(ContextOverflowError, match="512"):
+        sup.generate([5] * 600)  # checked in the child: the server checks this before, a Python caller need not
+    stream = sup.stream("abc", max_tokens=LONG)
+    assert next(stream).token_ids
+    stream.close()
+    assert sup.generate("abc", max_tokens=24).token_ids == expected["ids"]
+    assert [p.completion.token_ids for p in sup.stream("abc", max_tokens=24) if p.completion] == [expected["ids"]]
+    assert sup.pid == pid
+
+
 def test_twenty_crashes_leave_nothing_behind(server, expected):
     sup = server.app.state.engine
     others = children() - {sup.pid}  # e.g. another server's child
