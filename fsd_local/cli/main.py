@@ -114,18 +114,22 @@ def doctor(target, draft, pair, n_ctx, as_json):
               help="requests that may wait behind the running one; more get 503")
 @click.option("--model-name",
               help="model id reported by /v1/models (default: the pair's name or the target's file name)")
-def serve(host, port, api_key, max_queue, model_name, **kwargs):
+@click.option("--in-process", is_flag=True,
+              help="run the models inside the server process (no restart after a crash in llama.cpp; for debugging)")
+def serve(host, port, api_key, max_queue, model_name, in_process, **kwargs):
     """An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,
     /metrics). The generation options are the defaults; requests override them, including fsd-local's own
-    (tau, mode, divergence, draft_max...) as extra body fields. One pair answers whatever `model` a request names."""
+    (tau, mode, divergence, draft_max...) as extra body fields. One pair answers whatever `model` a request names.
+    The models run in a child process that is restarted if it crashes (the request it was running fails)."""
     try:
         from fsd_local.server.app import serve as run_server
+        from fsd_local.server.supervisor import Supervisor
     except ImportError as exc:  # the server's packages are an optional extra
-        raise click.UsageError(
-            f"the server needs FastAPI and uvicorn: pip install 'fsd-local[server]' ({exc})") from None
+        raise click.UsageError(f"the server needs FastAPI, uvicorn and prometheus_client: "
+                               f"pip install 'fsd-local[server]' ({exc})") from None
 
     settings = pop_settings(kwargs)
-    with load_engine(**kwargs, settings=settings, say=say) as engine:
+    with load_engine(**kwargs, settings=settings, say=say, engine_class=None if in_process else Supervisor) as engine:
         say(f"serving the OpenAI API on http://{host}:{port}/v1")
         run_server(engine, host=host, port=port, api_key=api_key, max_queue=max_queue,
                    model_name=model_name or kwargs["pair"])

@@ -176,7 +176,8 @@ def resolve_models(target, draft, pair, say=None) -> tuple[str, str | None]:
 def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu_layers, settings: Settings,
                 say=None, *, draft_n_ctx=None, flash_attn="auto", cache_type_k="f16", cache_type_v="f16",
                 draft_cache_type_k=None, draft_cache_type_v=None, no_mmap=False, mlock=False, split_mode="layer",
-                main_gpu=0, tensor_split=None, rpc_servers=None, repack=None, draft_repack=None):
+                main_gpu=0, tensor_split=None, rpc_servers=None, repack=None, draft_repack=None, engine_class=None):
+    """The Engine (or `engine_class`, e.g. serve's Supervisor: same arguments) for the command's options."""
     from fsd_local.engine import Engine
     from fsd_local.kernels.jit_cache import is_warm
     from fsd_local.llama.options import ModelOptions
@@ -201,4 +202,4 @@ def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu
         say(placed)
     if say and not is_warm():
         say("compiling fsd-local's kernels with Numba (first run only, about 20 s on 2 cores)...")
-    return Engine(target=t_opts, draft=d_opts, settings=settings)
+    return (engine_class or Engine)(target=t_opts, draft=d_opts, settings=settings)

@@ -6,6 +6,10 @@ needs (settings, prompt tokens, context check) is validated before it is queued,
 start at once and every client error is a 4xx with OpenAI's error body. A client that goes away (mid-stream,
 or while waiting) sets its generation's CancelToken: the engine stops at its next round and the caches stay a
 prefix of the accepted text, so the next request is answered as if nothing happened.
+
+`fsd-local serve` runs the models in a supervised child process (supervisor.py): a crash in llama.cpp costs the
+request it was running, not the server. The app serves an in-process Engine or a Supervisor alike; apps that
+embed the server (create_app, BackgroundServer) keep the in-process Engine unless they ask for the child.
 """
 from __future__ import annotations
 
@@ -30,8 +34,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fsd_local.engine import CancelToken, Completion, Engine, Piece
 from fsd_local.errors import ConfigError, ContextOverflowError
+from fsd_local.llama.options import ModelOptions
+from fsd_local.server.metrics import Metrics
 from fsd_local.server.openai_schema import APIError, Reply, parse, prompt_tokens, settings_for
-from fsd_local.server.metrics import CONTENT_TYPE, Metrics
+from fsd_local.server.supervisor import ModelProcessError, Supervisor
+from fsd_local.settings import Settings
 
 log = logging.getLogger("fsd_local.server")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -76,21 +83,26 @@ class Worker:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def create_app(engine: Engine, *, model_name: str | None = None, api_key: str | None = None,
-               max_queue: int = 16) -> FastAPI:
-    """The ASGI app serving `engine`. It does not own the engine: close it after the server has stopped."""
+def create_app(engine: Engine | Supervisor, *, model_name: str | None = None, api_key: str | None = None,
+               max_queue: int = 16, close_engine: bool = False) -> FastAPI:
+    """The ASGI app serving `engine` (in this process, or a Supervisor's child). It closes the engine when it
+    shuts down only if `close_engine`; otherwise close it after the server has stopped."""
     name = model_name or Path(engine.target.path).stem
     worker = Worker(max_queue)
     metrics = Metrics()
+    if isinstance(engine, Supervisor):
+        metrics.watch_model_process(engine)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await run_in_threadpool(worker.shutdown)  # cancels what still runs and waits for it
+        if close_engine:
+            await run_in_threadpool(engine.close)
 
     app = FastAPI(title="fsd-local", summary="OpenAI-compatible API with Fuzzy Speculative Decoding",
                   lifespan=lifespan)
-    app.state.worker, app.state.metrics = worker, metrics
+    app.state.worker, app.state.metrics, app.state.engine = worker, metrics, engine
 
     async def authorised(request: Request) -> None:
         if api_key is None:
@@ -119,13 +131,23 @@ def create_app(engine: Engine, *, model_name: str | None = None, api_key: str | 
         return _model_card(model)  # one pair answers whatever name a client uses
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": name,
-                "queue": {"running": worker.running, "waiting": worker.waiting, "max_queue": worker.max_queue}}
+    async def health() -> JSONResponse:
+        # ok | restarting (the model process died and a new one is loading) | failed (gave up; reason says why)
+        state, reason = getattr(engine, "state", "ok"), getattr(engine, "reason", None)
+        body: dict[str, Any] = {"status": state, "model": name,
+                                "queue": {"running": worker.running, "waiting": worker.waiting,
+                                          "max_queue": worker.max_queue}}
+        if reason:
+            body["reason"] = reason
+        if isinstance(engine, Supervisor):
+            body["model_process"] = {"restarts": engine.restarts, "start_seconds": engine.last_start_seconds}
+        return JSONResponse(body, status_code=200 if state == "ok" else 503)
 
     @app.get("/metrics", dependencies=guarded)
-    async def prometheus() -> Response:
-        return Response(metrics.render(worker.running, worker.waiting, worker.max_queue), media_type=CONTENT_TYPE)
+    async def prometheus(request: Request) -> Response:
+        body, content_type = metrics.render(worker.running, worker.waiting, worker.max_queue,
+                                            request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     def _model_card(model_id: str | None = None) -> dict[str, Any]:
         return {"id": model_id or name, "object": "model", "created": int(Path(engine.target.path).stat().st_mtime),
@@ -134,6 +156,8 @@ def create_app(engine: Engine, *, model_name: str | None = None, api_key: str | 
 
     async def _complete(request: Request, kind: Literal["chat", "text"]) -> Response:
         req = parse(kind, await request.body())
+        if getattr(engine, "state", "ok") == "failed":  # the supervisor gave up on the model process
+            raise APIError(503, engine.reason, type="server_error", code="model_unavailable")
         settings = settings_for(engine, req)
         prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
         reply = Reply(kind, req.model or name)
@@ -204,6 +228,9 @@ def _as_api_error(exc: BaseException) -> APIError:
         return APIError(400, str(exc), code="context_length_exceeded")
     if isinstance(exc, ConfigError):
         return APIError(400, str(exc), code="invalid_value")
+    if isinstance(exc, ModelProcessError):  # the model process died (500) or will not come back (503)
+        log.error("%s", exc)
+        return APIError(exc.status, str(exc), type="server_error", code=exc.code)
     log.error("generation failed", exc_info=exc)
     return APIError(500, f"generation failed: {exc}", type="server_error", code="internal_error")
 
@@ -283,7 +310,20 @@ def _uvicorn_config(app: FastAPI, host: str, port: int, log_level: str) -> uvico
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
 
-def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
+def create_supervised_app(target: str | Path | ModelOptions, draft: str | Path | ModelOptions | None = None,
+                          settings: Settings | None = None, *, supervisor_options: dict[str, Any] | None = None,
+                          **app_options: Any) -> FastAPI:
+    """The app with the models in a supervised child process (as `fsd-local serve` runs them); it owns the
+    Supervisor and stops the child when it shuts down. Returns once the child has loaded the models."""
+    sup = Supervisor(target, draft, settings=settings, **(supervisor_options or {}))
+    try:
+        return create_app(sup, close_engine=True, **app_options)
+    except BaseException:
+        sup.close()
+        raise
+
+
+def serve(engine: Engine | Supervisor, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
           max_queue: int = 16, model_name: str | None = None, log_level: str = "info") -> None:
     """Serve until interrupted (Ctrl-C)."""
     if host not in LOOPBACK and api_key is None:
@@ -299,9 +339,10 @@ class BackgroundServer:
             client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
     """
 
-    def __init__(self, engine: Engine, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                 start_timeout: float = 30.0, **app_options: Any):
-        self.app = create_app(engine, **app_options)
+    def __init__(self, engine: Engine | Supervisor | None = None, *, app: FastAPI | None = None,
+                 host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", start_timeout: float = 30.0,
+                 **app_options: Any):
+        self.app = app if app is not None else create_app(engine, **app_options)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
@@ -316,6 +357,19 @@ class BackgroundServer:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the server did not start on {self.url}")
             time.sleep(0.01)
+
+    @classmethod
+    def supervised(cls, target: str | Path | ModelOptions, draft: str | Path | ModelOptions | None = None,
+                   settings: Settings | None = None, *, host: str = "127.0.0.1", port: int = 0,
+                   log_level: str = "warning", supervisor_options: dict[str, Any] | None = None,
+                   **app_options: Any) -> "BackgroundServer":
+        """The server with the models in a supervised child process (`.app.state.engine` is the Supervisor)."""
+        app = create_supervised_app(target, draft, settings, supervisor_options=supervisor_options, **app_options)
+        try:
+            return cls(app=app, host=host, port=port, log_level=log_level)
+        except BaseException:
+            app.state.engine.close()
+            raise
 
     def close(self) -> None:
         self._server.should_exit = True

@@ -1,83 +1,117 @@
-"""Cumulative counters of the server, rendered in the Prometheus text exposition format (version 0.0.4)."""
+"""The server's Prometheus metrics, kept and rendered by `prometheus_client` (the library Prometheus users expect:
+its text format, OpenMetrics on request, label escaping).
+
+Each app has its own CollectorRegistry, not the library's global one, so several apps in one process (tests,
+embedding) never count into each other. Generation statistics are counted in the HTTP process from the
+Completion every generation returns, whether the models run in this process or in the supervised child, so
+one process owns every counter and no multiprocess mode is needed.
+"""
 from __future__ import annotations
 
 import threading
-from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
 
 if TYPE_CHECKING:
     from fsd_local.engine import Completion
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-# (metric name, help, the Stats field summed into it)
+# (metric name without _total, help, the Stats field summed into it)
 _SUMS = (
-    ("fsd_completion_tokens_total", "Tokens generated.", "tokens"),
-    ("fsd_prompt_tokens_total", "Prompt tokens received.", "prompt_tokens"),
-    ("fsd_prompt_tokens_evaluated_total", "Prompt tokens decoded (the rest came from the reused KV prefix).",
+    ("fsd_completion_tokens", "Tokens generated.", "tokens"),
+    ("fsd_prompt_tokens", "Prompt tokens received.", "prompt_tokens"),
+    ("fsd_prompt_tokens_evaluated", "Prompt tokens decoded (the rest came from the reused KV prefix).",
      "prompt_evaluated"),
-    ("fsd_rounds_total", "Draft/verify rounds (plain decoding steps in the ar and draft-only modes).", "rounds"),
-    ("fsd_target_calls_total", "Target model decodes during generation.", "target_calls"),
-    ("fsd_drafted_tokens_total", "Tokens proposed by the draft model.", "drafted"),
-    ("fsd_generation_seconds_total", "Seconds from the end of prompt processing to the last token.",
-     "seconds_total"),
-    ("fsd_prompt_seconds_total", "Seconds spent evaluating prompts.", "prompt_seconds"),
+    ("fsd_rounds", "Draft/verify rounds (plain decoding steps in the ar and draft-only modes).", "rounds"),
+    ("fsd_target_calls", "Target model decodes during generation.", "target_calls"),
+    ("fsd_drafted_tokens", "Tokens proposed by the draft model.", "drafted"),
+    ("fsd_generation_seconds", "Seconds from the end of prompt processing to the last token.", "seconds_total"),
+    ("fsd_prompt_seconds", "Seconds spent evaluating prompts.", "prompt_seconds"),
 )
 
 
 class Metrics:
-    """Updated from the generation thread and the event loop, read by GET /metrics: one lock guards it all."""
+    """Updated from the generation thread and the event loop, read by GET /metrics. prometheus_client's metrics
+    are thread-safe; the lock only keeps the running sums behind the two ratio gauges consistent."""
 
     def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
         self._lock = threading.Lock()
-        self._sums: Counter[str] = Counter()
-        self._accepted: Counter[str] = Counter()  # by reason: sd, fuzzy
-        self._decode_seconds: Counter[str] = Counter()  # by model: draft, target
-        self._finished: Counter[str] = Counter()  # by finish_reason
-        self._responses: Counter[tuple[str, int]] = Counter()  # by (path, status)
+        self._accepted = self._drafted = self._tokens = 0
+        self._seconds = 0.0
+        self._responses = Counter("fsd_http_responses", "HTTP responses by path and status code.",
+                                  ["path", "code"], registry=r)
+        self._finished = Counter("fsd_generations", "Finished generations by finish reason.", ["finish_reason"],
+                                 registry=r)
+        self._sums = {field: Counter(name, help_, registry=r) for name, help_, field in _SUMS}
+        self._accepted_by = Counter("fsd_accepted_tokens", "Draft tokens accepted, by reason: sd = passed the "
+                                    "lossless test, fuzzy = rescued by tau.", ["reason"], registry=r)
+        self._decode_seconds = Counter("fsd_decode_seconds", "Seconds in model decodes during generation, by model.",
+                                       ["model"], registry=r)
+        for reason in ("sd", "fuzzy"):  # present from the start, as zeros
+            self._accepted_by.labels(reason)
+        for model in ("draft", "target"):
+            self._decode_seconds.labels(model)
+        self._ratio = Gauge("fsd_acceptance_ratio", "Accepted over drafted tokens since the server started.",
+                            registry=r)
+        self._speed = Gauge("fsd_tokens_per_second", "Generated tokens over generation seconds since the start.",
+                            registry=r)
+        self._queue = Gauge("fsd_queue_requests", "Requests admitted to the generation queue, by state.", ["state"],
+                            registry=r)
+        self._capacity = Gauge("fsd_queue_capacity", "Requests that may wait behind the running one (--max-queue).",
+                               registry=r)
 
     def observe(self, c: "Completion") -> None:
         st = c.stats
+        for field, counter in self._sums.items():
+            counter.inc(st[field])
+        self._accepted_by.labels("sd").inc(st["accepted_sd"])
+        self._accepted_by.labels("fuzzy").inc(st["accepted_fuzzy"])
+        self._decode_seconds.labels("draft").inc(st["seconds"]["draft"])
+        self._decode_seconds.labels("target").inc(st["seconds"]["target"])
+        self._finished.labels(c.finish_reason).inc()
         with self._lock:
-            for _, _, field in _SUMS:
-                self._sums[field] += st[field]
-            self._accepted["sd"] += st["accepted_sd"]
-            self._accepted["fuzzy"] += st["accepted_fuzzy"]
-            self._decode_seconds["draft"] += st["seconds"]["draft"]
-            self._decode_seconds["target"] += st["seconds"]["target"]
-            self._finished[c.finish_reason] += 1
+            self._accepted += st["accepted_sd"] + st["accepted_fuzzy"]
+            self._drafted += st["drafted"]
+            self._tokens += st["tokens"]
+            self._seconds += st["seconds_total"]
+            self._ratio.set(self._accepted / self._drafted if self._drafted else 0.0)
+            self._speed.set(self._tokens / self._seconds if self._seconds else 0.0)
 
     def count_response(self, path: str, status: int) -> None:
-        with self._lock:
-            self._responses[(path, status)] += 1
+        self._responses.labels(path, str(status)).inc()
 
-    def render(self, running: int, waiting: int, capacity: int) -> str:
-        lines: list[str] = []
+    def watch_model_process(self, supervisor: Any) -> None:
+        """Export the supervised model process's restarts and deaths (counted by the supervisor itself)."""
+        self.registry.register(_ModelProcessCollector(supervisor))
 
-        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-            lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}"])
-            lines.extend(f"{name}{labels} {value!r}" for labels, value in samples)  # repr: no precision lost
+    def render(self, running: int, waiting: int, capacity: int, accept: str | None = None) -> tuple[bytes, str]:
+        """(body, content type): the Prometheus text format, or OpenMetrics if the scraper's Accept asks for it."""
+        self._queue.labels("running").set(running)
+        self._queue.labels("waiting").set(waiting)
+        self._capacity.set(capacity)
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
 
-        with self._lock:
-            metric("fsd_http_responses_total", "counter", "HTTP responses by path and status code.",
-                   [(f'{{path="{p}",code="{s}"}}', n) for (p, s), n in sorted(self._responses.items())])
-            metric("fsd_generations_total", "counter", "Finished generations by finish reason.",
-                   [(f'{{finish_reason="{r}"}}', n) for r, n in sorted(self._finished.items())])
-            for name, help_, field in _SUMS:
-                metric(name, "counter", help_, [("", self._sums[field])])
-            metric("fsd_accepted_tokens_total", "counter",
-                   "Draft tokens accepted, by reason: sd = passed the lossless test, fuzzy = rescued by tau.",
-                   [(f'{{reason="{r}"}}', self._accepted[r]) for r in ("sd", "fuzzy")])
-            metric("fsd_decode_seconds_total", "counter", "Seconds in model decodes during generation, by model.",
-                   [(f'{{model="{m}"}}', float(self._decode_seconds[m])) for m in ("draft", "target")])
-            drafted = self._sums["drafted"]
-            seconds = self._sums["seconds_total"]
-            metric("fsd_acceptance_ratio", "gauge", "Accepted over drafted tokens since the server started.",
-                   [("", float(sum(self._accepted.values()) / drafted if drafted else 0.0))])
-            metric("fsd_tokens_per_second", "gauge", "Generated tokens over generation seconds since the start.",
-                   [("", float(self._sums["tokens"] / seconds if seconds else 0.0))])
-        metric("fsd_queue_requests", "gauge", "Requests admitted to the generation queue, by state.",
-               [('{state="running"}', running), ('{state="waiting"}', waiting)])
-        metric("fsd_queue_capacity", "gauge", "Requests that may wait behind the running one (--max-queue).",
-               [("", capacity)])
-        return "\n".join(lines) + "\n"
+
+class _ModelProcessCollector:
+    """Read at scrape time from the supervisor: the values live there, so nothing has to be pushed here."""
+
+    def __init__(self, supervisor: Any):
+        self.supervisor = supervisor
+
+    def collect(self):
+        s = self.supervisor
+        yield CounterMetricFamily("fsd_model_restarts", "Model processes started to replace one that died.",
+                                  value=s.restarts)
+        deaths = CounterMetricFamily("fsd_model_process_deaths", "Model process deaths by cause (a signal name, "
+                                     "or the exit code).", labels=["cause"])
+        for cause, n in sorted(s.deaths.items()):
+            deaths.add_metric([cause], n)
+        yield deaths
+        yield GaugeMetricFamily("fsd_model_process_up", "1 while a model process is loaded and serving, else 0.",
+                                value=1.0 if s.state == "ok" else 0.0)
+        yield GaugeMetricFamily("fsd_model_start_seconds", "Seconds the last model process took to start and load "
+                                "the models.", value=s.last_start_seconds)

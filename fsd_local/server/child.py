@@ -1,0 +1,85 @@
+"""The model process of `fsd-local serve`: one Engine in a process of its own, driven over a socket.
+
+A fault inside llama.cpp (an illegal instruction, a driver reset, an out-of-memory kill) ends the process it
+happens in. Here that is this child, not the HTTP server: the supervisor (supervisor.py) answers the running
+request with an error, restarts the child and runs the waiting requests on the new one.
+
+Started as `python -m fsd_local.server.child FD` (a fresh interpreter: never a fork of a process that holds
+llama.cpp threads), with FD one end of a socketpair. Messages are pickled tuples, framed by
+multiprocessing.connection:
+
+    parent -> child   ("start", target_opts, draft_opts, settings)   once, first
+                      ("generate", prompt, settings)                one at a time
+                      ("cancel",)                                    stop the running generation at its next round
+    child -> parent   ("ready", info) | ("failed", reason)           after loading
+                      ("piece", text, token_ids, origins) ...        as tokens are accepted
+                      ("done", tail_text, completion_dict) | ("error", class_name, message)
+
+The parent closing its end (or dying) is the signal to exit: the reader thread sees EOF and ends the process.
+"""
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import os
+import queue
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection
+
+
+def main(fd: int) -> None:
+    # Ctrl-C in a terminal reaches the whole process group; the server decides when this process ends
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.enable()  # a crash in llama.cpp prints every thread's Python stack before the process dies
+    conn = Connection(fd)
+    _, target, draft, settings = conn.recv()
+    try:
+        from fsd_local.engine import Engine
+
+        engine = Engine(target=target, draft=draft, settings=settings)
+    except Exception as exc:
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        sys.exit(1)
+    conn.send(("ready", {"pid": os.getpid(), "n_vocab": engine.n_vocab,
+                         "target": _info(engine.target), "draft": _info(engine.draft)}))
+
+    jobs: queue.Queue = queue.Queue()
+    threading.Thread(target=_read, args=(conn, jobs), name="fsd-child-reader", daemon=True).start()
+    while True:
+        prompt, settings, cancel = jobs.get()
+        try:
+            for piece in engine.stream(prompt, cancel=cancel, settings=settings):
+                if piece.completion is None:
+                    conn.send(("piece", piece.text, piece.token_ids, piece.origins))
+                else:
+                    conn.send(("done", piece.text, dataclasses.asdict(piece.completion)))
+        except Exception as exc:  # a failed generation, not a dead process: the parent answers it, we go on
+            conn.send(("error", type(exc).__name__, str(exc)))
+
+
+def _read(conn: Connection, jobs: queue.Queue) -> None:
+    """Messages from the parent. Cancels must arrive while the main thread is busy generating, hence a thread;
+    each job gets its own CancelToken, made here, so a late cancel can only reach the job it was meant for."""
+    from fsd_local.engine import CancelToken
+
+    current = CancelToken()
+    try:
+        while True:
+            msg = conn.recv()
+            if msg[0] == "generate":
+                current = CancelToken()
+                jobs.put((msg[1], msg[2], current))
+            elif msg[0] == "cancel":
+                current.cancel()
+    except (EOFError, OSError):  # the parent closed the connection or died: nobody is left to answer
+        os._exit(0)
+
+
+def _info(model) -> dict | None:
+    return None if model is None else {"path": model.path, "n_ctx": model.n_ctx}
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

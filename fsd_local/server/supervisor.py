@@ -1,0 +1,429 @@
+"""The server's side of the model process: a proxy with the Engine surface the app uses, and its supervisor.
+
+`Supervisor(target, draft, settings)` starts `fsd_local.server.child` (a fresh interpreter: see that module),
+waits until it has loaded the models, and then behaves like an Engine for the server: `defaults`, `target` /
+`draft` (path, n_ctx), `n_vocab`, `tokenize`, `chat_prompt`, `stream`, `generate`. A generation is sent to the
+child and its pieces come back over a socket; a cancel is forwarded and takes effect at the child's next round.
+
+Tokenising stays here, on the target's vocabulary loaded without weights (ModelOptions.vocab_only): a request
+is validated (chat template, context length) even while the child is restarting, without a round trip, and
+never waits behind the running generation. The vocabulary is read once at start: no threads, no context.
+
+When the child dies, a thread blocked in its `wait()` notices at once and learns how (a signal or an exit
+code). The generation that was running fails with ModelProcessDied, naming the signal; the requests waiting
+behind it wait on here until the new child is ready and run there. A child that dies again before it has
+proved itself (completed a generation, or lived `healthy_after_s`) is restarted after a growing delay
+(0, backoff_s, 2 backoff_s, ... up to backoff_max_s); after `max_failures` such deaths in a row the supervisor
+gives up: `state` becomes 'failed', `reason` says why, and every generation raises ModelUnavailable.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Any, Iterator, Mapping, Sequence
+
+from fsd_local import errors
+from fsd_local.engine import CancelToken, Completion, Piece
+from fsd_local.errors import ConfigError, ContextOverflowError, FSDError, ModelLoadError
+from fsd_local.llama.model import Model
+from fsd_local.llama.options import ModelOptions
+from fsd_local.settings import Settings
+from fsd_local.stats import Stats
+
+log = logging.getLogger("fsd_local.server.supervisor")
+
+
+class ModelProcessError(FSDError):
+    """The model process cannot answer; `status` and `code` are what the server replies."""
+    status, code = 500, "model_process_died"
+
+
+class ModelProcessDied(ModelProcessError):
+    """The model process died while it was generating this answer (it is being restarted)."""
+
+
+class ModelUnavailable(ModelProcessError):
+    """No model process will answer: the supervisor gave up restarting it, or the server is shutting down."""
+    status, code = 503, "model_unavailable"
+
+
+@dataclass
+class ModelInfo:
+    """What the server needs to know of a model loaded in the child."""
+    path: str
+    n_ctx: int
+
+
+def describe_exit(code: int) -> str:
+    """Popen's return code in words for labels and messages: 'SIGSEGV' (killed by a signal) or 'exit 1'."""
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit {code}"
+
+
+def _how(cause: str) -> str:
+    return f"killed by {cause}" if cause.startswith("SIG") or cause.startswith("signal") else \
+        f"exited with code {cause.split()[-1]}"
+
+
+class _StartFailed(Exception):
+    def __init__(self, cause: str, detail: str | None):
+        super().__init__(f"{_how(cause)}: {detail}" if detail else _how(cause))
+        self.cause = cause
+
+
+class _Child:
+    """One model process: its Popen, its end of the socket, and (once it ended) how it ended."""
+
+    def __init__(self, proc: subprocess.Popen, conn: Connection):
+        self.proc, self.conn = proc, conn
+        self.info: dict[str, Any] = {}
+        self.ready_at = 0.0
+        self.healthy = False  # completed a generation: it works, so its death is not part of a crash loop
+        self.lock = threading.Lock()  # held by the generation using conn; one at a time, as in Engine
+        self.exited = threading.Event()
+        self.cause = ""
+
+
+class Supervisor:
+    """A draft/target pair in a supervised child process, with the Engine surface the server uses.
+
+        with Supervisor(target=ModelOptions("big.gguf"), draft=ModelOptions("small.gguf"), tau=0.2) as sup:
+            print(sup.generate("Once upon a time", max_tokens=32).text)
+    """
+
+    def __init__(self, target: str | os.PathLike | ModelOptions, draft: str | os.PathLike | ModelOptions | None = None,
+                 *, settings: Settings | None = None, backoff_s: float = 0.5, backoff_max_s: float = 8.0,
+                 max_failures: int = 5, healthy_after_s: float = 30.0, start_timeout_s: float | None = None,
+                 **setting_overrides: Any):
+        self.defaults = (settings or Settings()).with_(**setting_overrides)
+        self._target_opts = target if isinstance(target, ModelOptions) else ModelOptions(path=str(target))
+        self._draft_opts = draft if draft is None or isinstance(draft, ModelOptions) else ModelOptions(path=str(draft))
+        self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
+        self.max_failures, self.healthy_after_s, self.start_timeout_s = max_failures, healthy_after_s, start_timeout_s
+        self.state, self.reason = "starting", None  # ok | restarting | failed (reason: why, for /health)
+        self.restarts, self.deaths = 0, Counter()  # for /metrics
+        self.last_start_seconds = 0.0
+        self._streak = 0  # deaths in a row of children that never proved themselves
+        self._cond = threading.Condition()
+        self._closed = False
+        self._template = None
+        # the child imports fsd_local from where this process did (multiprocessing's spawn does the same)
+        self._env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._vocab_lock = threading.Lock()  # close() must not free the vocabulary under a tokenizing thread
+        self._vocab = Model(replace(self._target_opts, vocab_only=True, rpc_servers=None), "target")
+        try:
+            self._child = self._spawn()
+        except _StartFailed as exc:
+            self._vocab.close()
+            raise ModelLoadError(f"the model process did not start: {exc}") from None
+        self._publish(self._child)
+        self._watcher = threading.Thread(target=self._watch, name="fsd-supervisor", daemon=True)
+        self._watcher.start()
+
+    # ------------------------------------------------------------------ the Engine surface
+    @property
+    def pid(self) -> int:
+        """The model process's pid (a direct child of this process)."""
+        return self._child.proc.pid
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        with self._vocab_lock:
+            self._check_open()
+            return self._vocab.tokenize(text, add_special=add_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        with self._vocab_lock:
+            self._check_open()
+            return self._vocab.detokenize(tokens)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """As Engine.chat_prompt: the target's chat template, and never a second BOS."""
+        from fsd_local.llama.chat_template import ChatTemplate
+
+        with self._vocab_lock:
+            self._check_open()
+            if self._template is None:
+                self._template = ChatTemplate.from_model(self._vocab)
+        text = self._template.render(messages, add_generation_prompt=True)
+        bos = self._template.bos_token
+        return self.tokenize(text, add_special=not (bos and text.startswith(bos)))
+
+    def prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
+        """As Engine.prompt_tokens: ids inside the vocabulary, not empty, within both models' contexts."""
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        n_vocab = self._vocab.n_vocab
+        bad = [t for t in tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+        if not tokens:
+            raise ConfigError("the prompt is empty and the model adds no BOS token: give at least one token")
+        n_ctx = min(o.n_ctx for o in (self._target_opts, self._draft_opts) if o is not None)
+        if len(tokens) > n_ctx:
+            raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; "
+                                       "shorten the prompt or raise --ctx")
+        return tokens
+
+    def generate(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
+                 settings: Settings | None = None, **overrides: Any) -> Completion:
+        for piece in self.stream(prompt, cancel=cancel, settings=settings, **overrides):
+            if piece.completion is not None:
+                return piece.completion
+        raise AssertionError("unreachable: the stream always ends with a completion")
+
+    def stream(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
+               settings: Settings | None = None, **overrides: Any) -> Iterator[Piece]:
+        """As Engine.stream. Raises ModelProcessDied if the child dies meanwhile, ModelUnavailable if the
+        supervisor has given up; while the child restarts, waits for the new one."""
+        s = settings or self.defaults
+        if overrides:
+            s = s.with_(**overrides)  # a bad setting fails here, as in Engine.stream, not in the child
+        s.check_draft(self._draft_opts is not None)
+        prompt = prompt if isinstance(prompt, str) else [int(t) for t in prompt]
+        return self._run(prompt, s, cancel)
+
+    def close(self) -> None:
+        """Stop the child (a generation running there ends with ModelUnavailable) and free the vocabulary."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+            child = self._child
+        child.proc.terminate()  # the watcher's wait() returns; a restart in progress sees _closed and stops
+        self._watcher.join(timeout=30)
+        child = self._child  # _publish refuses new children once closed: this is the last one
+        child.proc.terminate()
+        try:
+            child.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+            child.proc.wait()
+        if child.lock.acquire(timeout=10):
+            child.conn.close()
+            child.lock.release()
+        with self._vocab_lock:
+            self._vocab.close()
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FSDError("this Supervisor is closed; start a new one")
+
+    # ------------------------------------------------------------------ one generation
+    def _run(self, prompt, settings: Settings, cancel: CancelToken | None) -> Iterator[Piece]:
+        while True:
+            child = self._ready_child(cancel)
+            if child is None:  # cancelled while the child restarted: nothing ran, nothing to run
+                yield Piece("", [], [], self._cancelled(prompt, settings))
+                return
+            last = None
+            with child.lock:
+                if child.exited.is_set():  # died while we waited for the lock: wait for its successor
+                    continue
+                ended = False
+                try:
+                    child.conn.send(("generate", prompt, settings))
+                    forwarded = False
+                    while True:
+                        if not forwarded and cancel is not None and cancel.is_set():
+                            child.conn.send(("cancel",))
+                            forwarded = True
+                        if not child.conn.poll(0.05):  # a piece wakes this at once; the timeout only serves cancel
+                            continue
+                        msg = child.conn.recv()
+                        if msg[0] == "piece":
+                            yield Piece(msg[1], msg[2], msg[3])
+                        elif msg[0] == "done":
+                            ended = child.healthy = True
+                            last = Piece(msg[1], [], [], Completion(**msg[2]))
+                            break
+                        else:  # "error": the generation failed, the child lives on
+                            ended = True
+                            raise _rebuild(msg[1], msg[2])
+                except (EOFError, OSError):
+                    ended = True
+                    raise self._died(child) from None
+                finally:
+                    if not ended:  # the consumer stopped reading (or an error here): leave the child idle
+                        self._abandon(child)
+                    if child.exited.is_set():
+                        child.conn.close()
+            # outside the lock: a caller that stops at the completion (generate) need not close the stream
+            yield last
+            return
+
+    def _ready_child(self, cancel: CancelToken | None) -> _Child | None:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise ModelUnavailable("the server is shutting down")
+                if self.state == "failed":
+                    raise ModelUnavailable(self.reason)
+                if self.state == "ok":
+                    return self._child
+                if cancel is not None and cancel.is_set():
+                    return None
+                self._cond.wait(0.1)
+
+    def _died(self, child: _Child) -> ModelProcessError:
+        if not child.exited.wait(10):  # it closed the socket but lives on: end it, it cannot be trusted
+            child.proc.kill()
+            child.exited.wait(10)
+        if self._closed:
+            return ModelUnavailable("the server is shutting down")
+        return ModelProcessDied(f"the model process died ({_how(child.cause)}) while generating this response; "
+                                "it is being restarted: retry the request")
+
+    def _abandon(self, child: _Child) -> None:
+        """Cancel the child's generation and read it to its end, so the next one starts on a clean stream."""
+        try:
+            child.conn.send(("cancel",))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if child.conn.poll(0.1) and child.conn.recv()[0] in ("done", "error"):
+                    return
+            log.error("the model process did not stop a cancelled generation within 30 s; restarting it")
+            child.proc.kill()
+        except (EOFError, OSError):
+            pass  # it died: the watcher restarts it
+
+    def _cancelled(self, prompt, settings: Settings) -> Completion:
+        n = len(self.tokenize(prompt)) if isinstance(prompt, str) else len(prompt)
+        return Completion(text="", token_ids=[], finish_reason="cancelled", stats=Stats(prompt_tokens=n).to_dict(),
+                          settings=settings.to_dict(), prompt_tokens=n)
+
+    # ------------------------------------------------------------------ the child's life
+    def _spawn(self) -> _Child:
+        """Start a model process and wait until it has loaded the models; _StartFailed says how it failed."""
+        ours, theirs = socket.socketpair()
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "fsd_local.server.child", str(theirs.fileno())],
+                                    pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=self._env)
+        finally:
+            theirs.close()  # the child holds the only other copy: when it dies, reading ours gives EOF
+        child = _Child(proc, Connection(ours.detach()))
+        t0 = time.monotonic()
+        msg, stuck = None, False
+        try:
+            child.conn.send(("start", self._target_opts, self._draft_opts, self.defaults))
+            while not child.conn.poll(0.1):
+                if self._closed or (self.start_timeout_s and time.monotonic() - t0 > self.start_timeout_s):
+                    stuck = True
+                    break
+            else:
+                msg = child.conn.recv()
+        except (EOFError, OSError):
+            pass  # it died while starting
+        if msg is not None and msg[0] == "ready":
+            child.info, child.ready_at = msg[1], time.monotonic()
+            self.last_start_seconds = child.ready_at - t0
+            return child
+        if stuck:
+            proc.kill()
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        child.conn.close()
+        detail = msg[1] if msg is not None and msg[0] == "failed" else ("start timed out" if stuck else None)
+        raise _StartFailed(describe_exit(code), detail)
+
+    def _publish(self, child: _Child) -> bool:
+        """Make a ready child the one that serves; False (and the child is stopped) if closing meanwhile."""
+        info = child.info
+        self.target = ModelInfo(**info["target"])
+        self.draft = ModelInfo(**info["draft"]) if info["draft"] else None
+        self.n_vocab = info["n_vocab"]
+        with self._cond:
+            if self._closed:
+                child.proc.kill()
+                child.proc.wait()
+                child.conn.close()
+                return False
+            self._child, self.state, self.reason = child, "ok", None
+            self._cond.notify_all()
+        return True
+
+    def _watch(self) -> None:
+        """Wait for the child to end (which also reaps it: no zombies), then restart it."""
+        while True:
+            child = self._child
+            child.cause = describe_exit(child.proc.wait())
+            if self._closed:
+                child.exited.set()
+                return
+            proved = child.healthy or time.monotonic() - child.ready_at >= self.healthy_after_s
+            with self._cond:  # before the running generation hears of it: its client may ask /health next
+                self.deaths[child.cause] += 1
+                self._streak = 1 if proved else self._streak + 1
+                self.state, self.reason = "restarting", f"the model process died ({_how(child.cause)}); restarting it"
+                self._cond.notify_all()
+            child.exited.set()
+            if child.lock.acquire(blocking=False):  # else the generation using it closes it when it ends
+                child.conn.close()
+                child.lock.release()
+            log.error("the model process (pid %d) died (%s); restarting it", child.proc.pid, _how(child.cause))
+            if not self._restart(_how(child.cause)):
+                return
+
+    def _restart(self, last: str) -> bool:
+        """Start a new child, waiting longer after each young death; False when giving up (or closing)."""
+        while True:
+            if self._streak >= self.max_failures:
+                reason = (f"the model process died {self._streak} times in a row without completing a request "
+                          f"(the last time: {last}); it is not restarted again. See the server's log, then restart "
+                          "fsd-local serve")
+                with self._cond:
+                    self.state, self.reason = "failed", reason
+                    self._cond.notify_all()
+                log.error("%s", reason)
+                return False
+            delay = 0.0 if self._streak <= 1 else min(self.backoff_s * 2 ** (self._streak - 2), self.backoff_max_s)
+            with self._cond:
+                if self._cond.wait_for(lambda: self._closed, timeout=delay):
+                    return False
+            self.restarts += 1
+            t0 = time.monotonic()
+            try:
+                child = self._spawn()
+            except _StartFailed as exc:
+                if self._closed:
+                    return False
+                last = str(exc)
+                with self._cond:
+                    self.deaths[exc.cause] += 1
+                    self._streak += 1
+                    self.reason = f"the model process failed to start ({last}); restarting it"
+                log.error("the model process failed to start (%s)", last)
+                continue
+            if not self._publish(child):
+                return False
+            log.warning("the model process is back (pid %d) after %.1f s", child.proc.pid, time.monotonic() - t0)
+            return True
+
+
+def _rebuild(name: str, message: str) -> Exception:
+    """The child's exception, as the same class when it is one of ours (ConfigError -> 400, ...)."""
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, FSDError):
+        return cls(message)
+    return RuntimeError(f"{message} ({name} in the model process)")
