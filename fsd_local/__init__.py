@@ -3,6 +3,7 @@
 The public names are loaded on first use, so that `import fsd_local.cli` (and `fsd-local --help`) does not load
 Numba or llama.cpp.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -11,14 +12,33 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "Engine": "fsd_local.engine", "CancelToken": "fsd_local.engine", "Completion": "fsd_local.engine",
-    "Piece": "fsd_local.engine", "Settings": "fsd_local.settings", "ModelOptions": "fsd_local.llama.options",
-    "FSDError": "fsd_local.errors", "ConfigError": "fsd_local.errors", "ModelLoadError": "fsd_local.errors",
-    "VocabularyMismatchError": "fsd_local.errors", "ContextOverflowError": "fsd_local.errors",
+    "Engine": "fsd_local.engine",
+    "CancelToken": "fsd_local.engine",
+    "Completion": "fsd_local.engine",
+    "Piece": "fsd_local.engine",
+    "Settings": "fsd_local.settings",
+    "ModelOptions": "fsd_local.llama.options",
+    "FSDError": "fsd_local.errors",
+    "ConfigError": "fsd_local.errors",
+    "ModelLoadError": "fsd_local.errors",
+    "VocabularyMismatchError": "fsd_local.errors",
+    "ContextOverflowError": "fsd_local.errors",
     "CacheTruncationError": "fsd_local.errors",
 }
-__all__ = ["Engine", "CancelToken", "Completion", "Piece", "Settings", "ModelOptions", "FSDError", "ConfigError",
-           "ModelLoadError", "VocabularyMismatchError", "ContextOverflowError", "CacheTruncationError"]
+__all__ = [
+    "Engine",
+    "CancelToken",
+    "Completion",
+    "Piece",
+    "Settings",
+    "ModelOptions",
+    "FSDError",
+    "ConfigError",
+    "ModelLoadError",
+    "VocabularyMismatchError",
+    "ContextOverflowError",
+    "CacheTruncationError",
+]
 
 if TYPE_CHECKING:
     from fsd_local.engine import CancelToken, Completion, Engine, Piece

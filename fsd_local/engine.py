@@ -5,12 +5,12 @@ decode, `accept_round` keeps the longest acceptable prefix and picks one more to
 cut back to their longest common prefix with the accepted text. Every model's cache is always a prefix of
 the accepted text, so the next round, the next call and the next chat turn only evaluate what is new.
 """
+
 from __future__ import annotations
 
 import os
 import threading
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
@@ -36,67 +36,47 @@ from fsd_local.kernels.sampling import pick
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
+from fsd_local.results import CancelToken, Completion, Piece
 from fsd_local.settings import Settings
 from fsd_local.stats import Stats
 from fsd_local.stream import TextStream
 
+__all__ = ["CancelToken", "Completion", "Engine", "Piece"]
+
 ORIGINS = {0: "target", 1: "sd", 2: "fuzzy"}  # why each emitted token is there
-
-
-@dataclass
-class Piece:
-    """A streamed chunk: the text released now and the tokens that produced it, with their origins
-    ('sd' = draft token that passed the SD test, 'fuzzy' = draft token rescued by tau, 'target' = the
-    target's own token, 'draft' = draft-only baseline)."""
-    text: str
-    token_ids: list[int]
-    origins: list[str]
-    completion: Completion | None = None  # set on the final piece only
-
-
-@dataclass
-class Completion:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # stop | length | cancelled
-    stats: dict
-    settings: dict
-    prompt_tokens: int
-    origins: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
-                "prompt_tokens": self.prompt_tokens, "stats": self.stats, "settings": self.settings}
-
-
-class CancelToken(threading.Event):
-    """Set it (from any thread) to stop a running generation at the next round; finish_reason 'cancelled'."""
-
-    def cancel(self) -> None:
-        self.set()
 
 
 def _options(model, n_ctx, n_threads, n_gpu_layers) -> ModelOptions:
     if isinstance(model, ModelOptions):
         return model
-    return ModelOptions(path=str(model), n_ctx=n_ctx, n_threads=n_threads,
-                        n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers)
+    return ModelOptions(
+        path=str(model), n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers
+    )
 
 
 class Engine:
     """A loaded draft/target pair. Calls are serialised by a lock; settings may change on every call.
 
-        with Engine(target="big.gguf", draft="small.gguf", tau=0.3) as eng:
-            out = eng.generate("Once upon a time", max_tokens=64)
-            print(out.text, out.stats["acceptance_rate"])
+    with Engine(target="big.gguf", draft="small.gguf", tau=0.3) as eng:
+        out = eng.generate("Once upon a time", max_tokens=64)
+        print(out.text, out.stats["acceptance_rate"])
     """
 
     target: Model  # set once loaded: a failed load raises before anyone can see the Engine
     draft: Model | None
 
-    def __init__(self, target: str | os.PathLike | ModelOptions, draft: str | os.PathLike | ModelOptions | None = None,
-                 *, n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int | None = -1,
-                 draft_n_gpu_layers: int | None = None, settings: Settings | None = None, **setting_overrides: Any):
+    def __init__(
+        self,
+        target: str | os.PathLike | ModelOptions,
+        draft: str | os.PathLike | ModelOptions | None = None,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_gpu_layers: int | None = -1,
+        draft_n_gpu_layers: int | None = None,
+        settings: Settings | None = None,
+        **setting_overrides: Any,
+    ):
         self.defaults = (settings or Settings()).with_(**setting_overrides)
         self.draft = None
         # before loading: close() (also called when loading fails) takes the lock
@@ -106,9 +86,12 @@ class Engine:
         try:
             self.target = Model(_options(target, n_ctx, n_threads, n_gpu_layers), "target")
             if draft is not None:
-                self.draft = Model(_options(draft, n_ctx, n_threads,
-                                            n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers),
-                                   "draft")
+                self.draft = Model(
+                    _options(
+                        draft, n_ctx, n_threads, n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
+                    ),
+                    "draft",
+                )
                 check_compatible(self.draft, self.target)
         except BaseException:
             self.close()
@@ -123,8 +106,13 @@ class Engine:
     def _alloc(self, k: int) -> None:
         nv = self.draft.n_vocab if self.draft else self.n_vocab
         # the draft's raw rows are copied: its logits buffer is reused per token (one-hot rows for prompt lookup)
-        self._d = Drafts(rows=np.empty((k, nv), np.float32), tokens=np.empty(k, np.int32), prob=np.empty(k),
-                         stats=np.empty((k + 1, 3), np.float32), onehot=np.zeros(k, np.uint8))
+        self._d = Drafts(
+            rows=np.empty((k, nv), np.float32),
+            tokens=np.empty(k, np.int32),
+            prob=np.empty(k),
+            stats=np.empty((k + 1, 3), np.float32),
+            onehot=np.zeros(k, np.uint8),
+        )
         self._out = RoundOut(reason=np.empty(k, np.int8), divergence=np.empty(k), logprob=np.empty(k + 1))
         self._k_alloc = k
 
@@ -137,8 +125,14 @@ class Engine:
         self._check_open()
         return self.target.detokenize(tokens)
 
-    def generate(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
-                 settings: Settings | None = None, **overrides: Any) -> Completion:
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        cancel: CancelToken | None = None,
+        settings: Settings | None = None,
+        **overrides: Any,
+    ) -> Completion:
         """Run to completion; returns text, token ids, finish reason and statistics. `settings` replaces the
         engine's defaults for this call; keyword overrides change single fields of whichever applies."""
         for piece in self.stream(prompt, cancel=cancel, settings=settings, **overrides):
@@ -146,8 +140,14 @@ class Engine:
                 return piece.completion
         raise AssertionError("unreachable: the stream always ends with a completion")
 
-    def stream(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
-               settings: Settings | None = None, **overrides: Any) -> Generator[Piece, None, None]:
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        cancel: CancelToken | None = None,
+        settings: Settings | None = None,
+        **overrides: Any,
+    ) -> Generator[Piece, None, None]:
         """Yield pieces as tokens are accepted; the last piece carries `.completion`. The engine's lock is held
         from the first piece until the stream ends or is closed: iterate it in one thread, to the end or close()."""
         s = settings or self.defaults
@@ -168,14 +168,26 @@ class Engine:
         # the template may write BOS itself; never add a second one
         return self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
 
-    def chat(self, messages: Sequence[Mapping[str, str]], *, cancel: CancelToken | None = None,
-             settings: Settings | None = None, **overrides: Any) -> Completion:
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        cancel: CancelToken | None = None,
+        settings: Settings | None = None,
+        **overrides: Any,
+    ) -> Completion:
         """Reply to a list of {'role', 'content'} messages. Earlier turns stay in both KV caches, so the next
         call only evaluates what is new."""
         return self.generate(self.chat_prompt(messages), cancel=cancel, settings=settings, **overrides)
 
-    def chat_stream(self, messages: Sequence[Mapping[str, str]], *, cancel: CancelToken | None = None,
-                    settings: Settings | None = None, **overrides: Any) -> Generator[Piece, None, None]:
+    def chat_stream(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        cancel: CancelToken | None = None,
+        settings: Settings | None = None,
+        **overrides: Any,
+    ) -> Generator[Piece, None, None]:
         return self.stream(self.chat_prompt(messages), cancel=cancel, settings=settings, **overrides)
 
     def cancel(self) -> None:
@@ -227,8 +239,9 @@ class Engine:
             raise ConfigError("the prompt is empty and the model adds no BOS token: give at least one token")
         n_ctx = min(m.n_ctx for m in (models or self._models()))
         if len(tokens) > n_ctx:
-            raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; "
-                                       "shorten the prompt or raise --ctx")
+            raise ContextOverflowError(
+                f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; shorten the prompt or raise --ctx"
+            )
         return tokens
 
     def _run(self, prompt, s: Settings, cancel) -> Generator[Piece, None, None]:
@@ -272,8 +285,9 @@ class Engine:
                         finish = "length"
                         break
                     if speculative:
-                        n_drafts, source, k, t_draft = self._propose(seq, min(remaining - 1, n_ctx - len(seq)),
-                                                                     s, rng, stats)
+                        n_drafts, source, k, t_draft = self._propose(
+                            seq, min(remaining - 1, n_ctx - len(seq)), s, rng, stats
+                        )
                         t_target = stats.seconds_target
                         new, reasons = self._verify(seq, n_drafts, rule, sampling, rng, stats)
                         lengths.observe(source, n_drafts, len(new) - 1, t_draft, stats.seconds_target - t_target)
@@ -293,22 +307,28 @@ class Engine:
                             break
                         shown.append(t)
                     out_tokens.extend(shown)
-                    out_origins.extend(origins[:len(shown)])
+                    out_origins.extend(origins[: len(shown)])
                     released = text.push(b"".join(self.target.piece(t) for t in shown))
                     if text.stopped:
                         finish = "stop"
                     stats.seconds_total = perf_counter() - t_start
                     if released or shown:
-                        yield Piece(released, shown, origins[:len(shown)])
+                        yield Piece(released, shown, origins[: len(shown)])
                 stats.seconds_total = perf_counter() - t_start
             finally:
                 for m in models if not self._closed else ():  # close() from this thread while a stream was paused
                     m.forget_unknown_tail()  # whatever happened (Ctrl-C, errors), leave each cache a prefix of seq
                     m.keep_common_prefix(seq)
             tail = text.flush()
-            completion = Completion(text=text.text, token_ids=out_tokens, finish_reason=finish,
-                                    stats=stats.to_dict(), settings=s.to_dict(), prompt_tokens=stats.prompt_tokens,
-                                    origins=out_origins)
+            completion = Completion(
+                text=text.text,
+                token_ids=out_tokens,
+                finish_reason=finish,
+                stats=stats.to_dict(),
+                settings=s.to_dict(),
+                prompt_tokens=stats.prompt_tokens,
+                origins=out_origins,
+            )
             if mode == DRAFT_ONLY:
                 completion.stats["target_logprob_mean"] = None
             plain = self._lengths.plain_tokens_per_second_est
@@ -323,7 +343,7 @@ class Engine:
         for i in range(0, len(todo), m.n_batch):
             if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
                 break
-            m.decode(todo[i:i + m.n_batch], logits="none")
+            m.decode(todo[i : i + m.n_batch], logits="none")
         return len(todo) + 1
 
     def _propose(self, seq, limit: int, s: Settings, rng, stats) -> tuple[int, str | None, int, float]:
@@ -364,14 +384,15 @@ class Engine:
         assert d is not None, "speculative modes have a draft (Settings.check_draft)"
         us = rng.random(k) if s.temperature > 0 else np.zeros(k)
         t = perf_counter()
-        d.decode(seq[len(d.tokens):], "last")
+        d.decode(seq[len(d.tokens) :], "last")
         d.synchronize()
         stats.seconds_draft += perf_counter() - t
         n = 0
         for i in range(k):
             q[i, :nv] = d.logits(1)[0, :nv]
-            tok, p_tok, p_top = pick(q[i], nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], self._d.stats[i],
-                                     s.draft_p_min > 0)
+            tok, p_tok, p_top = pick(
+                q[i], nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], self._d.stats[i], s.draft_p_min > 0
+            )
             if p_top < s.draft_p_min:
                 break
             self._d.tokens[i] = tok
@@ -388,7 +409,7 @@ class Engine:
     def _verify(self, seq, n_drafts, rule, sampling, rng, stats):
         """Score [last accepted, d_1..d_n] in one target decode, then apply the acceptance rule."""
         tgt = self.target
-        pending = seq[len(tgt.tokens):]
+        pending = seq[len(tgt.tokens) :]
         drafts = self._d.tokens[:n_drafts].tolist()
         t = perf_counter()
         tgt.decode(pending + drafts, f"from:{len(pending) - 1}")
@@ -404,7 +425,7 @@ class Engine:
     def _plain_step(self, m: Model, seq, sampling, rng, stats, mode):
         """The baselines: one token from one model (target for ar, draft for draft-only)."""
         t = perf_counter()
-        m.decode(seq[len(m.tokens):], "last")
+        m.decode(seq[len(m.tokens) :], "last")
         m.synchronize()
         dt = perf_counter() - t
         if mode == AR:

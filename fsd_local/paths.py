@@ -1,5 +1,6 @@
 """Where fsd-local keeps what it builds: the demo models and the compiled kernels (FSD_LOCAL_CACHE, else
 $XDG_CACHE_HOME/fsd-local, else ~/.cache/fsd-local). Downloaded models live in the Hugging Face cache instead."""
+
 from __future__ import annotations
 
 import os
@@ -8,5 +9,6 @@ from pathlib import Path
 
 def cache_dir() -> Path:
     base = os.environ.get("FSD_LOCAL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "fsd-local")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "fsd-local"
+    )
     return Path(base)

@@ -5,6 +5,7 @@ flag (cli/options.py generates the click options), a field of the HTTP API (serv
 the request model), a chat slash command (cli/chat.py generates the commands and their help). A new setting is
 one entry here. A `Settings` object is validated once, when it is made, and the engine takes it as it is.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,19 +15,26 @@ from typing import Any
 from fsd_local.errors import ConfigError
 from fsd_local.kernels.names import DIVERGENCES, DRAFT_POLICIES, DRAFTERS, MODES, SPECULATIVE_MODES, TOPK_DEFAULT
 
-TAU_HELP = ("divergence threshold for fuzzy acceptance. 0 = standard speculative decoding (output exactly the "
-            "target's); larger = more draft tokens accepted, faster, further from the target. "
-            "With js, tau above ~0.35 can accept tokens the target would essentially never emit")
-MODE_HELP = ("fsd: SD test first, fuzzy rescue when divergence <= tau (default). fsd-paper: the paper's rule "
-             "(divergence only). sd: lossless speculative decoding. ar: target alone. draft-only: draft alone")
-DIVERGENCE_HELP = ("js (Jensen-Shannon, <= ln2), kl KL(target||draft), rkl KL(draft||target), tv total variation, "
-                   "topk-js/topk-kl/topk-tv over the target's top-k tokens + one rest bin, paper-js (the reference "
-                   "code's JS formula, to reproduce the paper's taus)")
+TAU_HELP = (
+    "divergence threshold for fuzzy acceptance. 0 = standard speculative decoding (output exactly the "
+    "target's); larger = more draft tokens accepted, faster, further from the target. "
+    "With js, tau above ~0.35 can accept tokens the target would essentially never emit"
+)
+MODE_HELP = (
+    "fsd: SD test first, fuzzy rescue when divergence <= tau (default). fsd-paper: the paper's rule "
+    "(divergence only). sd: lossless speculative decoding. ar: target alone. draft-only: draft alone"
+)
+DIVERGENCE_HELP = (
+    "js (Jensen-Shannon, <= ln2), kl KL(target||draft), rkl KL(draft||target), tv total variation, "
+    "topk-js/topk-kl/topk-tv over the target's top-k tokens + one rest bin, paper-js (the reference "
+    "code's JS formula, to reproduce the paper's taus)"
+)
 
 
 @dataclass(frozen=True)
 class Spec:
     """How one setting is checked and exposed. Bounds are inclusive unless marked open."""
+
     help: str
     lo: float | None = None
     hi: float | None = None
@@ -59,39 +67,79 @@ def setting(default: Any, help: str, **spec: Any) -> Any:
 @dataclass(frozen=True)
 class Settings:
     """Everything that may change between two calls on the same loaded pair (see each field's help)."""
+
     tau: float = setting(0.0, TAU_HELP, lo=0, cli="--tau", chat="tau")
     mode: str = setting("fsd", MODE_HELP, choices=MODES, cli="--mode", chat="mode")
     divergence: str = setting("js", DIVERGENCE_HELP, choices=DIVERGENCES, cli="--divergence", chat="divergence")
-    divergence_topk: int = setting(TOPK_DEFAULT, "k of the topk-* divergences: the target's top-k tokens plus one "
-                                   "bin for the rest (not sampling's --top-k)", lo=1, cli="--divergence-topk")
-    drafter: str = setting("model", "who proposes the draft tokens: model (the draft GGUF), ngram (prompt lookup "
-                           "over the prompt and the output so far: free, needs no draft model; shines when the output "
-                           "repeats the input), ngram+model (lookup first, the draft model when nothing matches)",
-                           choices=DRAFTERS, cli="--drafter", chat="drafter")
-    draft_policy: str = setting("fixed", "how many tokens a round drafts: fixed (--draft-max), adaptive (+2 after a "
-                                "fully accepted round, -1 after a rejection), auto (the k in 0..--draft-max that "
-                                "maximises the measured tokens per second; 0 = a plain target step)",
-                                choices=DRAFT_POLICIES, cli="--draft-policy", chat="policy")
-    draft_max: int = setting(4, "tokens drafted per round (k; the upper bound of the adaptive and auto policies)",
-                             lo=1, hi=64, cli="--draft-max")
+    divergence_topk: int = setting(
+        TOPK_DEFAULT,
+        "k of the topk-* divergences: the target's top-k tokens plus one bin for the rest (not sampling's --top-k)",
+        lo=1,
+        cli="--divergence-topk",
+    )
+    drafter: str = setting(
+        "model",
+        "who proposes the draft tokens: model (the draft GGUF), ngram (prompt lookup "
+        "over the prompt and the output so far: free, needs no draft model; shines when the output "
+        "repeats the input), ngram+model (lookup first, the draft model when nothing matches)",
+        choices=DRAFTERS,
+        cli="--drafter",
+        chat="drafter",
+    )
+    draft_policy: str = setting(
+        "fixed",
+        "how many tokens a round drafts: fixed (--draft-max), adaptive (+2 after a "
+        "fully accepted round, -1 after a rejection), auto (the k in 0..--draft-max that "
+        "maximises the measured tokens per second; 0 = a plain target step)",
+        choices=DRAFT_POLICIES,
+        cli="--draft-policy",
+        chat="policy",
+    )
+    draft_max: int = setting(
+        4,
+        "tokens drafted per round (k; the upper bound of the adaptive and auto policies)",
+        lo=1,
+        hi=64,
+        cli="--draft-max",
+    )
     draft_min: int = setting(1, "smallest k of the adaptive policy", lo=1, hi=64, cli="--draft-min")
     ngram_min: int = setting(1, "shortest n-gram the ngram drafter matches", lo=1, hi=16, cli="--ngram-min")
-    ngram_max: int = setting(3, "longest n-gram the ngram drafter matches (longer matches are tried first)",
-                             lo=1, hi=16, cli="--ngram-max")
-    draft_p_min: float = setting(0.0, "stop drafting when the draft's top probability falls below this (0 = off)",
-                                 lo=0, hi=1, hi_open=True, cli="--draft-p-min")
+    ngram_max: int = setting(
+        3, "longest n-gram the ngram drafter matches (longer matches are tried first)", lo=1, hi=16, cli="--ngram-max"
+    )
+    draft_p_min: float = setting(
+        0.0,
+        "stop drafting when the draft's top probability falls below this (0 = off)",
+        lo=0,
+        hi=1,
+        hi_open=True,
+        cli="--draft-p-min",
+    )
     adaptive: bool = setting(False, "the same as --draft-policy adaptive (kept for older scripts)", cli="--adaptive")
     temperature: float = setting(0.0, "sampling temperature, 0 = greedy", lo=0, cli="--temp", chat="temp")
     top_k: int = setting(0, "sample from the k most likely tokens (0 = off)", lo=0, cli="--top-k")
-    top_p: float = setting(1.0, "nucleus sampling: the smallest set holding this much probability (1 = off)",
-                           lo=0, lo_open=True, hi=1, cli="--top-p")
-    min_p: float = setting(0.0, "drop tokens below this fraction of the top token's probability (0 = off)",
-                           lo=0, hi=1, hi_open=True, cli="--min-p")
+    top_p: float = setting(
+        1.0,
+        "nucleus sampling: the smallest set holding this much probability (1 = off)",
+        lo=0,
+        lo_open=True,
+        hi=1,
+        cli="--top-p",
+    )
+    min_p: float = setting(
+        0.0,
+        "drop tokens below this fraction of the top token's probability (0 = off)",
+        lo=0,
+        hi=1,
+        hi_open=True,
+        cli="--min-p",
+    )
     seed: int | None = setting(None, "makes sampled runs reproducible", lo=0, cli="--seed")
     max_tokens: int = setting(256, "most tokens to generate", lo=0, cli="--max-tokens")
     stop: tuple[str, ...] = setting((), "stop string (repeatable)", cli="--stop")
-    ignore_eos: bool = setting(False, "keep going past end-of-generation tokens (benchmarks of a fixed length)",
-                               cli="--ignore-eos", http=False)
+    ignore_eos: bool = setting(
+        False, "keep going past end-of-generation tokens (benchmarks of a fixed length)", cli="--ignore-eos", http=False
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -185,8 +233,10 @@ def _check(f: Field, value: Any) -> None:
     too_low = s.lo is not None and (value <= s.lo if s.lo_open else value < s.lo)
     too_high = s.hi is not None and (value >= s.hi if s.hi_open else value > s.hi)
     if too_low or too_high:
-        hint = {"tau": " (0 = lossless speculative decoding; larger accepts more draft tokens)",
-                "temperature": " (0 = greedy)"}.get(name, "")
+        hint = {
+            "tau": " (0 = lossless speculative decoding; larger accepts more draft tokens)",
+            "temperature": " (0 = greedy)",
+        }.get(name, "")
         bad(f"must be {s.range_text()}{hint}")
 
 

@@ -1,4 +1,5 @@
 """The statistics every generation returns (FSD.md, "Statistics every generation returns")."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -78,13 +79,15 @@ class Stats:
             "fuzzy_share": self.accepted_fuzzy / self.accepted if self.accepted else 0.0,
             "mean_tokens_per_round": self.tokens / self.rounds if self.rounds else 0.0,
             "target_calls": self.target_calls,
-            "acceptance_by_position": [a / d if d else 0.0 for a, d in
-                                       zip(self.by_position_accepted, self.by_position_drafted)],
+            "acceptance_by_position": [
+                a / d if d else 0.0 for a, d in zip(self.by_position_accepted, self.by_position_drafted)
+            ],
             "drafted_by_position": list(self.by_position_drafted),
             "accepted_by_position": list(self.by_position_accepted),
             "k_histogram": list(self.k_histogram),
             "divergence_quantiles": {f"q{int(q * 100)}": float(np.quantile(finite, q)) for q in QUANTILES}
-            if finite.size else {},
+            if finite.size
+            else {},
             "divergences_computed": int(divs.size),
             "target_logprob_mean": self.logprob_sum / self.logprob_count if self.logprob_count else 0.0,
             "target_logprob_sum": self.logprob_sum,

@@ -1,4 +1,5 @@
 """Token bytes -> text that is safe to show now: never half a UTF-8 character, never part of a stop string."""
+
 from __future__ import annotations
 
 import codecs
@@ -31,7 +32,7 @@ class TextStream:
                 if pending.endswith(s[:n]):
                     keep = n
                     break
-        self._held = pending[len(pending) - keep:] if keep else ""
+        self._held = pending[len(pending) - keep :] if keep else ""
         return self._release(pending[: len(pending) - keep])
 
     def flush(self) -> str:

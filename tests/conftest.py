@@ -1,4 +1,5 @@
 """Shared fixtures: tiny GGUF pairs written by the tests, and the real SmolLM2 demo pair (FSD.md)."""
+
 from __future__ import annotations
 
 import os
@@ -18,16 +19,20 @@ os.environ.setdefault("FSD_LOCAL_CACHE", str(Path(os.environ.get("PYTEST_FSD_CAC
 def tiny_pair(tmp_path_factory):
     """(draft, target): byte-level vocabulary (292 tokens), greedy agreement ~0.45."""
     d = tmp_path_factory.mktemp("tiny")
-    return (str(write_tiny_gguf(d / "draft.gguf", seed=1, noise=0.0)),
-            str(write_tiny_gguf(d / "target.gguf", seed=2, noise=0.1)))
+    return (
+        str(write_tiny_gguf(d / "draft.gguf", seed=1, noise=0.0)),
+        str(write_tiny_gguf(d / "target.gguf", seed=2, noise=0.1)),
+    )
 
 
 @pytest.fixture(scope="session")
 def small_vocab_pair(tmp_path_factory):
     """(draft, target) over 36 tokens and clearly different distributions: for distribution tests."""
     d = tmp_path_factory.mktemp("small")
-    return (str(write_tiny_gguf(d / "draft.gguf", seed=1, noise=0.0, byte_tokens=False)),
-            str(write_tiny_gguf(d / "target.gguf", seed=2, noise=1.0, byte_tokens=False)))
+    return (
+        str(write_tiny_gguf(d / "draft.gguf", seed=1, noise=0.0, byte_tokens=False)),
+        str(write_tiny_gguf(d / "target.gguf", seed=2, noise=1.0, byte_tokens=False)),
+    )
 
 
 @pytest.fixture(scope="session")

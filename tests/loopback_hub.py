@@ -1,6 +1,7 @@
 """A Hugging Face hub on 127.0.0.1 for offline tests: it answers `/{repo}/resolve/{revision}/{file}` (HEAD and
 GET) the way huggingface-hub expects, so `hf_hub_download` runs its real code path against local files. Also: a
 models.toml for a pair served from it, and a port where no hub answers."""
+
 from __future__ import annotations
 
 import hashlib
@@ -84,11 +85,22 @@ def closed_port() -> int:
 
 def toml_for(draft_sha=None, target_sha=None, size_mb=0.1, repo="me/tiny"):
     """A models.toml with one pair, 'tiny', whose files are draft.gguf and target.gguf in `repo`."""
+
     def entry(role, sha):
-        lines = [f'[pairs.tiny.{role}]', f'repo = "{repo}"', f'file = "{role}.gguf"', f"size_mb = {size_mb}"]
+        lines = [f"[pairs.tiny.{role}]", f'repo = "{repo}"', f'file = "{role}.gguf"', f"size_mb = {size_mb}"]
         if sha:
             lines += [f'sha256 = "{sha}"', 'sha256_revision = "0123456"']
         return "\n".join(lines)
 
-    return "\n".join(['[tau]', 'js = 0.2', '', '[pairs.tiny]', 'description = "tiny pair"', 'licence = "test"',
-                      entry("draft", draft_sha), entry("target", target_sha)])
+    return "\n".join(
+        [
+            "[tau]",
+            "js = 0.2",
+            "",
+            "[pairs.tiny]",
+            'description = "tiny pair"',
+            'licence = "test"',
+            entry("draft", draft_sha),
+            entry("target", target_sha),
+        ]
+    )

@@ -5,6 +5,7 @@ Q4_0 copies are what the CPU backend repacks (Q4_1 has no repacked layout).
 
     python tests/repack_cost.py [--precision q4_0] [--tokens 128] [--repeats 5] [--threads 2]
 """
+
 from __future__ import annotations
 
 import argparse

@@ -7,6 +7,7 @@ Prints one JSON object: requests per second, latency quantiles, generated tokens
 the process's RSS (MiB) before and after the memory run. The server runs in this process (BackgroundServer),
 so /proc/self/status measures it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,13 +41,19 @@ def main() -> None:
     args = ap.parse_args()
 
     draft, target = demo_pair()
-    with Engine(target=str(target), draft=str(draft), n_ctx=2048, n_threads=args.threads) as engine, \
-            BackgroundServer(engine, max_queue=args.clients + 4) as srv, \
-            httpx.Client(base_url=srv.url, timeout=600, limits=httpx.Limits(max_connections=args.clients)) as http:
+    with (
+        Engine(target=str(target), draft=str(draft), n_ctx=2048, n_threads=args.threads) as engine,
+        BackgroundServer(engine, max_queue=args.clients + 4) as srv,
+        httpx.Client(base_url=srv.url, timeout=600, limits=httpx.Limits(max_connections=args.clients)) as http,
+    ):
 
         def ask(i: int) -> tuple[float, dict]:
-            body = {"model": "demo", "max_tokens": args.max_tokens, "tau": args.tau,
-                    "messages": [{"role": "user", "content": f"Write two sentences about {TOPICS[i % len(TOPICS)]}."}]}
+            body = {
+                "model": "demo",
+                "max_tokens": args.max_tokens,
+                "tau": args.tau,
+                "messages": [{"role": "user", "content": f"Write two sentences about {TOPICS[i % len(TOPICS)]}."}],
+            }
             t = time.perf_counter()
             r = http.post("/v1/chat/completions", json=body)
             r.raise_for_status()
@@ -67,16 +74,29 @@ def main() -> None:
             list(pool.map(ask, range(args.memory_requests)))
             rss_after = rss_mib()
 
-    print(json.dumps({
-        "clients": args.clients, "requests": args.requests, "max_tokens": args.max_tokens, "tau": args.tau,
-        "requests_per_second": round(args.requests / wall, 3),
-        "latency_s": {"median": round(statistics.median(latencies), 3),
-                      "p90": round(latencies[int(0.9 * (len(latencies) - 1))], 3),
-                      "max": round(latencies[-1], 3)},
-        "completion_tokens_per_second": round(tokens / wall, 1),
-        "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
-        "rss_mib": {"before": round(rss_before, 1), f"after_{args.memory_requests}_requests": round(rss_after, 1)},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "clients": args.clients,
+                "requests": args.requests,
+                "max_tokens": args.max_tokens,
+                "tau": args.tau,
+                "requests_per_second": round(args.requests / wall, 3),
+                "latency_s": {
+                    "median": round(statistics.median(latencies), 3),
+                    "p90": round(latencies[int(0.9 * (len(latencies) - 1))], 3),
+                    "max": round(latencies[-1], 3),
+                },
+                "completion_tokens_per_second": round(tokens / wall, 1),
+                "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+                "rss_mib": {
+                    "before": round(rss_before, 1),
+                    f"after_{args.memory_requests}_requests": round(rss_after, 1),
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ each repeat and the median reported. `outside_ms` is the wall time of a request 
 itself measured (prompt + generation): what the path around the engine costs per request, less sensitive to
 a busy machine than the ratios. Prints one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,13 +70,14 @@ def main() -> None:
     srv = BackgroundServer.supervised(*opts, settings)
     first_start = time.perf_counter() - t0
     sup = srv.app.state.engine
-    with Engine(target=opts[0], draft=opts[1], settings=settings) as engine, srv, \
-            BackgroundServer(engine) as inproc:
+    with Engine(target=opts[0], draft=opts[1], settings=settings) as engine, srv, BackgroundServer(engine) as inproc:
         prompt = engine.tokenize(PROMPT)
         assert sup.tokenize(PROMPT) == prompt
-        sides = {"engine": lambda n: through_engine(engine, prompt, n),
-                 "server": lambda n: through_server(srv.url, prompt, n),
-                 "in_process_server": lambda n: through_server(inproc.url, prompt, n)}
+        sides = {
+            "engine": lambda n: through_engine(engine, prompt, n),
+            "server": lambda n: through_server(srv.url, prompt, n),
+            "in_process_server": lambda n: through_server(inproc.url, prompt, n),
+        }
         for run in sides.values():  # warm all: KV prefix, kernels, first-call costs
             run(args.max_tokens)
         names = list(sides)
@@ -84,7 +86,7 @@ def main() -> None:
         ratios: dict[str, list[float]] = {"server": [], "in_process_server": []}
         for rep in range(args.repeats):
             got = {}
-            for side in names[rep % 3:] + names[:rep % 3]:
+            for side in names[rep % 3 :] + names[: rep % 3]:
                 n, secs, inside = sides[side](args.max_tokens)
                 assert n == args.max_tokens, (side, n)
                 got[side] = n / secs
@@ -103,17 +105,25 @@ def main() -> None:
             restart_seconds.append(time.perf_counter() - t_kill)
             through_server(srv.url, prompt, 8)  # its first request (proves it, resets the back-off)
 
-    print(json.dumps({
-        "pair": [os.path.basename(t), os.path.basename(d)], "threads": args.threads, "tau": args.tau,
-        "max_tokens": args.max_tokens, "repeats": args.repeats,
-        "tokens_per_second": {side: round(statistics.median(r), 2) for side, r in rates.items()},
-        "over_engine_median": {side: round(statistics.median(r), 4) for side, r in ratios.items()},
-        "over_engine": {side: [round(x, 4) for x in r] for side, r in ratios.items()},
-        "outside_ms_median": {side: round(statistics.median(r), 2) for side, r in outside.items()},
-        "first_start_seconds": round(first_start, 2),
-        "restart_seconds": [round(s, 2) for s in restart_seconds],
-        "child_load_seconds_last": round(sup.last_start_seconds, 2),
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "pair": [os.path.basename(t), os.path.basename(d)],
+                "threads": args.threads,
+                "tau": args.tau,
+                "max_tokens": args.max_tokens,
+                "repeats": args.repeats,
+                "tokens_per_second": {side: round(statistics.median(r), 2) for side, r in rates.items()},
+                "over_engine_median": {side: round(statistics.median(r), 4) for side, r in ratios.items()},
+                "over_engine": {side: [round(x, 4) for x in r] for side, r in ratios.items()},
+                "outside_ms_median": {side: round(statistics.median(r), 2) for side, r in outside.items()},
+                "first_start_seconds": round(first_start, 2),
+                "restart_seconds": [round(s, 2) for s in restart_seconds],
+                "child_load_seconds_last": round(sup.last_start_seconds, 2),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

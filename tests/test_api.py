@@ -4,6 +4,7 @@ deterministic freeing (close, context manager) and memory that stays flat over l
 Cross-thread tests pause the generating thread at a known point with events instead of racing it, so they do
 not depend on how fast the machine is.
 """
+
 from __future__ import annotations
 
 import gc
@@ -52,7 +53,7 @@ def test_cancel_from_another_thread(engine, how):
     c = rest[-1].completion
     assert c.finish_reason == "cancelled"
     assert 0 < len(c.token_ids) < 200
-    assert c.token_ids == reference.token_ids[:len(c.token_ids)]  # what came out is still the right text
+    assert c.token_ids == reference.token_ids[: len(c.token_ids)]  # what came out is still the right text
     assert first.token_ids + [t for p in rest for t in p.token_ids] == c.token_ids
     # nothing left behind: the next call neither sees the cancellation nor a corrupted cache
     assert engine.generate("abc", max_tokens=200).token_ids == reference.token_ids
@@ -93,8 +94,18 @@ def jobs():
     for i in range(8):
         kind = ("generate", "stream", "chat", "chat_stream")[i % 4]
         prompt = [{"role": "user", "content": f"q{i % 3}"}] if kind.startswith("chat") else f"p{i % 3}bc"
-        out.append((kind, prompt, {"tau": (0.0, 0.2, 0.5)[i % 3], "max_tokens": 20 + i,
-                                   "divergence": ("js", "tv")[i % 2], "draft_max": 2 + i % 3}))
+        out.append(
+            (
+                kind,
+                prompt,
+                {
+                    "tau": (0.0, 0.2, 0.5)[i % 3],
+                    "max_tokens": 20 + i,
+                    "divergence": ("js", "tv")[i % 2],
+                    "draft_max": 2 + i % 3,
+                },
+            )
+        )
     return out
 
 

@@ -1,5 +1,6 @@
 """The shape of the package: layers without import cycles, small modules, a command line that starts without
 Numba or llama.cpp, and settings declared in one place."""
+
 from __future__ import annotations
 
 import ast
@@ -48,7 +49,7 @@ def test_no_import_cycles():
         state[m] = 1
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                cycles.append(stack[stack.index(n):] + [n])
+                cycles.append(stack[stack.index(n) :] + [n])
             elif n not in state:
                 visit(n, stack + [n])
         state[m] = 2
@@ -60,16 +61,21 @@ def test_no_import_cycles():
 
 
 def test_modules_stay_small():
-    big = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-           if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    big = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not big, f"modules over {MAX_LINES} lines: {big}"
 
 
 def test_help_and_models_load_neither_numba_nor_llama_cpp():
-    code = ("import sys; from click.testing import CliRunner; from fsd_local.cli import cli\n"
-            "for args in (['--help'], ['models'], ['chat', '--help'], ['generate', '--help']):\n"
-            "    r = CliRunner().invoke(cli, args); assert r.exit_code == 0, r.output\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'numba', 'llama_cpp', 'llvmlite', 'fastapi'}))")
+    code = (
+        "import sys; from click.testing import CliRunner; from fsd_local.cli import cli\n"
+        "for args in (['--help'], ['models'], ['chat', '--help'], ['generate', '--help']):\n"
+        "    r = CliRunner().invoke(cli, args); assert r.exit_code == 0, r.output\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'numba', 'llama_cpp', 'llvmlite', 'fastapi'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout

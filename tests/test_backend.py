@@ -1,6 +1,7 @@
 """Backends, doctor, GPU placement and per-model load options, on this machine's build (CPU-only here).
 
 What a GPU build adds is in test_gpu.py; everything here also holds on a GPU build."""
+
 import json
 import os
 import re
@@ -39,8 +40,10 @@ def info():
 def wide_pair(tmp_path_factory):
     """(draft, target) tiny models with 32-wide heads: quantised KV caches need head sizes of 32."""
     d = tmp_path_factory.mktemp("wide")
-    return (str(write_tiny_gguf(d / "draft.gguf", seed=1, n_head=2)),
-            str(write_tiny_gguf(d / "target.gguf", seed=2, noise=0.1, n_head=2)))
+    return (
+        str(write_tiny_gguf(d / "draft.gguf", seed=1, n_head=2)),
+        str(write_tiny_gguf(d / "target.gguf", seed=2, noise=0.1, n_head=2)),
+    )
 
 
 # ---------------------------------------------------------------- detection
@@ -101,7 +104,10 @@ def test_a_split_model_is_read_across_its_files(tiny_pair, tmp_path):
     whole, split = gguf_info.read(tiny_pair[1]), gguf_info.read(str(parts[0]))
     assert len(parts) == 3 and split.file_bytes == sum(p.stat().st_size for p in parts)
     assert (split.layer_bytes, split.output_bytes, split.tensor_types) == (
-        whole.layer_bytes, whole.output_bytes, whole.tensor_types)
+        whole.layer_bytes,
+        whole.output_bytes,
+        whole.tensor_types,
+    )
     parts[2].unlink()
     with pytest.raises(ModelLoadError, match="split part"):
         gguf_info.read(str(parts[0]))
@@ -236,8 +242,18 @@ def test_footprint_of_a_real_header_follows_the_kv_cache_type(tiny_pair):
 # ---------------------------------------------------------------- per-model options reach llama.cpp
 def _engine(pair, say=None, **options):
     draft, target = pair
-    return load_engine(target, draft, None, n_ctx=512, n_threads=1, n_gpu_layers="auto", draft_n_gpu_layers="auto",
-                       settings=Settings(mode="sd", max_tokens=24), say=say, **options)
+    return load_engine(
+        target,
+        draft,
+        None,
+        n_ctx=512,
+        n_threads=1,
+        n_gpu_layers="auto",
+        draft_n_gpu_layers="auto",
+        settings=Settings(mode="sd", max_tokens=24),
+        say=say,
+        **options,
+    )
 
 
 def test_context_sizes_and_cache_types_per_model(wide_pair, info):
@@ -293,7 +309,8 @@ def test_a_build_without_rpc_says_so(info, tiny_pair):
     if info.rpc:
         pytest.skip("this build has the RPC backend")
     assert "RPC:         no: this build lacks the RPC backend" in render(
-        {"fsd_local": "x", "backend": info.to_dict(), "models": {}})
+        {"fsd_local": "x", "backend": info.to_dict(), "models": {}}
+    )
     with pytest.raises(ModelLoadError, match="no RPC backend; rebuild it with `native/build.sh PROFILE --rpc`"):
         Model(ModelOptions(tiny_pair[1], rpc_servers="127.0.0.1:50052"))
 
@@ -311,8 +328,10 @@ def _listening(port: int) -> bool:
 
 def test_an_rpc_server_that_does_not_answer_is_an_error(info):
     if not info.rpc:
-        pytest.skip("this llama-cpp-python build lacks the RPC backend (doctor says so); "
-                    "rebuild with native/build.sh PROFILE --rpc to run this test")
+        pytest.skip(
+            "this llama-cpp-python build lacks the RPC backend (doctor says so); "
+            "rebuild with native/build.sh PROFILE --rpc to run this test"
+        )
     # nothing listens there: ggml-rpc itself would abort the process, fsd-local must say so first
     with pytest.raises(ModelLoadError, match=r"RPC server 127\.0\.0\.1:\d+ did not answer"):
         backend.add_rpc_servers(f"127.0.0.1:{_free_port()}")
@@ -328,8 +347,10 @@ def _rpc_server_binary() -> str:
         return path
     server = shutil.which("ggml-rpc-server") or shutil.which("rpc-server")
     if not server:
-        pytest.skip("no ggml-rpc-server: build one with native/build.sh --rpc-server cpu, then put it on PATH "
-                    "or set FSD_LOCAL_RPC_SERVER=/path/to/ggml-rpc-server")
+        pytest.skip(
+            "no ggml-rpc-server: build one with native/build.sh --rpc-server cpu, then put it on PATH "
+            "or set FSD_LOCAL_RPC_SERVER=/path/to/ggml-rpc-server"
+        )
     return server
 
 
@@ -351,20 +372,27 @@ assert got == want, (got, want)
 
 def test_target_over_rpc_on_loopback(info, tiny_pair):
     if not info.rpc:
-        pytest.skip("this llama-cpp-python build lacks the RPC backend (doctor says so); "
-                    "rebuild with native/build.sh PROFILE --rpc to run this test")
+        pytest.skip(
+            "this llama-cpp-python build lacks the RPC backend (doctor says so); "
+            "rebuild with native/build.sh PROFILE --rpc to run this test"
+        )
     server = _rpc_server_binary()
     port = _free_port()
-    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.time() + 20
         while not _listening(port):
             assert time.time() < deadline and proc.poll() is None, "ggml-rpc-server did not start"
             time.sleep(0.2)
-        child = subprocess.run([sys.executable, "-c", RPC_CHILD, *tiny_pair, f"127.0.0.1:{port}"],
-                               capture_output=True, text=True, timeout=120,
-                               env={**os.environ, "FSD_LOCAL_VERBOSE": "1"})  # llama.cpp's log on stderr
+        child = subprocess.run(
+            [sys.executable, "-c", RPC_CHILD, *tiny_pair, f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "FSD_LOCAL_VERBOSE": "1"},
+        )  # llama.cpp's log on stderr
         assert child.returncode == 0, child.stderr[-4000:]
         # the target's layers really went to the server (not just equal tokens from a local run), the draft's not
         used = re.findall(rf"using device (RPC\d+) \(127\.0\.0\.1:{port}\)", child.stderr)
@@ -387,12 +415,19 @@ def _run(*args, ok=True):
 def test_build_script_prints_the_pinned_rebuild_per_profile():
     out = _run("native/build.sh", "--dry-run", "cuda")
     assert "CMAKE_ARGS='-DGGML_CUDA=on'" in out
-    assert ("pip install --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python -v "
-            f"llama-cpp-python=={PIN}") in out
+    assert (
+        "pip install --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python -v "
+        f"llama-cpp-python=={PIN}"
+    ) in out
     out = _run("native/build.sh", "--dry-run", "--rpc", "--cuda-arch", "89", "cuda")
     assert "-DGGML_CUDA=on -DGGML_RPC=on -DCMAKE_CUDA_ARCHITECTURES=89" in out
-    for profile, flag in (("metal", "-DGGML_METAL=on"), ("vulkan", "-DGGML_VULKAN=on"), ("cpu", "-DGGML_NATIVE=on"),
-                          ("hip", "-DGGML_HIP=on"), ("sycl", "-DGGML_SYCL=on")):
+    for profile, flag in (
+        ("metal", "-DGGML_METAL=on"),
+        ("vulkan", "-DGGML_VULKAN=on"),
+        ("cpu", "-DGGML_NATIVE=on"),
+        ("hip", "-DGGML_HIP=on"),
+        ("sycl", "-DGGML_SYCL=on"),
+    ):
         assert flag in _run("native/build.sh", "--dry-run", profile)
     out = _run("native/build.sh", "--dry-run", "--rpc-server", "--source", "/src/llama_cpp_python", "cpu")
     assert "cmake -S /src/llama_cpp_python/vendor/llama.cpp" in out and "--target ggml-rpc-server" in out

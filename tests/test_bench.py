@@ -1,5 +1,6 @@
 """fsd-local bench / calibrate / bench --kernels: the statistics' arithmetic, prompt files and answer extraction,
 and short end-to-end runs on the tiny GGUF pair (one thread: the machine is shared, spinning threads stall)."""
+
 import csv
 import io
 import json
@@ -10,14 +11,26 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from fsd_local.kernels import reference
-from fsd_local.bench.runner import (BenchData, Config, Run, build_configs, format_table, paired_ratio, positionwise_agreement,
-                             prefix_agreement, spread, summarise, throughput_by_repeat, to_csv)
 from fsd_local.bench.kernels import logit_rows, numpy_rows
 from fsd_local.bench.prompts import EXAMPLE_FILE, extract_answer, load_prompts, parse_prompts
+from fsd_local.bench.runner import (
+    BenchData,
+    Config,
+    Run,
+    build_configs,
+    format_table,
+    paired_ratio,
+    positionwise_agreement,
+    prefix_agreement,
+    spread,
+    summarise,
+    throughput_by_repeat,
+    to_csv,
+)
 from fsd_local.cli import cli
-from fsd_local.kernels.divergence import DIVERGENCES
 from fsd_local.errors import ConfigError
+from fsd_local.kernels import reference
+from fsd_local.kernels.divergence import DIVERGENCES
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -44,26 +57,55 @@ def test_agreements():
 
 def _stats(tokens, seconds, drafted=0, sd=0, fuzzy=0, rounds=None, by_pos=(), logprob=-1.0):
     """A generation's stats dict with the keys the bench reads."""
-    return {"tokens": tokens, "rounds": rounds or tokens, "drafted": drafted, "accepted_sd": sd,
-            "accepted_fuzzy": fuzzy, "drafted_by_position": [d for d, _ in by_pos], "accepted_by_position": [a for _, a in by_pos],
-            "acceptance_by_position": [a / d for d, a in by_pos], "target_logprob_sum": logprob * tokens,
-            "seconds_total": seconds, "seconds": {"draft": seconds / 4, "target": seconds / 2, "other": seconds / 4},
-            "prompt_seconds": 0.01}
+    return {
+        "tokens": tokens,
+        "rounds": rounds or tokens,
+        "drafted": drafted,
+        "accepted_sd": sd,
+        "accepted_fuzzy": fuzzy,
+        "drafted_by_position": [d for d, _ in by_pos],
+        "accepted_by_position": [a for _, a in by_pos],
+        "acceptance_by_position": [a / d for d, a in by_pos],
+        "target_logprob_sum": logprob * tokens,
+        "seconds_total": seconds,
+        "seconds": {"draft": seconds / 4, "target": seconds / 2, "other": seconds / 4},
+        "prompt_seconds": 0.01,
+    }
 
 
 def test_summarise_arithmetic():
     ar, sd, fsd = Config("ar", 0.0), Config("sd", 0.0, draft_max=2), Config("fsd", 0.0, "js", 0.3, 2)
     ref = [1, 2, 3, 4]
-    data = BenchData([ar, sd, fsd], prompts=[None, None], repeats=2, runs=[
-        # 2 repeats x 2 prompts; throughput per repeat = tokens of both prompts / seconds of both prompts
-        [Run(0, 0, ref, _stats(4, 1.0), None), Run(0, 1, ref, _stats(4, 1.0), None),
-         Run(1, 0, ref, _stats(4, 2.0), None), Run(1, 1, ref, _stats(4, 2.0), None)],
-        [Run(r, p, ref, _stats(4, 0.5, drafted=4, sd=2, rounds=2, by_pos=[(2, 2), (2, 0)]), True)
-         for r in range(2) for p in range(2)],
-        [Run(r, p, [1, 2, 9, 9], _stats(4, 0.25, drafted=4, sd=2, fuzzy=2, rounds=2, by_pos=[(2, 2), (2, 2)],
-                                         logprob=-2.0), p == 0)
-         for r in range(2) for p in range(2)],
-    ])
+    data = BenchData(
+        [ar, sd, fsd],
+        prompts=[None, None],
+        repeats=2,
+        runs=[
+            # 2 repeats x 2 prompts; throughput per repeat = tokens of both prompts / seconds of both prompts
+            [
+                Run(0, 0, ref, _stats(4, 1.0), None),
+                Run(0, 1, ref, _stats(4, 1.0), None),
+                Run(1, 0, ref, _stats(4, 2.0), None),
+                Run(1, 1, ref, _stats(4, 2.0), None),
+            ],
+            [
+                Run(r, p, ref, _stats(4, 0.5, drafted=4, sd=2, rounds=2, by_pos=[(2, 2), (2, 0)]), True)
+                for r in range(2)
+                for p in range(2)
+            ],
+            [
+                Run(
+                    r,
+                    p,
+                    [1, 2, 9, 9],
+                    _stats(4, 0.25, drafted=4, sd=2, fuzzy=2, rounds=2, by_pos=[(2, 2), (2, 2)], logprob=-2.0),
+                    p == 0,
+                )
+                for r in range(2)
+                for p in range(2)
+            ],
+        ],
+    )
     rows = summarise(data)
     assert throughput_by_repeat(data.runs[0], 2) == [4.0, 2.0]
     r_ar, r_sd, r_fsd = rows
@@ -110,26 +152,43 @@ def test_build_configs_does_not_multiply_ignored_axes():
 
 
 # ------------------------------------------------------------------------------------------ prompts and answers
-@pytest.mark.parametrize("output, expected", [
-    (" (B) Mercury", "B"), (" B. Mercury is closest", "B"), (" The answer is C.", "C"),
-    (" I think the answer: (d) dolphin", "D"), ("A cat is not a fish (C)", "C"),
-    (" A shark is a fish.", None), (" I think so", None), ("(a) first", "A"), (" The answer is a dolphin", None), (" no idea", None),
-])
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        (" (B) Mercury", "B"),
+        (" B. Mercury is closest", "B"),
+        (" The answer is C.", "C"),
+        (" I think the answer: (d) dolphin", "D"),
+        ("A cat is not a fish (C)", "C"),
+        (" A shark is a fish.", None),
+        (" I think so", None),
+        ("(a) first", "A"),
+        (" The answer is a dolphin", None),
+        (" no idea", None),
+    ],
+)
 def test_letter_extraction(output, expected):
     assert extract_answer(output, "letter") == expected
 
 
-@pytest.mark.parametrize("output, expected", [
-    (" 3 boxes of 4 make 12.", "12"), (" The answer is 1,200 apples; 5 are red", "1200"),
-    (" first 3, then -4.5", "-4.5"), (" none", None), (" answer: $42, or 7 per box", "42"),
-])
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        (" 3 boxes of 4 make 12.", "12"),
+        (" The answer is 1,200 apples; 5 are red", "1200"),
+        (" first 3, then -4.5", "-4.5"),
+        (" none", None),
+        (" answer: $42, or 7 per box", "42"),
+    ],
+)
 def test_number_extraction(output, expected):
     assert extract_answer(output, "number") == expected
 
 
 def test_regex_extraction_and_grading():
-    p = parse_prompts('{"prompt": "Capital?", "answer": "Paris", "extract": "regex", "pattern": "\\\\b(Paris|Rome)\\\\b"}',
-                      "q.jsonl")[0]
+    p = parse_prompts(
+        '{"prompt": "Capital?", "answer": "Paris", "extract": "regex", "pattern": "\\\\b(Paris|Rome)\\\\b"}', "q.jsonl"
+    )[0]
     assert p.extract_answer(" It is Rome, not Paris") == "Rome"
     assert p.is_correct(" Paris.") and not p.is_correct(" Rome.") and not p.is_correct(" Berlin")
     whole = parse_prompts('{"prompt": "x", "answer": "ab", "extract": "regex", "pattern": "a."}', "q.jsonl")[0]
@@ -151,18 +210,21 @@ def test_prompt_files_plain_and_jsonl():
     assert EXAMPLE_FILE.name == "prompts-example.jsonl"
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"prompt": "a"', "line 2: not valid JSON"),
-    ('["a"]', "line 2: expected a JSON object"),
-    ('{"text": "a"}', "line 2: unknown key"),
-    ('{"prompt": ""}', "line 2: \"prompt\" must be"),
-    ('{"prompt": "a", "answer": "Paris"}', "line 2: cannot tell how to read"),
-    ('{"prompt": "a", "answer": "x", "extract": "regex"}', "line 2: .*needs a \"pattern\""),
-    ('{"prompt": "a", "answer": "x", "extract": "regex", "pattern": "("}', "line 2: bad \"pattern\""),
-    ('{"prompt": "a", "answer": "x", "extract": "number"}', "line 2: .*is not a number"),
-    ('{"prompt": "a", "answer": "B", "extract": "vote"}', "line 2: \"extract\" is 'vote'"),
-    ('{"prompt": "a", "extract": "letter"}', "line 2: .*without an \"answer\""),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"prompt": "a"', "line 2: not valid JSON"),
+        ('["a"]', "line 2: expected a JSON object"),
+        ('{"text": "a"}', "line 2: unknown key"),
+        ('{"prompt": ""}', 'line 2: "prompt" must be'),
+        ('{"prompt": "a", "answer": "Paris"}', "line 2: cannot tell how to read"),
+        ('{"prompt": "a", "answer": "x", "extract": "regex"}', 'line 2: .*needs a "pattern"'),
+        ('{"prompt": "a", "answer": "x", "extract": "regex", "pattern": "("}', 'line 2: bad "pattern"'),
+        ('{"prompt": "a", "answer": "x", "extract": "number"}', "line 2: .*is not a number"),
+        ('{"prompt": "a", "answer": "B", "extract": "vote"}', "line 2: \"extract\" is 'vote'"),
+        ('{"prompt": "a", "extract": "letter"}', 'line 2: .*without an "answer"'),
+    ],
+)
 def test_bad_jsonl_lines_name_the_line(line, message):
     with pytest.raises(ConfigError, match=f"p.jsonl {message}"):
         parse_prompts('{"prompt": "fine"}\n' + line, "p.jsonl")
@@ -179,8 +241,10 @@ def test_empty_and_missing_prompt_files(tmp_path):
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    path.write_text('{"prompt": "the cat sat on", "answer": "B"}\n'
-                    '{"prompt": "we ran far", "answer": "Paris", "extract": "regex", "pattern": "(\\\\w+)"}\n')
+    path.write_text(
+        '{"prompt": "the cat sat on", "answer": "B"}\n'
+        '{"prompt": "we ran far", "answer": "Paris", "extract": "regex", "pattern": "(\\\\w+)"}\n'
+    )
     return str(path)
 
 
@@ -199,9 +263,31 @@ def _models(tiny_pair):
 @pytest.fixture(scope="module")
 def bench_run(tiny_pair, prompts_file, tmp_path_factory):
     png = tmp_path_factory.mktemp("plot") / "bench.png"
-    result = _invoke(["bench", *_models(tiny_pair), "--prompts", prompts_file, "--taus", "0,0.3",
-                      "--divergence", "js,kl", "--modes", "fsd,ar,draft-only", "--draft-max", "2,3",
-                      "--temp", "0,0.8", "--max-tokens", "10", "--repeats", "2", "--json", "--plot", str(png)])
+    result = _invoke(
+        [
+            "bench",
+            *_models(tiny_pair),
+            "--prompts",
+            prompts_file,
+            "--taus",
+            "0,0.3",
+            "--divergence",
+            "js,kl",
+            "--modes",
+            "fsd,ar,draft-only",
+            "--draft-max",
+            "2,3",
+            "--temp",
+            "0,0.8",
+            "--max-tokens",
+            "10",
+            "--repeats",
+            "2",
+            "--json",
+            "--plot",
+            str(png),
+        ]
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout), png
 
@@ -210,9 +296,24 @@ def test_bench_json(bench_run):
     rows, _ = bench_run
     # per temperature: ar, sd x 2 k, fsd x 2 divergences x 2 taus x 2 k, draft-only
     assert len(rows) == 2 * (1 + 2 + 8 + 1)
-    required = {"mode", "divergence", "tau", "draft_max", "temperature", "tokens_per_second", "speedup_vs_ar",
-                "speedup_vs_sd", "acceptance_rate", "mean_tokens_per_round", "fuzzy_share", "target_logprob_mean",
-                "agreement", "accuracy", "acceptance_by_position", "time_share"}
+    required = {
+        "mode",
+        "divergence",
+        "tau",
+        "draft_max",
+        "temperature",
+        "tokens_per_second",
+        "speedup_vs_ar",
+        "speedup_vs_sd",
+        "acceptance_rate",
+        "mean_tokens_per_round",
+        "fuzzy_share",
+        "target_logprob_mean",
+        "agreement",
+        "accuracy",
+        "acceptance_by_position",
+        "time_share",
+    }
     assert all(required <= set(r) for r in rows)
     assert all(r["runs"] == 4 and r["tokens_per_second"] > 0 for r in rows)
     for r in rows:
@@ -242,8 +343,18 @@ def test_bench_plot_is_a_matplotlib_png(bench_run):
 
 
 def test_bench_table_and_csv(tiny_pair, prompts_file):
-    args = ["bench", *_models(tiny_pair), "--prompts", prompts_file, "--taus", "0.2", "--max-tokens", "6",
-            "--repeats", "1"]
+    args = [
+        "bench",
+        *_models(tiny_pair),
+        "--prompts",
+        prompts_file,
+        "--taus",
+        "0.2",
+        "--max-tokens",
+        "6",
+        "--repeats",
+        "1",
+    ]
     table = _invoke(args)
     assert table.exit_code == 0 and "tok/s" in table.stdout and "x sd" in table.stdout
     rows = list(csv.DictReader(io.StringIO(_invoke(args + ["--csv"]).stdout)))
@@ -255,8 +366,9 @@ def test_bench_plot_without_matplotlib_is_one_clear_line(tiny_pair, monkeypatch,
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without the `plot` extra sees
     result = _invoke(["bench", *_models(tiny_pair), "--plot", str(tmp_path / "x.png")])
     assert result.exit_code == 1
-    assert result.stderr.strip() == "error: --plot needs matplotlib, which is not installed: " \
-                                    "pip install 'fsd-local[plot]'"
+    assert (
+        result.stderr.strip() == "error: --plot needs matplotlib, which is not installed: pip install 'fsd-local[plot]'"
+    )
     assert not (tmp_path / "x.png").exists()
 
 
@@ -271,8 +383,23 @@ def test_bench_usage_errors(tiny_pair):
 
 
 def test_calibrate_finds_the_largest_tau_within_an_agreement_budget(tiny_pair, prompts_file):
-    result = _invoke(["calibrate", *_models(tiny_pair), "--prompts", prompts_file, "--min-agreement", "0.5",
-                      "--steps", "3", "--max-tokens", "10", "--repeats", "1", "--json"])
+    result = _invoke(
+        [
+            "calibrate",
+            *_models(tiny_pair),
+            "--prompts",
+            prompts_file,
+            "--min-agreement",
+            "0.5",
+            "--steps",
+            "3",
+            "--max-tokens",
+            "10",
+            "--repeats",
+            "1",
+            "--json",
+        ]
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert 0 <= out["tau"] <= math.log(2)
@@ -284,8 +411,25 @@ def test_calibrate_finds_the_largest_tau_within_an_agreement_budget(tiny_pair, p
 
 
 def test_calibrate_acceptance_target_and_errors(tiny_pair, prompts_file):
-    result = _invoke(["calibrate", *_models(tiny_pair), "--prompts", prompts_file, "--target-acceptance", "0.9",
-                      "--steps", "2", "--max-tokens", "10", "--repeats", "1", "--temp", "0.8", "--json"])
+    result = _invoke(
+        [
+            "calibrate",
+            *_models(tiny_pair),
+            "--prompts",
+            prompts_file,
+            "--target-acceptance",
+            "0.9",
+            "--steps",
+            "2",
+            "--max-tokens",
+            "10",
+            "--repeats",
+            "1",
+            "--temp",
+            "0.8",
+            "--json",
+        ]
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     reached = [v["tau"] for v in out["visited"] if v["meets"]]
@@ -310,7 +454,8 @@ def test_bench_kernels_json():
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert [(r["divergence"], r["vocab"], r["rows"]) for r in rows] == [
-        (d, v, n) for d in DIVERGENCES for v in (64, 300) for n in (1, 3)]
+        (d, v, n) for d in DIVERGENCES for v in (64, 300) for n in (1, 3)
+    ]
     for r in rows:
         assert r["numba_s"] > 0 and r["numpy_s"] > 0
         assert r["ratio"] == pytest.approx(r["numpy_s"] / r["numba_s"])

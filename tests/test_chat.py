@@ -1,4 +1,5 @@
 """fsd-local chat: conversation state over real llama.cpp (tiny GGUFs), live settings, Ctrl-C, pipes."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,10 @@ from fsd_local import CancelToken, ConfigError, ContextOverflowError, Engine, Se
 from fsd_local.cli.chat import ChatSession, Command, OriginPainter, interrupt_cancels, parse_command
 from fsd_local.engine import Piece
 
-LONG = ("please tell me a story about a fox who walks through the forest at night, meets an owl, "
-        "and asks it the way home; the owl answers with a riddle and the fox has to think hard. ") * 2
+LONG = (
+    "please tell me a story about a fox who walks through the forest at night, meets an owl, "
+    "and asks it the way home; the owl answers with a riddle and the fox has to think hard. "
+) * 2
 
 
 @pytest.fixture
@@ -35,24 +38,30 @@ def command(session, line):
 
 
 # ------------------------------------------------------------------ parsing
-@pytest.mark.parametrize("line, expected", [
-    ("/tau 0.2", Command("tau", "0.2")),
-    ("  /MODE   sd ", Command("mode", "sd")),
-    ("/divergence kl", Command("divergence", "kl")),
-    ("/temp", Command("temp", None)),
-    ("/quit", Command("quit")),
-    ("hello /tau 0.2", None),
-    ("//tau is a word", None),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("/tau 0.2", Command("tau", "0.2")),
+        ("  /MODE   sd ", Command("mode", "sd")),
+        ("/divergence kl", Command("divergence", "kl")),
+        ("/temp", Command("temp", None)),
+        ("/quit", Command("quit")),
+        ("hello /tau 0.2", None),
+        ("//tau is a word", None),
+    ],
+)
 def test_parse_command(line, expected):
     assert parse_command(line) == expected
 
 
-@pytest.mark.parametrize("line, message", [
-    ("/tua 0.2", r"unknown command /tua; /help lists the commands"),
-    ("/stats now", r"/stats takes no value"),
-    ("/", r"unknown command /;"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("/tua 0.2", r"unknown command /tua; /help lists the commands"),
+        ("/stats now", r"/stats takes no value"),
+        ("/", r"unknown command /;"),
+    ],
+)
 def test_parse_command_errors(line, message):
     with pytest.raises(ConfigError, match=message):
         parse_command(line)
@@ -93,14 +102,17 @@ def test_slash_commands_change_the_next_reply(session):
     assert command(session, "/tau") == "tau = 1.0"
 
 
-@pytest.mark.parametrize("line, message", [
-    ("/tau abc", r"/tau needs a number, e.g. /tau 0.3; got 'abc'"),
-    ("/tau -1", r"tau=-1.0 must be >= 0"),
-    ("/tau nan", r"tau=nan must be a finite number"),
-    ("/mode nope", r"mode='nope' is not a mode; choose one of fsd, fsd-paper, sd, ar, draft-only"),
-    ("/divergence jsd", r"divergence='jsd' is not a divergence; choose one of js, kl"),
-    ("/temp -0.5", r"temperature=-0.5 must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("/tau abc", r"/tau needs a number, e.g. /tau 0.3; got 'abc'"),
+        ("/tau -1", r"tau=-1.0 must be >= 0"),
+        ("/tau nan", r"tau=nan must be a finite number"),
+        ("/mode nope", r"mode='nope' is not a mode; choose one of fsd, fsd-paper, sd, ar, draft-only"),
+        ("/divergence jsd", r"divergence='jsd' is not a divergence; choose one of js, kl"),
+        ("/temp -0.5", r"temperature=-0.5 must be >= 0"),
+    ],
+)
 def test_bad_values_are_refused_and_change_nothing(session, line, message):
     before = session.settings
     with pytest.raises(ConfigError, match=message):
@@ -202,15 +214,22 @@ def test_painted_reply_is_the_reply(session, tiny_engine):
 
 # ------------------------------------------------------------------ the command through a pipe
 def chat_cli(args, lines, env=None):
-    return subprocess.run([sys.executable, "-m", "fsd_local.cli", "chat", "--ctx", "512", "--threads", "1",
-                           "--max-tokens", "10", *args], input="\n".join(lines) + "\n", capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "fsd_local.cli", "chat", "--ctx", "512", "--threads", "1", "--max-tokens", "10", *args],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_chat_through_a_pipe_keeps_the_conversation(tiny_pair):
     draft, target = tiny_pair
-    run = chat_cli(["--target", target, "--draft", draft, "--json"],
-                   [LONG, "/tau 0.3", "/tau nope", "", "and then?", LONG * 3, "/quit", "never sent"])
+    run = chat_cli(
+        ["--target", target, "--draft", draft, "--json"],
+        [LONG, "/tau 0.3", "/tau nope", "", "and then?", LONG * 3, "/quit", "never sent"],
+    )
     assert run.returncode == 0, run.stderr
     replies = [json.loads(line) for line in run.stdout.splitlines()]
     assert len(replies) == 2

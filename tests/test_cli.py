@@ -1,4 +1,5 @@
 """The command line around chat: the demo pair, models/pull/--pair end to end, error paths, help texts."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,10 +40,13 @@ def test_demo_pair_builds_from_scratch(tmp_path):
     assert said == [] and target.stat().st_mtime_ns == mtime  # built once
 
 
-@pytest.mark.parametrize("args, input", [
-    (["chat", "--max-tokens", "3", "--ctx", "256", "--threads", "1"], "Hi\n"),
-    (["generate", "Hi", "--max-tokens", "3", "--ctx", "256", "--threads", "1"], None),
-])
+@pytest.mark.parametrize(
+    "args, input",
+    [
+        (["chat", "--max-tokens", "3", "--ctx", "256", "--threads", "1"], "Hi\n"),
+        (["generate", "Hi", "--max-tokens", "3", "--ctx", "256", "--threads", "1"], None),
+    ],
+)
 def test_no_model_arguments_runs_the_demo_pair_and_says_so(real_pair, args, input):
     result = invoke(args, input)
     assert result.exit_code == 0, result.output
@@ -64,16 +68,23 @@ def not_gguf(tmp_path):
 
 
 ERRORS = [
-    (lambda tmp, pair: ["--target", str(tmp / "nope.gguf"), "--draft", pair[0]],
-     r"error: target model file not found: .*nope.gguf \(check the path, or `fsd-local pull` a pair\)"),
-    (lambda tmp, pair: ["--target", not_gguf(tmp), "--draft", pair[0]],
-     r"error: target model .*model.gguf is not a GGUF file \(starts with b'PK\\x03\\x04'"),
-    (lambda tmp, pair: ["--target", pair[1], "--draft", pair[0], "--tau", "-1"],
-     r"error: tau=-1.0 must be >= 0"),
-    (lambda tmp, pair: ["--pair", "qwen-0.5b"],
-     r"error: unknown pair 'qwen-0.5b' \(did you mean 'qwen2.5-0.5b-7b'\?\); known pairs:"),
-    (lambda tmp, pair: ["--pair", "qwen2.5-0.5b-7b"],
-     r"error: pair 'qwen2.5-0.5b-7b' is not downloaded yet \(missing bartowski/Qwen2.5-7B-Instruct-GGUF/"),
+    (
+        lambda tmp, pair: ["--target", str(tmp / "nope.gguf"), "--draft", pair[0]],
+        r"error: target model file not found: .*nope.gguf \(check the path, or `fsd-local pull` a pair\)",
+    ),
+    (
+        lambda tmp, pair: ["--target", not_gguf(tmp), "--draft", pair[0]],
+        r"error: target model .*model.gguf is not a GGUF file \(starts with b'PK\\x03\\x04'",
+    ),
+    (lambda tmp, pair: ["--target", pair[1], "--draft", pair[0], "--tau", "-1"], r"error: tau=-1.0 must be >= 0"),
+    (
+        lambda tmp, pair: ["--pair", "qwen-0.5b"],
+        r"error: unknown pair 'qwen-0.5b' \(did you mean 'qwen2.5-0.5b-7b'\?\); known pairs:",
+    ),
+    (
+        lambda tmp, pair: ["--pair", "qwen2.5-0.5b-7b"],
+        r"error: pair 'qwen2.5-0.5b-7b' is not downloaded yet \(missing bartowski/Qwen2.5-7B-Instruct-GGUF/",
+    ),
 ]
 
 
@@ -86,18 +97,22 @@ def test_chat_errors_are_one_clear_line(tmp_path, tiny_pair, make_args, message)
 
 
 def test_mismatched_vocabularies(real_pair, gemma_path):
-    result = invoke(["chat", "--target", gemma_path, "--draft", real_pair[0], "--ctx", "128", "--threads", "1"],
-                    "hello\n")
+    result = invoke(
+        ["chat", "--target", gemma_path, "--draft", real_pair[0], "--ctx", "128", "--threads", "1"], "hello\n"
+    )
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert re.search(r"error: draft .*SmolLM2.* cannot draft for target .*: .*differ", result.output)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["chat", "--tau", "abc"], "Invalid value for '--tau': 'abc' is not a valid float"),
-    (["chat", "--mode", "fast"], "Invalid value for '--mode': 'fast' is not one of"),
-    (["chat", "--pair", "x", "--target", "t.gguf"], "give either --pair or --target/--draft, not both"),
-    (["pull"], "Missing argument 'PAIR'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["chat", "--tau", "abc"], "Invalid value for '--tau': 'abc' is not a valid float"),
+        (["chat", "--mode", "fast"], "Invalid value for '--mode': 'fast' is not one of"),
+        (["chat", "--pair", "x", "--target", "t.gguf"], "give either --pair or --target/--draft, not both"),
+        (["pull"], "Missing argument 'PAIR'"),
+    ],
+)
 def test_usage_errors(args, message):
     result = invoke(args, "")
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
@@ -111,23 +126,40 @@ def test_debug_shows_the_exception(tmp_path, tiny_pair):
 @pytest.mark.parametrize("command", ["chat", "models", "pull"])
 def test_help_explains_tau_modes_and_divergences(command):
     text = " ".join(invoke([command, "--help"]).output.split())
-    for words in ("tau", "0 = standard speculative decoding", "fsd-paper", "draft-only", "Jensen-Shannon",
-                  "paper-js", "Examples:", "fsd-local chat --"):
+    for words in (
+        "tau",
+        "0 = standard speculative decoding",
+        "fsd-paper",
+        "draft-only",
+        "Jensen-Shannon",
+        "paper-js",
+        "Examples:",
+        "fsd-local chat --",
+    ):
         assert words in text, (command, words)
 
 
 # ------------------------------------------------------------------ models, pull and --pair, end to end
 def fsd_local(args, env, input=None):
-    return subprocess.run([sys.executable, "-m", "fsd_local.cli", *args], capture_output=True, text=True,
-                          input=input, timeout=120, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "fsd_local.cli", *args],
+        capture_output=True,
+        text=True,
+        input=input,
+        timeout=120,
+        env={**os.environ, **env},
+    )
 
 
 @pytest.fixture
 def registry_env(tmp_path, tiny_pair):
     draft_sha = hashlib.sha256(Path(tiny_pair[0]).read_bytes()).hexdigest()
     (tmp_path / "models.toml").write_text(toml_for(draft_sha=draft_sha))
-    return {"FSD_LOCAL_MODELS": str(tmp_path / "models.toml"), "HF_HUB_CACHE": str(tmp_path / "hub"),
-            "HF_HUB_OFFLINE": "0"}
+    return {
+        "FSD_LOCAL_MODELS": str(tmp_path / "models.toml"),
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+        "HF_HUB_OFFLINE": "0",
+    }
 
 
 def test_pull_then_chat_with_the_pair(registry_env, tiny_pair):
@@ -142,17 +174,25 @@ def test_pull_then_chat_with_the_pair(registry_env, tiny_pair):
     assert Path(paths["target"]).read_bytes() == Path(tiny_pair[1]).read_bytes()
     listing = fsd_local(["models"], registry_env)
     assert "tiny  [downloaded]  tiny pair" in listing.stdout and registry_env["HF_HUB_CACHE"] in listing.stdout
-    chat = fsd_local(["chat", "--pair", "tiny", "--ctx", "256", "--threads", "1", "--max-tokens", "5", "--json"],
-                     registry_env, input="hello\n")
+    chat = fsd_local(
+        ["chat", "--pair", "tiny", "--ctx", "256", "--threads", "1", "--max-tokens", "5", "--json"],
+        registry_env,
+        input="hello\n",
+    )
     assert chat.returncode == 0, chat.stderr
     assert json.loads(chat.stdout)["stats"]["tokens"] == 5
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"HF_HUB_OFFLINE": "1"}, "error: HF_HUB_OFFLINE is set and me/tiny/target.gguf, me/tiny/draft.gguf is not in "
-                              "the cache"),
-    ({"HF_ENDPOINT": "http://127.0.0.1:{port}"}, "error: cannot reach http://127.0.0.1:{port} ("),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (
+            {"HF_HUB_OFFLINE": "1"},
+            "error: HF_HUB_OFFLINE is set and me/tiny/target.gguf, me/tiny/draft.gguf is not in the cache",
+        ),
+        ({"HF_ENDPOINT": "http://127.0.0.1:{port}"}, "error: cannot reach http://127.0.0.1:{port} ("),
+    ],
+)
 def test_pull_without_the_hub_is_one_line(registry_env, env, message):
     port = closed_port()
     env = {k: v.format(port=port) for k, v in env.items()}

@@ -4,6 +4,7 @@ The rule is tested for every kind of host as a pure function; the real checks as
 A test that would crash on an AMX host (loading with repacking forced on) runs only where the rule says
 repacking is safe, and says so when it skips.
 """
+
 import re
 
 import pytest
@@ -119,8 +120,16 @@ def test_cli_flags_reach_each_model(tiny_pair):
     from fsd_local.cli.options import load_engine
 
     draft, target = tiny_pair
-    base = dict(target=target, draft=draft, pair=None, n_ctx=128, n_threads=1, n_gpu_layers=0,
-                draft_n_gpu_layers=0, settings=Settings())
+    base = dict(
+        target=target,
+        draft=draft,
+        pair=None,
+        n_ctx=128,
+        n_threads=1,
+        n_gpu_layers=0,
+        draft_n_gpu_layers=0,
+        settings=Settings(),
+    )
     with load_engine(**base, repack=False) as eng:
         assert (eng.target.repack.reason, eng.draft.repack.reason) == ("--no-repack given",) * 2
     with load_engine(**base, draft_repack=False) as eng:

@@ -1,4 +1,5 @@
 """Every divergence kernel against the float64 NumPy reference, on random and adversarial rows."""
+
 import math
 
 import numpy as np

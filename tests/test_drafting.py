@@ -1,5 +1,6 @@
 """The drafting helpers of issue 12: prompt lookup (ngram), the `auto` draft-length cost model, and the
 divergences of a target row against a one-hot draft distribution."""
+
 from __future__ import annotations
 
 import math
@@ -38,9 +39,9 @@ def brute_force(history, k, ngram_min, ngram_max, periodic=True):
     """The definition, by rescanning: longest n first, most recent earlier occurrence with a follower."""
     size = len(history)
     for n in range(min(ngram_max, size - 1), ngram_min - 1, -1):
-        tail = history[size - n:]
+        tail = history[size - n :]
         for s in range(size - n - 1, -1, -1):
-            if history[s:s + n] == tail:
+            if history[s : s + n] == tail:
                 ext = list(history)
                 out = []
                 while len(out) < k and s + n + len(out) < len(ext):
@@ -110,7 +111,7 @@ def test_random_histories_match_the_definition_with_appends_and_rewinds(seed):
     for _ in range(300):
         r = rng.random()
         if r < 0.15 and hist:  # the engine's text shrinks (a new prompt sharing only a prefix)
-            hist = hist[:rng.randrange(len(hist) + 1)] + [rng.randrange(6) for _ in range(rng.randrange(3))]
+            hist = hist[: rng.randrange(len(hist) + 1)] + [rng.randrange(6) for _ in range(rng.randrange(3))]
         else:
             hist = hist + [rng.randrange(6) for _ in range(rng.randrange(1, 4))]
         k = rng.randrange(0, 7)
@@ -161,7 +162,7 @@ def test_speed_for_a_4k_token_history(capsys):
     base = word_tokens(CODE, vocab)
     prompt = []
     while len(prompt) < 4096:  # text with repetition, like a code-edit prompt, plus noise tokens
-        prompt += base[rng.randrange(len(base)):][:rng.randrange(5, 40)] + [rng.randrange(1000, 49152)]
+        prompt += base[rng.randrange(len(base)) :][: rng.randrange(5, 40)] + [rng.randrange(1000, 49152)]
     prompt = prompt[:4096]
     d = NgramDrafter()
     t = perf_counter()
@@ -184,8 +185,10 @@ def test_speed_for_a_4k_token_history(capsys):
     fresh.sync(d.snapshot()[0])
     assert fresh.snapshot() == d.snapshot()
     with capsys.disabled():
-        print(f"\nngram: index 4096 tokens {t_index * 1e3:.2f} ms; propose(history) per round {t_round * 1e6:.1f} us "
-              f"at ~{len(hist)} tokens ({hits}/{rounds} rounds matched); extend+draft {t_draft * 1e6:.1f} us")
+        print(
+            f"\nngram: index 4096 tokens {t_index * 1e3:.2f} ms; propose(history) per round {t_round * 1e6:.1f} us "
+            f"at ~{len(hist)} tokens ({hits}/{rounds} rounds matched); extend+draft {t_draft * 1e6:.1f} us"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- one-hot divergences
@@ -409,7 +412,7 @@ def simulate(cm, rounds, verify, draft_per_token, accept, seed=0):
 
 def settled(chosen, run=20):
     """The first round from which `run` rounds in a row all drafted (k > 0)."""
-    return next(i for i in range(len(chosen)) if all(k > 0 for k in chosen[i:i + run]))
+    return next(i for i in range(len(chosen)) if all(k > 0 for k in chosen[i : i + run]))
 
 
 def share(chosen, pred):
@@ -464,7 +467,7 @@ def test_policy_comes_back_after_costs_change():
     chosen = simulate(cm, 300, f16_verify, 1 * MS, 0.9, seed=2)
     back = settled(chosen)
     assert back <= cm.probe_max + 2 * cm.probe_every, chosen  # within about one backed-off probe interval
-    assert share(chosen[back + 20:], lambda k: k >= 3) >= 0.9, cm.k_histogram
+    assert share(chosen[back + 20 :], lambda k: k >= 3) >= 0.9, cm.k_histogram
     # and it goes back to plain steps when drafting stops paying again
     chosen = simulate(cm, 300, q4_verify, 5 * MS, 0.2, seed=4)
     assert chosen[-100:].count(0) >= 95, cm.k_histogram
@@ -478,7 +481,7 @@ def test_acceptance_improving_while_at_k0_is_found_by_probes():
     chosen = simulate(cm, 200, verify, 0.0, 0.98, seed=6)
     back = settled(chosen)
     assert back <= cm.probe_max + 2 * cm.probe_every, chosen
-    assert share(chosen[back + 20:], lambda k: k >= 4) >= 0.9, cm.k_histogram
+    assert share(chosen[back + 20 :], lambda k: k >= 4) >= 0.9, cm.k_histogram
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -601,6 +604,7 @@ def test_histogram_and_summary():
     assert cm.k_histogram == [chosen.count(k) for k in range(6)]
     s = cm.summary()
     import json
+
     json.dumps(s)
     assert len(s["verify_seconds_est"]) == 6 and len(s["acceptance_est"]) == 5
     assert s["plain_tokens_per_second_est"] > 0
@@ -620,6 +624,7 @@ def test_choose_k_is_cheap(capsys):
 
 
 # ---------------------------------------------------------------------------------------------- grounded prompts
+
 
 def test_grounded_prompts_file_parses_and_repeats_its_input():
     from pathlib import Path

@@ -1,5 +1,6 @@
 """The FSD loop on tiny real llama.cpp models: exactness at tau = 0, full acceptance at huge tau, the KV-cache
 contract, distribution preservation of sampled SD, and the generation controls."""
+
 import numpy as np
 import pytest
 from scipy import stats as sps
@@ -49,7 +50,7 @@ def test_huge_tau_accepts_every_draft_and_rounds_are_the_drafts_greedy_run(tiny_
 
 def _next_logits(model, seq):
     assert model.tokens == seq[: len(model.tokens)], "the cache is not a prefix of the accepted text"
-    model.decode(seq[len(model.tokens):], "last")
+    model.decode(seq[len(model.tokens) :], "last")
     return model.logits(1)[0].copy()
 
 
@@ -67,9 +68,15 @@ def _fresh_logits(path, seq, one_by_one=False):
         fresh.close()
 
 
-@pytest.mark.parametrize("settings", [dict(mode="sd"), dict(mode="fsd", tau=0.05, divergence="kl"),
-                                      dict(mode="fsd-paper", tau=0.02, temperature=0.9, seed=3),
-                                      dict(mode="sd", temperature=1.0, seed=7, draft_max=6, adaptive=True)])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(mode="sd"),
+        dict(mode="fsd", tau=0.05, divergence="kl"),
+        dict(mode="fsd-paper", tau=0.02, temperature=0.9, seed=3),
+        dict(mode="sd", temperature=1.0, seed=7, draft_max=6, adaptive=True),
+    ],
+)
 def test_kv_caches_equal_a_fresh_evaluation_after_many_rounds(tiny_pair, settings):
     draft, target = tiny_pair
     with Engine(target=target, draft=draft, n_ctx=512, n_threads=1) as eng:
@@ -97,7 +104,7 @@ def test_kv_tolerance_catches_one_stale_cache_entry(tiny_pair):
         stale = list(seq)
         stale[pos] = (stale[pos] + 7) % 290
         assert np.abs(_fresh_logits(target, stale) - good).max() > 2 * KV_ATOL
-        assert np.abs(_fresh_logits(target, seq[:pos] + seq[pos + 1:]) - good).max() > 2 * KV_ATOL
+        assert np.abs(_fresh_logits(target, seq[:pos] + seq[pos + 1 :]) - good).max() > 2 * KV_ATOL
 
 
 def _first_token_counts(engine, prompt, n_samples, k=3, **settings):

@@ -1,4 +1,5 @@
 """Bad input gets a clear error naming the problem and what to do."""
+
 import math
 import subprocess
 import sys
@@ -59,8 +60,17 @@ def test_bad_tau(tau, why, tiny_engine):
         tiny_engine.generate("the", tau=tau)
 
 
-@pytest.mark.parametrize("field,value", [("mode", "turbo"), ("divergence", "hellinger"), ("top_p", 0.0),
-                                         ("temperature", -1.0), ("draft_max", 0), ("min_p", 1.0)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("mode", "turbo"),
+        ("divergence", "hellinger"),
+        ("top_p", 0.0),
+        ("temperature", -1.0),
+        ("draft_max", 0),
+        ("min_p", 1.0),
+    ],
+)
 def test_bad_settings(field, value):
     with pytest.raises(ConfigError, match=field):
         Settings(**{field: value})
@@ -86,8 +96,9 @@ def test_speculative_mode_without_a_draft(tiny_pair):
 
 
 def run_cli(*args, input=None):
-    return subprocess.run([sys.executable, "-m", "fsd_local.cli", *args], capture_output=True, text=True,
-                          input=input, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fsd_local.cli", *args], capture_output=True, text=True, input=input, timeout=300
+    )
 
 
 def test_cli_errors_are_one_line_without_traceback(tmp_path, tiny_pair):
@@ -109,12 +120,34 @@ def test_cli_generate_json(tiny_pair):
     import json
 
     draft, target = tiny_pair
-    r = run_cli("generate", "--target", target, "--draft", draft, "--max-tokens", "12", "--json", "--threads", "1",
-                input="the cat")
+    r = run_cli(
+        "generate",
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "--max-tokens",
+        "12",
+        "--json",
+        "--threads",
+        "1",
+        input="the cat",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert set(out) >= {"text", "token_ids", "finish_reason", "stats"}
-    for key in ("tokens", "rounds", "drafted", "accepted_sd", "accepted_fuzzy", "acceptance_rate",
-                "mean_tokens_per_round", "target_logprob_mean", "seconds", "prompt_seconds", "tokens_per_second"):
+    for key in (
+        "tokens",
+        "rounds",
+        "drafted",
+        "accepted_sd",
+        "accepted_fuzzy",
+        "acceptance_rate",
+        "mean_tokens_per_round",
+        "target_logprob_mean",
+        "seconds",
+        "prompt_seconds",
+        "tokens_per_second",
+    ):
         assert key in out["stats"]
     assert set(out["stats"]["seconds"]) == {"draft", "target", "other"}

@@ -1,6 +1,7 @@
 """The SmolLM2 demo pair fully on the GPU: it really is there, it says what the CPU says, and the KV contract
 holds. Skipped, with the reason, on a build or machine without a GPU; native/gpu_check.sh sets
 FSD_REQUIRE_GPU=1 so that a missing GPU fails there instead of skipping."""
+
 import os
 
 import numpy as np
@@ -28,8 +29,9 @@ def gpu():
     info = detect()
     if not info.gpus:
         kinds = [b for b in info.backends if b not in ("CPU", "BLAS", "RPC")]
-        reason = (f"no GPU device: this llama-cpp-python build has backends {', '.join(info.backends)}"
-                  + ("" if kinds else " (CPU-only; build one with native/build.sh cuda or native/gpu_check.sh)"))
+        reason = f"no GPU device: this llama-cpp-python build has backends {', '.join(info.backends)}" + (
+            "" if kinds else " (CPU-only; build one with native/build.sh cuda or native/gpu_check.sh)"
+        )
         if os.environ.get("FSD_REQUIRE_GPU"):
             pytest.fail(reason)
         pytest.skip(reason)
@@ -45,8 +47,10 @@ def _device_used(gpu_before) -> int:
 def gpu_engine(gpu, real_pair):
     draft, target = real_pair
     before = detect().gpus
-    eng = Engine(target=ModelOptions(target, n_ctx=1024, n_gpu_layers=-1),
-                 draft=ModelOptions(draft, n_ctx=1024, n_gpu_layers=-1, split_mode="none"))
+    eng = Engine(
+        target=ModelOptions(target, n_ctx=1024, n_gpu_layers=-1),
+        draft=ModelOptions(draft, n_ctx=1024, n_gpu_layers=-1, split_mode="none"),
+    )
     eng.device_bytes = _device_used(before)
     yield eng
     eng.close()
@@ -55,16 +59,19 @@ def gpu_engine(gpu, real_pair):
 @pytest.fixture(scope="module")
 def gpu_engine_f16(gpu, real_pair_f16):
     draft, target = real_pair_f16
-    with Engine(target=ModelOptions(target, n_ctx=1024, n_gpu_layers=-1),
-                draft=ModelOptions(draft, n_ctx=1024, n_gpu_layers=-1, split_mode="none")) as eng:
+    with Engine(
+        target=ModelOptions(target, n_ctx=1024, n_gpu_layers=-1),
+        draft=ModelOptions(draft, n_ctx=1024, n_gpu_layers=-1, split_mode="none"),
+    ) as eng:
         yield eng
 
 
 @pytest.fixture(scope="module")
 def cpu_engine_f16(real_pair_f16):
     draft, target = real_pair_f16
-    with Engine(target=ModelOptions(target, n_ctx=1024, n_gpu_layers=0),
-                draft=ModelOptions(draft, n_ctx=1024, n_gpu_layers=0)) as eng:
+    with Engine(
+        target=ModelOptions(target, n_ctx=1024, n_gpu_layers=0), draft=ModelOptions(draft, n_ctx=1024, n_gpu_layers=0)
+    ) as eng:
         yield eng
 
 
@@ -94,8 +101,10 @@ def test_gpu_greedy_tokens_match_the_cpu_on_f16(gpu_engine_f16, cpu_engine_f16, 
     cpu = cpu_engine_f16.generate(prompt, mode="ar", max_tokens=N_TOKENS).token_ids
     ar = gpu_engine_f16.generate(prompt, mode="ar", max_tokens=N_TOKENS).token_ids
     sd = gpu_engine_f16.generate(prompt, mode="sd", max_tokens=N_TOKENS)
-    print(f"\n{prompt!r}: GPU ar agrees with CPU ar for {_common_prefix(ar, cpu)}/{N_TOKENS} tokens, "
-          f"GPU sd with GPU ar for {_common_prefix(sd.token_ids, ar)}/{N_TOKENS}")
+    print(
+        f"\n{prompt!r}: GPU ar agrees with CPU ar for {_common_prefix(ar, cpu)}/{N_TOKENS} tokens, "
+        f"GPU sd with GPU ar for {_common_prefix(sd.token_ids, ar)}/{N_TOKENS}"
+    )
     assert _common_prefix(ar, cpu) >= MIN_COMMON_PREFIX, (ar, cpu)
     assert _common_prefix(sd.token_ids, ar) >= MIN_COMMON_PREFIX, (sd.token_ids, ar)
     assert sd.stats["acceptance_rate"] > 0.2
@@ -114,7 +123,7 @@ def test_kv_caches_equal_a_fresh_gpu_evaluation_after_many_rounds(gpu_engine, re
         seq = seq + out.token_ids + gpu_engine.tokenize(" and", add_special=False)
     for model, path in ((gpu_engine.target, real_pair[1]), (gpu_engine.draft, real_pair[0])):
         assert model.tokens == seq[: len(model.tokens)], "the cache is not a prefix of the accepted text"
-        model.decode(seq[len(model.tokens):], "last")
+        model.decode(seq[len(model.tokens) :], "last")
         got = _probs(model.logits(1)[0])
         fresh = Model(ModelOptions(path, n_ctx=1024, n_gpu_layers=-1))
         try:

@@ -1,4 +1,5 @@
 """Integration on the real SmolLM2 pair (FSD.md): draft = SmolLM2-135M, target = its 44-layer upscaled copy."""
+
 import numpy as np
 import pytest
 
@@ -34,8 +35,10 @@ def test_greedy_sd_on_the_quantised_pair_differs_from_ar_only_at_a_near_tie(real
     ar = real_engine.generate(prompt, mode="ar", max_tokens=48).token_ids
     sd = real_engine.generate(prompt, mode="sd", max_tokens=48).token_ids
     n = next((i for i, (a, b) in enumerate(zip(ar, sd)) if a != b), None)
-    print(f"\n{prompt!r}: greedy sd == ar for {n if n is not None else min(len(ar), len(sd))} tokens"
-          + (" (identical)" if n is None else f", then {sd[n]} vs {ar[n]}"))
+    print(
+        f"\n{prompt!r}: greedy sd == ar for {n if n is not None else min(len(ar), len(sd))} tokens"
+        + (" (identical)" if n is None else f", then {sd[n]} vs {ar[n]}")
+    )
     if n is None:
         assert ar == sd or min(len(ar), len(sd)) < 48  # one stopped at end-of-generation
         return
@@ -79,7 +82,7 @@ def test_kv_invariant_on_the_real_pair(real_pair):
         seq = seq + out.token_ids
         for model, path in ((eng.target, target), (eng.draft, draft)):
             assert model.tokens == seq[: len(model.tokens)]
-            model.decode(seq[len(model.tokens):], "last")
+            model.decode(seq[len(model.tokens) :], "last")
             got = model.logits(1)[0].copy()
             fresh = Model(ModelOptions(path, n_ctx=512, n_threads=2))
             fresh.decode(seq, "last")

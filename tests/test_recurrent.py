@@ -4,6 +4,7 @@ Speculative decoding rewinds both models to the accepted prefix after every reje
 rolling state per sequence for recurrent models, so `llama_memory_seq_rm` on a partial range fails; fsd_local
 refuses such models at load (CacheTruncationError) instead of failing mid-generation.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -48,8 +49,24 @@ def test_engine_refuses_a_recurrent_model_without_a_draft(mamba):
 
 def test_cli_reports_a_recurrent_model_in_one_line(mamba, tiny_pair):
     draft, _ = tiny_pair
-    r = subprocess.run([sys.executable, "-m", "fsd_local.cli", "generate", "hi", "--target", mamba, "--draft", draft,
-                        "--threads", "1"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fsd_local.cli",
+            "generate",
+            "hi",
+            "--target",
+            mamba,
+            "--draft",
+            draft,
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     # before it, stderr may hold the placement notice (e.g. "CPU-only build of llama-cpp-python ...")
@@ -107,8 +124,11 @@ def test_llama_cpp_cannot_drop_a_partial_range_of_a_recurrent_state(raw_mamba_co
 
     # Model.truncate's runtime check against this real memory (unbound: Model() itself refuses to load it)
     state = SimpleNamespace(mem=mem, tokens=list(tokens), role="draft", path="mamba.gguf")
-    with pytest.raises(CacheTruncationError, match=r"draft model mamba\.gguf: llama\.cpp refused to drop KV "
-                                                   r"positions >= 3"):
+    with pytest.raises(
+        CacheTruncationError,
+        match=r"draft model mamba\.gguf: llama\.cpp refused to drop KV "
+        r"positions >= 3",
+    ):
         Model.truncate(state, 3)
     assert state.tokens == tokens  # the mirror still matches the cache
 

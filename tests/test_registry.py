@@ -1,4 +1,5 @@
 """models.toml validation, cache lookup and `pull` against a hub on 127.0.0.1 (no network needed)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -76,7 +77,7 @@ BROKEN = [
     ("js = 0.2", "jsd = 0.2", r"\[tau\]: 'jsd' is not a divergence"),
     ("js = 0.2", "js = -1", r"\[tau\]: tau for js must be a number >= 0"),
     ("[pairs.tiny]", "[pairs.tiny\n", r"is not valid TOML"),
-    ('description = "tiny pair"', 'description = 3', r"pair 'tiny': description must be a string, got 3"),
+    ('description = "tiny pair"', "description = 3", r"pair 'tiny': description must be a string, got 3"),
 ]
 
 
@@ -158,8 +159,9 @@ def sha(path) -> str:
 def test_pull_downloads_verifies_and_then_works_without_the_hub(online, hub, tiny_pair, tmp_path):
     registry = parse_registry(toml_for(draft_sha=sha(tiny_pair[0])))
     said = []
-    target, draft = pull("tiny", cache_dir=tmp_path, endpoint=hub.url, offline=False, registry=registry,
-                         say=said.append)
+    target, draft = pull(
+        "tiny", cache_dir=tmp_path, endpoint=hub.url, offline=False, registry=registry, say=said.append
+    )
     assert sha(target) == sha(tiny_pair[1]) and sha(draft) == sha(tiny_pair[0])
     assert "draft: sha256 matches models.toml (revision 0123456)" in said
     assert "target: sha256 matches the hub's checksum" in said
@@ -167,8 +169,9 @@ def test_pull_downloads_verifies_and_then_works_without_the_hub(online, hub, tin
     # a second pull reuses the cache without asking the hub (it would work with the network gone)
     n = len(hub.requests)
     said.clear()
-    assert pull("tiny", cache_dir=tmp_path, endpoint="http://127.0.0.1:9", offline=False, registry=registry,
-                say=said.append) == (target, draft)
+    assert pull(
+        "tiny", cache_dir=tmp_path, endpoint="http://127.0.0.1:9", offline=False, registry=registry, say=said.append
+    ) == (target, draft)
     assert len(hub.requests) == n and "target: me/tiny/target.gguf already in the cache" in said
 
 
@@ -176,15 +179,21 @@ def test_pull_accepts_a_reuploaded_file_that_matches_the_hub(online, hub, tmp_pa
     registry = parse_registry(toml_for(draft_sha=SHA_A))  # models.toml's hash is for an older upload
     said = []
     pull("tiny", cache_dir=tmp_path, endpoint=hub.url, offline=False, registry=registry, say=said.append)
-    assert any("matches the hub's checksum; it differs from models.toml's (revision 0123456): the file was "
-               "re-uploaded since" in s for s in said)
+    assert any(
+        "matches the hub's checksum; it differs from models.toml's (revision 0123456): the file was "
+        "re-uploaded since" in s
+        for s in said
+    )
 
 
 def test_pull_removes_a_download_that_fails_its_checksum(online, hub, tmp_path):
     hub.etags["me/tiny/target.gguf"] = SHA_A  # the bytes served are not what the hub announces
     registry = parse_registry(toml_for())
-    with pytest.raises(DownloadError, match=r"me/tiny/target.gguf: sha256 [0-9a-f]{64} does not match the "
-                                            r"hub's checksum a{64}; the corrupt copy was removed"):
+    with pytest.raises(
+        DownloadError,
+        match=r"me/tiny/target.gguf: sha256 [0-9a-f]{64} does not match the "
+        r"hub's checksum a{64}; the corrupt copy was removed",
+    ):
         pull("tiny", cache_dir=tmp_path, endpoint=hub.url, offline=False, registry=registry, say=lambda m: None)
     assert not list(tmp_path.rglob(SHA_A)) and not list(tmp_path.rglob("target.gguf"))
 
@@ -203,16 +212,20 @@ def test_pull_without_network_fails_at_once(tmp_path):
     endpoint = f"http://127.0.0.1:{closed_port()}"
     assert unreachable(endpoint) is not None
     t0 = time.perf_counter()
-    with pytest.raises(DownloadError, match=rf"cannot reach {endpoint} \(.+\), so me/tiny/target.gguf, "
-                                            r"me/tiny/draft.gguf cannot be downloaded; check the network"):
+    with pytest.raises(
+        DownloadError,
+        match=rf"cannot reach {endpoint} \(.+\), so me/tiny/target.gguf, "
+        r"me/tiny/draft.gguf cannot be downloaded; check the network",
+    ):
         pull("tiny", cache_dir=tmp_path, endpoint=endpoint, offline=False, registry=registry, say=lambda m: None)
     assert time.perf_counter() - t0 < 5
 
 
 def test_pull_in_offline_mode(tmp_path):
     registry = parse_registry(toml_for())
-    with pytest.raises(DownloadError, match="HF_HUB_OFFLINE is set and me/tiny/target.gguf, me/tiny/draft.gguf "
-                                            "is not in the cache"):
+    with pytest.raises(
+        DownloadError, match="HF_HUB_OFFLINE is set and me/tiny/target.gguf, me/tiny/draft.gguf is not in the cache"
+    ):
         pull("tiny", cache_dir=tmp_path, offline=True, registry=registry, say=lambda m: None)
     populate_cache(tmp_path, "me/tiny", {"draft.gguf": b"GGUF draft", "target.gguf": b"GGUF target"})
     said = []

@@ -1,4 +1,5 @@
 """The repository's own contract: CI runs exactly the README's test command."""
+
 import re
 from pathlib import Path
 

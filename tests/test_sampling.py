@@ -1,5 +1,6 @@
 """Processed distributions (temperature, top-k, top-p, min-p), draws from them, and the acceptance kernel on
 fixed rows: monotone in tau, NaN never accepted."""
+
 import math
 
 import numpy as np
@@ -7,8 +8,7 @@ import pytest
 from scipy import stats as sps
 
 from fsd_local.kernels import sampling as S
-from fsd_local.kernels.accept import (BY_FUZZY, BY_SD, FSD, FSD_PAPER, SD, Drafts, RoundOut, Rule, Sampling,
-                                      accept_round)
+from fsd_local.kernels.accept import BY_FUZZY, BY_SD, FSD, FSD_PAPER, SD, Drafts, RoundOut, Rule, Sampling, accept_round
 from fsd_local.kernels.divergence import DIVERGENCES
 
 ALPHA = 1e-3  # false-alarm rate of every statistical test in this file
@@ -43,8 +43,17 @@ def processed_probs(x, t, top_k, top_p, min_p):
     return np.array([S.prob(x, i, t, mx, cut, lz) for i in range(n)])
 
 
-CONFIGS = [(1.0, 0, 1.0, 0.0), (0.7, 0, 1.0, 0.0), (1.0, 5, 1.0, 0.0), (1.0, 0, 0.9, 0.0), (0.8, 0, 0.5, 0.0),
-           (1.0, 0, 1.0, 0.05), (0.6, 20, 0.8, 0.02), (2.0, 3, 0.95, 0.1), (1.0, 1, 1.0, 0.0)]
+CONFIGS = [
+    (1.0, 0, 1.0, 0.0),
+    (0.7, 0, 1.0, 0.0),
+    (1.0, 5, 1.0, 0.0),
+    (1.0, 0, 0.9, 0.0),
+    (0.8, 0, 0.5, 0.0),
+    (1.0, 0, 1.0, 0.05),
+    (0.6, 20, 0.8, 0.02),
+    (2.0, 3, 0.95, 0.1),
+    (1.0, 1, 1.0, 0.0),
+]
 
 
 @pytest.mark.parametrize("t,top_k,top_p,min_p", CONFIGS)
@@ -97,10 +106,19 @@ def run_accept(P, Q, drafts, mode, div, tau, temperature=0.0, uniforms=None):
             q_prob[i] = S.prob(Q[i], drafts[i], temperature, mx, cut, lz)
     out = RoundOut(reason=np.zeros(k, np.int8), divergence=np.zeros(k), logprob=np.zeros(k + 1))
     us = np.zeros(k + 1) if uniforms is None else uniforms
-    draft = Drafts(rows=Q, tokens=np.asarray(drafts, np.int32), prob=q_prob, stats=q_stats,
-                   onehot=np.zeros(k, np.uint8))
-    acc, nxt = accept_round(P, draft, k, n, Rule(mode, DIVERGENCES.index(div), float(tau), 50),
-                            Sampling(float(temperature), 0, 1.0, 0.0), us, out)
+    draft = Drafts(
+        rows=Q, tokens=np.asarray(drafts, np.int32), prob=q_prob, stats=q_stats, onehot=np.zeros(k, np.uint8)
+    )
+    acc, nxt = accept_round(
+        P,
+        draft,
+        k,
+        n,
+        Rule(mode, DIVERGENCES.index(div), float(tau), 50),
+        Sampling(float(temperature), 0, 1.0, 0.0),
+        us,
+        out,
+    )
     return acc, nxt, out.reason.copy(), out.divergence.copy(), out.logprob.copy()
 
 

@@ -5,6 +5,7 @@ the official `openai` client and through raw HTTP (httpx) for what the client wo
 codes, disconnects. Waits are bounded; the engine's own lock is held by a test where it must keep the server
 busy deterministically.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,7 @@ def client(server):
 
 def post(server, path, body, timeout=TIMEOUT):
     data = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    return httpx.post(server.url + path, content=data, headers={"content-type": "application/json"},
-                      timeout=timeout)
+    return httpx.post(server.url + path, content=data, headers={"content-type": "application/json"}, timeout=timeout)
 
 
 def wait_for(predicate, what):
@@ -71,8 +71,9 @@ def metric(server, name_and_labels):
 # ---------------------------------------------------------------------------------------------- the happy paths
 def test_chat_non_streaming_matches_the_engine(engine, client):
     expected = engine.chat(HELLO, max_tokens=16, tau=0.3)
-    r = client.chat.completions.create(model="anything-at-all", messages=HELLO, max_tokens=16, temperature=0,
-                                       extra_body={"tau": 0.3})
+    r = client.chat.completions.create(
+        model="anything-at-all", messages=HELLO, max_tokens=16, temperature=0, extra_body={"tau": 0.3}
+    )
     assert r.choices[0].message.content == expected.text
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].finish_reason == expected.finish_reason == "length"
@@ -88,9 +89,16 @@ def test_chat_non_streaming_matches_the_engine(engine, client):
 
 def test_chat_streaming_matches_the_engine(engine, client):
     expected = engine.chat(HELLO, max_tokens=24, tau=0.2)
-    chunks = list(client.chat.completions.create(model="m", messages=HELLO, max_tokens=24, stream=True,
-                                                 stream_options={"include_usage": True},
-                                                 extra_body={"tau": 0.2}))
+    chunks = list(
+        client.chat.completions.create(
+            model="m",
+            messages=HELLO,
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"tau": 0.2},
+        )
+    )
     with_choices = [c for c in chunks if c.choices]
     assert with_choices[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in with_choices) == expected.text
@@ -117,20 +125,29 @@ def test_standard_fields_stop_seed_temperature(engine, client):
     plain = engine.generate("xyz", max_tokens=32).text
     stop = next(ch for ch in plain[3:] if ch.isascii() and ch.isprintable())
     r = client.completions.create(model="m", prompt="xyz", max_tokens=32, stop=[stop, "never-there"])
-    assert r.choices[0].text == plain[:plain.index(stop)] and r.choices[0].finish_reason == "stop"
-    assert client.completions.create(model="m", prompt="xyz", max_tokens=32, stop=stop).choices[0].text == \
-        r.choices[0].text
-    sampled = [client.completions.create(model="m", prompt="xyz", max_tokens=16, temperature=0.9, top_p=0.9,
-                                         seed=7).choices[0].text for _ in range(2)]
+    assert r.choices[0].text == plain[: plain.index(stop)] and r.choices[0].finish_reason == "stop"
+    assert (
+        client.completions.create(model="m", prompt="xyz", max_tokens=32, stop=stop).choices[0].text
+        == r.choices[0].text
+    )
+    sampled = [
+        client.completions.create(model="m", prompt="xyz", max_tokens=16, temperature=0.9, top_p=0.9, seed=7)
+        .choices[0]
+        .text
+        for _ in range(2)
+    ]
     assert sampled[0] == sampled[1] == engine.generate("xyz", max_tokens=16, temperature=0.9, top_p=0.9, seed=7).text
 
 
 def test_fsd_knobs_per_request(engine, client):
     """tau = 0 is lossless: greedy FSD equals the target alone; the knobs come back in the statistics."""
     ar = client.chat.completions.create(model="m", messages=HELLO, max_tokens=16, extra_body={"mode": "ar"})
-    sd = client.chat.completions.create(model="m", messages=HELLO, max_tokens=16,
-                                        extra_body={"tau": 0.0, "mode": "fsd", "divergence": "tv", "draft_max": 6,
-                                                    "top_k": 5, "min_p": 0.01})
+    sd = client.chat.completions.create(
+        model="m",
+        messages=HELLO,
+        max_tokens=16,
+        extra_body={"tau": 0.0, "mode": "fsd", "divergence": "tv", "draft_max": 6, "top_k": 5, "min_p": 0.01},
+    )
     assert ar.choices[0].message.content == sd.choices[0].message.content
     assert ar.model_extra["fsd"]["settings"]["mode"] == "ar" and ar.model_extra["fsd"]["drafted"] == 0
     settings = sd.model_extra["fsd"]["settings"]
@@ -150,34 +167,44 @@ def too_long():
     return {"model": "m", "prompt": "a" * 600}
 
 
-@pytest.mark.parametrize("path,body,status,param", [
-    ("/v1/chat/completions", "{not json", 400, None),
-    ("/v1/chat/completions", "[1, 2]", 400, None),
-    ("/v1/chat/completions", b"\xff\xfe", 400, None),
-    ("/v1/chat/completions", {"model": "m"}, 400, "messages"),
-    ("/v1/chat/completions", {"model": "m", "messages": "hi"}, 400, "messages"),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "temperature": "hot"}, 400, "temperature"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "max_tokens": 1.5}, 400, "max_tokens"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "stream": "yes"}, 400, "stream"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "stop": [1]}, 400, "stop"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "tau": -0.1}, 400, "tau"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "tau": "0.3"}, 400, "tau"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "mode": "turbo"}, 400, "mode"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "divergence": "l2"}, 400, "divergence"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "draft_max": 0}, 400, "draft_max"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "top_p": 0}, 400, "top_p"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "seed": -1}, 400, "seed"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "n": 2}, 400, "n"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "logprobs": True}, 400, "logprobs"),
-    ("/v1/chat/completions", {"model": "m", "messages": HELLO, "draft_min": 3, "draft_max": 2}, 400, None),
-    ("/v1/completions", too_long(), 400, "prompt"),
-    ("/v1/completions", {"model": "m", "prompt": [99999]}, 400, "prompt"),
-    ("/v1/completions", {"model": "m", "prompt": ["a", "b"]}, 400, "prompt"),
-    ("/v1/completions", {"model": "m", "prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,param",
+    [
+        ("/v1/chat/completions", "{not json", 400, None),
+        ("/v1/chat/completions", "[1, 2]", 400, None),
+        ("/v1/chat/completions", b"\xff\xfe", 400, None),
+        ("/v1/chat/completions", {"model": "m"}, 400, "messages"),
+        ("/v1/chat/completions", {"model": "m", "messages": "hi"}, 400, "messages"),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+            },
+            400,
+            "messages",
+        ),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "temperature": "hot"}, 400, "temperature"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "max_tokens": 1.5}, 400, "max_tokens"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "stream": "yes"}, 400, "stream"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "stop": [1]}, 400, "stop"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "tau": -0.1}, 400, "tau"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "tau": "0.3"}, 400, "tau"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "mode": "turbo"}, 400, "mode"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "divergence": "l2"}, 400, "divergence"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "draft_max": 0}, 400, "draft_max"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "top_p": 0}, 400, "top_p"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "seed": -1}, 400, "seed"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "n": 2}, 400, "n"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "logprobs": True}, 400, "logprobs"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "draft_min": 3, "draft_max": 2}, 400, None),
+        ("/v1/completions", too_long(), 400, "prompt"),
+        ("/v1/completions", {"model": "m", "prompt": [99999]}, 400, "prompt"),
+        ("/v1/completions", {"model": "m", "prompt": ["a", "b"]}, 400, "prompt"),
+        ("/v1/completions", {"model": "m", "prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ],
+)
 def test_bad_requests_get_openai_error_bodies(server, path, body, status, param):
     r = post(server, path, body)
     assert r.status_code == status, r.text
@@ -212,25 +239,29 @@ def test_a_failing_generation_is_reported_and_the_server_goes_on(engine, server,
         assert r.status_code == 500 and "simulated" in r.json()["error"]["message"]
         with pytest.raises(openai.APIError, match="simulated"):
             list(client.chat.completions.create(model="m", messages=HELLO, stream=True))
-    assert client.chat.completions.create(model="m", messages=HELLO, max_tokens=8).choices[0].message.content == \
-        expected
+    assert (
+        client.chat.completions.create(model="m", messages=HELLO, max_tokens=8).choices[0].message.content == expected
+    )
 
 
 # ---------------------------------------------------------------------------------------------- load and faults
 def test_concurrent_clients_each_get_their_own_answer(engine, server):
-    jobs = [("chat", [{"role": "user", "content": f"question {i}"}], {"tau": 0.1 * (i % 4)}, i % 2 == 0)
-            for i in range(8)]
+    jobs = [
+        ("chat", [{"role": "user", "content": f"question {i}"}], {"tau": 0.1 * (i % 4)}, i % 2 == 0) for i in range(8)
+    ]
     expected = [engine.chat(msgs, max_tokens=24, **knobs).text for _, msgs, knobs, _ in jobs]
 
     def ask(job):
         _, msgs, knobs, stream = job
         c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=TIMEOUT)
         if stream:
-            chunks = c.chat.completions.create(model="m", messages=msgs, max_tokens=24, stream=True,
-                                               extra_body=knobs)
+            chunks = c.chat.completions.create(model="m", messages=msgs, max_tokens=24, stream=True, extra_body=knobs)
             return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-        return c.chat.completions.create(model="m", messages=msgs, max_tokens=24,
-                                         extra_body=knobs).choices[0].message.content
+        return (
+            c.chat.completions.create(model="m", messages=msgs, max_tokens=24, extra_body=knobs)
+            .choices[0]
+            .message.content
+        )
 
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(ask, jobs)) == expected
@@ -270,13 +301,20 @@ def test_a_client_that_gives_up_while_queued_costs_nothing(engine, server, clien
     cancelled = metric(server, 'fsd_generations_total{finish_reason="cancelled"}')
     with engine._lock:  # the engine is busy: the request waits in the queue
         with pytest.raises(httpx.ReadTimeout):
-            post(server, "/v1/chat/completions", {"model": "m", "messages": HELLO, "max_tokens": 300},
-                 timeout=httpx.Timeout(TIMEOUT, read=0.3))
+            post(
+                server,
+                "/v1/chat/completions",
+                {"model": "m", "messages": HELLO, "max_tokens": 300},
+                timeout=httpx.Timeout(TIMEOUT, read=0.3),
+            )
         time.sleep(0.2)  # the server notices the closed connection
-    wait_for(lambda: metric(server, 'fsd_generations_total{finish_reason="cancelled"}') == cancelled + 1,
-             "the abandoned generation to be cancelled")
-    assert client.chat.completions.create(model="m", messages=HELLO, max_tokens=8).choices[0].message.content == \
-        expected
+    wait_for(
+        lambda: metric(server, 'fsd_generations_total{finish_reason="cancelled"}') == cancelled + 1,
+        "the abandoned generation to be cancelled",
+    )
+    assert (
+        client.chat.completions.create(model="m", messages=HELLO, max_tokens=8).choices[0].message.content == expected
+    )
 
 
 def test_full_queue_answers_503(engine):
@@ -284,6 +322,7 @@ def test_full_queue_answers_503(engine):
     expected = engine.chat(HELLO, max_tokens=8).text
     body = {"model": "m", "messages": HELLO, "max_tokens": 8}
     with BackgroundServer(engine, max_queue=1) as srv, ThreadPoolExecutor(2) as pool:
+
         def queue():
             return httpx.get(srv.url + "/health", timeout=TIMEOUT).json()["queue"]
 
@@ -313,8 +352,10 @@ def test_api_key(engine):
             openai.OpenAI(base_url=srv.url + "/v1", api_key="nope", max_retries=0).models.list()
 
 
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_]\w*="[^"\\\n]*"(,[a-zA-Z_]\w*="[^"\\\n]*")*\})? '
-                    r'(-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?|NaN|[+-]Inf)$')
+SAMPLE = re.compile(
+    r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_]\w*="[^"\\\n]*"(,[a-zA-Z_]\w*="[^"\\\n]*")*\})? '
+    r"(-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?|NaN|[+-]Inf)$"
+)
 
 
 def test_metrics_in_prometheus_text_format(server, client):
@@ -349,10 +390,31 @@ def test_fsd_local_serve_command(tiny_pair):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "fsd_local.cli", "serve", "--target", t, "--draft", d, "--ctx", "256",
-           "--threads", "1", "--port", str(port), "--api-key", "k", "--max-queue", "3", "--tau", "0.25"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "fsd_local.cli",
+        "serve",
+        "--target",
+        t,
+        "--draft",
+        d,
+        "--ctx",
+        "256",
+        "--threads",
+        "1",
+        "--port",
+        str(port),
+        "--api-key",
+        "k",
+        "--max-queue",
+        "3",
+        "--tau",
+        "0.25",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     try:
         url = f"http://127.0.0.1:{port}"
 

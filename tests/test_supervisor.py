@@ -6,6 +6,7 @@ large enough that a 480-token generation lasts well over a second (so a kill lan
 exact enough that greedy token ids can be compared before and after a restart. To make "mid-stream"
 certain, the child is frozen with SIGSTOP the moment the first text arrives, then sent the fatal signal.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,10 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from tinymodels import write_tiny_gguf
 
 from fsd_local import Engine, ModelOptions, Settings
 from fsd_local.server import BackgroundServer
-from tinymodels import write_tiny_gguf
 
 TIMEOUT = 60  # seconds; a restart loads the pair in a fresh interpreter (about 1-3 s on a busy 2-core machine)
 SIZE = dict(n_embd=256, n_layer=4, n_head=4, n_ff=1024)  # ~2 ms a token on one thread: 480 tokens > 1 s
@@ -35,8 +36,10 @@ HELLO = [{"role": "user", "content": "hello there"}]
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("supervised")
-    return (str(write_tiny_gguf(d / "draft.gguf", seed=1, noise=0.0, **SIZE)),
-            str(write_tiny_gguf(d / "target.gguf", seed=2, noise=0.1, **SIZE)))
+    return (
+        str(write_tiny_gguf(d / "draft.gguf", seed=1, noise=0.0, **SIZE)),
+        str(write_tiny_gguf(d / "target.gguf", seed=2, noise=0.1, **SIZE)),
+    )
 
 
 def options(path):
@@ -51,16 +54,18 @@ def expected(pair):
     """What the same pair answers in this process, at temperature 0."""
     d, t = pair
     with Engine(target=options(t), draft=options(d), settings=SETTINGS) as eng:
-        return {"hello": eng.chat(HELLO, max_tokens=16).text,
-                **{f"q{i}": eng.chat([{"role": "user", "content": f"question {i}"}], max_tokens=16).text
-                   for i in range(3)},
-                "ids": eng.generate("abc", max_tokens=24).token_ids}
+        return {
+            "hello": eng.chat(HELLO, max_tokens=16).text,
+            **{f"q{i}": eng.chat([{"role": "user", "content": f"question {i}"}], max_tokens=16).text for i in range(3)},
+            "ids": eng.generate("abc", max_tokens=24).token_ids,
+        }
 
 
 def supervised(pair, **supervisor_options):
     d, t = pair
-    return BackgroundServer.supervised(options(t), options(d), SETTINGS, model_name="tiny",
-                                       supervisor_options=supervisor_options)
+    return BackgroundServer.supervised(
+        options(t), options(d), SETTINGS, model_name="tiny", supervisor_options=supervisor_options
+    )
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +125,11 @@ def metric(srv, name_and_labels):
 
 
 def chat(srv, content="hello there", max_tokens=16, timeout=TIMEOUT):
-    return httpx.post(srv.url + "/v1/chat/completions", timeout=timeout,
-                      json={"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens})
+    return httpx.post(
+        srv.url + "/v1/chat/completions",
+        timeout=timeout,
+        json={"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens},
+    )
 
 
 def kill_mid_stream(srv, pid, sig):
@@ -200,8 +208,9 @@ def test_death_with_requests_waiting(server, expected, sig):
         with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=TIMEOUT) as r:
             events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
-        return "".join(json.loads(e)["choices"][0]["delta"].get("content") or ""
-                       for e in events[:-1] if json.loads(e)["choices"])
+        return "".join(
+            json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1] if json.loads(e)["choices"]
+        )
 
     with ThreadPoolExecutor(3) as pool:
         running = pool.submit(chat, server, "question 9", LONG)
@@ -229,8 +238,10 @@ def test_a_disconnect_still_cancels_in_the_child(server, expected):
         for line in r.iter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                 break  # hang up after the first text
-    wait_for(lambda: metric(server, 'fsd_generations_total{finish_reason="cancelled"}') == cancelled + 1,
-             "the generation to be cancelled in the child")
+    wait_for(
+        lambda: metric(server, 'fsd_generations_total{finish_reason="cancelled"}') == cancelled + 1,
+        "the generation to be cancelled in the child",
+    )
     assert sup.pid == pid  # a cancel is not a crash
     assert chat(server).json()["choices"][0]["message"]["content"] == expected["hello"]
 
@@ -322,12 +333,28 @@ def test_fsd_local_serve_restarts_its_child(pair):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "fsd_local.cli", "serve", "--target", t, "--draft", d, "--ctx", "256",
-           "--threads", "1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "fsd_local.cli",
+        "serve",
+        "--target",
+        t,
+        "--draft",
+        d,
+        "--ctx",
+        "256",
+        "--threads",
+        "1",
+        "--port",
+        str(port),
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     url = f"http://127.0.0.1:{port}"
     try:
+
         def status():
             assert proc.poll() is None, proc.stdout.read()
             try:
@@ -347,7 +374,7 @@ def test_fsd_local_serve_restarts_its_child(pair):
         assert new != child
         r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "abc", "max_tokens": 5}, timeout=TIMEOUT)
         assert r.json()["usage"]["completion_tokens"] == 5
-        assert re.search(r'^fsd_model_restarts_total 1\.0$', httpx.get(url + "/metrics", timeout=TIMEOUT).text, re.M)
+        assert re.search(r"^fsd_model_restarts_total 1\.0$", httpx.get(url + "/metrics", timeout=TIMEOUT).text, re.M)
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=TIMEOUT)
@@ -359,8 +386,10 @@ def test_fsd_local_serve_restarts_its_child(pair):
 def test_the_model_process_does_not_outlive_a_killed_server(pair):
     """SIGKILL to the server leaves it no time to stop its child: the child sees its socket close and exits."""
     d, t = pair
-    code = ("import sys, time; from fsd_local.server.supervisor import Supervisor; "
-            "s = Supervisor(sys.argv[1], sys.argv[2]); print(s.pid, flush=True); time.sleep(600)")
+    code = (
+        "import sys, time; from fsd_local.server.supervisor import Supervisor; "
+        "s = Supervisor(sys.argv[1], sys.argv[2]); print(s.pid, flush=True); time.sleep(600)"
+    )
     server = subprocess.Popen([sys.executable, "-c", code, t, d], stdout=subprocess.PIPE, text=True)
     try:
         child = int(server.stdout.readline())

@@ -1,4 +1,5 @@
 """Top-k selection (kernels/topk.py) against a stable argsort of the whole row."""
+
 import numpy as np
 import pytest
 

@@ -3,6 +3,7 @@
 Weights are random but deterministic; a draft/target pair shares a base and differs by `noise`, so the
 draft agrees with the target often but not always (what speculative decoding needs to be exercised).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,9 +39,22 @@ def add_tokenizer(w, tokens, scores, types) -> None:
     w.add_add_bos_token(True)
 
 
-def write_tiny_gguf(path, *, seed: int = 0, base_seed: int = 1234, noise: float = 0.0, n_embd: int = 64,
-                    n_layer: int = 2, n_head: int = 4, n_ff: int = 128, n_ctx: int = 512, byte_tokens: bool = True,
-                    words=WORDS, logit_scale: float = 1.0, dtype=np.float32) -> Path:
+def write_tiny_gguf(
+    path,
+    *,
+    seed: int = 0,
+    base_seed: int = 1234,
+    noise: float = 0.0,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_ff: int = 128,
+    n_ctx: int = 512,
+    byte_tokens: bool = True,
+    words=WORDS,
+    logit_scale: float = 1.0,
+    dtype=np.float32,
+) -> Path:
     import gguf
 
     tokens, scores, types = vocabulary(byte_tokens, words)
@@ -85,9 +99,19 @@ def write_tiny_gguf(path, *, seed: int = 0, base_seed: int = 1234, noise: float 
     return Path(path)
 
 
-def write_tiny_mamba_gguf(path, *, seed: int = 0, n_embd: int = 32, n_layer: int = 1, d_state: int = 4,
-                          d_conv: int = 4, dt_rank: int = 4, n_ctx: int = 512, byte_tokens: bool = True,
-                          words=WORDS) -> Path:
+def write_tiny_mamba_gguf(
+    path,
+    *,
+    seed: int = 0,
+    n_embd: int = 32,
+    n_layer: int = 1,
+    d_state: int = 4,
+    d_conv: int = 4,
+    dt_rank: int = 4,
+    n_ctx: int = 512,
+    byte_tokens: bool = True,
+    words=WORDS,
+) -> Path:
     """A tiny Mamba (recurrent, state-space) model sharing `vocabulary()` with write_tiny_gguf: llama.cpp
     reports it as recurrent, so its per-sequence state cannot be rewound to an earlier position.
 

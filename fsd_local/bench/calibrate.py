@@ -14,6 +14,7 @@ Budgets:
 Quality is measured with one pass over the prompts per tau; the chosen tau is then timed with `repeats`
 passes, interleaved with ar and sd, for its speed.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,24 +43,42 @@ class Budget:
         return row["acceptance_rate"] >= self.value
 
     def describe(self) -> str:
-        return {"agreement": f"agreement >= {self.value:g}",
-                "logprob_drop": f"target log-prob drop <= {self.value:g} per token (vs sd)",
-                "acceptance": f"acceptance >= {self.value:g}"}[self.kind]
+        return {
+            "agreement": f"agreement >= {self.value:g}",
+            "logprob_drop": f"target log-prob drop <= {self.value:g} per token (vs sd)",
+            "acceptance": f"acceptance >= {self.value:g}",
+        }[self.kind]
 
 
 def logprob_drop(row: dict, sd_row: dict) -> float:
     return sd_row["target_logprob_mean"] - row["target_logprob_mean"]
 
 
-def calibrate(engine, prompts, *, budget: Budget, divergence: str = "js", mode: str = "fsd", draft_max: int = 4,
-              temperature: float = 0.0, tau_max: float | None = None, steps: int = 6, max_tokens: int = 64,
-              repeats: int = 3, seed: int = 0, chat: bool = False, ignore_eos: bool = False,
-              on_step=None) -> dict:
+def calibrate(
+    engine,
+    prompts,
+    *,
+    budget: Budget,
+    divergence: str = "js",
+    mode: str = "fsd",
+    draft_max: int = 4,
+    temperature: float = 0.0,
+    tau_max: float | None = None,
+    steps: int = 6,
+    max_tokens: int = 64,
+    repeats: int = 3,
+    seed: int = 0,
+    chat: bool = False,
+    ignore_eos: bool = False,
+    on_step=None,
+) -> dict:
     """Search tau; returns the chosen tau with its measured quality and speed, and every point visited.
     `on_step(tau, row)` is called after each tau is measured."""
     if budget.kind == "agreement" and temperature > 0:
-        raise ConfigError("--min-agreement compares with the target's greedy output: use it with --temp 0, "
-                          "or budget the log-prob drop (--max-logprob-drop) instead")
+        raise ConfigError(
+            "--min-agreement compares with the target's greedy output: use it with --temp 0, "
+            "or budget the log-prob drop (--max-logprob-drop) instead"
+        )
     if budget.kind not in BUDGETS:
         raise ConfigError(f"unknown budget {budget.kind!r}")
     if mode not in TAU_MODES:
@@ -92,14 +111,37 @@ def calibrate(engine, prompts, *, budget: Budget, divergence: str = "js", mode: 
         best = _largest_within(measure, tau_max, steps)
     chosen = Config(mode, temperature, divergence, best, draft_max)
     timed = summarise(run_bench(engine, prompts, [ar, sd, chosen], **dict(run, repeats=repeats)))[-1]
-    return {"tau": best, "budget": {budget.kind: budget.value}, "mode": mode, "divergence": divergence,
-            "draft_max": draft_max, "temperature": temperature, "tau_max": tau_max,
-            **{k: timed[k] for k in ("tokens_per_second", "tokens_per_second_spread", "speedup_vs_ar",
-                                     "speedup_vs_sd", "acceptance_rate", "mean_tokens_per_round", "fuzzy_share",
-                                     "target_logprob_mean", "agreement", "accuracy")},
-            "visited": [{"tau": t, **{k: r[k] for k in ("agreement", "target_logprob_mean", "logprob_drop",
-                                                         "acceptance_rate", "meets")}}
-                        for t, r in sorted(visited.items())]}
+    return {
+        "tau": best,
+        "budget": {budget.kind: budget.value},
+        "mode": mode,
+        "divergence": divergence,
+        "draft_max": draft_max,
+        "temperature": temperature,
+        "tau_max": tau_max,
+        **{
+            k: timed[k]
+            for k in (
+                "tokens_per_second",
+                "tokens_per_second_spread",
+                "speedup_vs_ar",
+                "speedup_vs_sd",
+                "acceptance_rate",
+                "mean_tokens_per_round",
+                "fuzzy_share",
+                "target_logprob_mean",
+                "agreement",
+                "accuracy",
+            )
+        },
+        "visited": [
+            {
+                "tau": t,
+                **{k: r[k] for k in ("agreement", "target_logprob_mean", "logprob_drop", "acceptance_rate", "meets")},
+            }
+            for t, r in sorted(visited.items())
+        ],
+    }
 
 
 def _bisect(below, lo: float, hi: float, steps: int) -> tuple[float, float]:
@@ -122,8 +164,10 @@ def _smallest_reaching(measure, tau_max, steps, budget) -> float:
         return 0.0
     top = measure(tau_max)
     if not top["meets"]:
-        raise ConfigError(f"acceptance reaches only {top['acceptance_rate']:.2f} at tau = {tau_max:g}, below the "
-                          f"target {budget.value:g}: raise --tau-max or lower --target-acceptance")
+        raise ConfigError(
+            f"acceptance reaches only {top['acceptance_rate']:.2f} at tau = {tau_max:g}, below the "
+            f"target {budget.value:g}: raise --tau-max or lower --target-acceptance"
+        )
     # tau = 0 does not reach the target acceptance, tau_max does
     return _bisect(lambda t: not measure(t)["meets"], 0.0, tau_max, steps)[1]
 
@@ -132,14 +176,20 @@ def format_report(result: dict, budget: Budget) -> str:
     lines = [f"{'tau':>8}  {'agree':>6}  {'logp/tok':>8}  {'drop':>7}  {'accept':>6}  meets"]
     for v in result["visited"]:
         agree = "-" if v["agreement"] is None else f"{v['agreement']:.3f}"
-        lines.append(f"{v['tau']:>8.4f}  {agree:>6}  {v['target_logprob_mean']:>8.3f}  {v['logprob_drop']:>7.3f}  "
-                     f"{v['acceptance_rate']:>6.0%}  {'yes' if v['meets'] else 'no'}")
+        lines.append(
+            f"{v['tau']:>8.4f}  {agree:>6}  {v['target_logprob_mean']:>8.3f}  {v['logprob_drop']:>7.3f}  "
+            f"{v['acceptance_rate']:>6.0%}  {'yes' if v['meets'] else 'no'}"
+        )
     which = "smallest tau reaching" if budget.kind == "acceptance" else "largest tau within"
     r = result
     lines.append("")
-    lines.append(f"{which} {budget.describe()}: tau = {r['tau']:.4f} ({r['mode']}, {r['divergence']}, "
-                 f"k={r['draft_max']}, temperature {r['temperature']:g})")
-    lines.append(f"  {r['tokens_per_second']:.1f} ±{r['tokens_per_second_spread']:.1f} tok/s, "
-                 f"{r['speedup_vs_ar']:.2f}x ar, {r['speedup_vs_sd']:.2f}x sd, acceptance {r['acceptance_rate']:.0%}, "
-                 f"{r['mean_tokens_per_round']:.2f} tokens/round, fuzzy {r['fuzzy_share']:.0%}")
+    lines.append(
+        f"{which} {budget.describe()}: tau = {r['tau']:.4f} ({r['mode']}, {r['divergence']}, "
+        f"k={r['draft_max']}, temperature {r['temperature']:g})"
+    )
+    lines.append(
+        f"  {r['tokens_per_second']:.1f} ±{r['tokens_per_second_spread']:.1f} tok/s, "
+        f"{r['speedup_vs_ar']:.2f}x ar, {r['speedup_vs_sd']:.2f}x sd, acceptance {r['acceptance_rate']:.0%}, "
+        f"{r['mean_tokens_per_round']:.2f} tokens/round, fuzzy {r['fuzzy_share']:.0%}"
+    )
     return "\n".join(lines)

@@ -7,6 +7,7 @@ and skips the -inf / NaN guards the kernels pay for, so the comparison errs in N
 (fsd_local/reference.py is the float64 clarity reference the tests use, not this baseline.)
 Each cell: median of several timings, the two implementations alternating in the same process.
 """
+
 from __future__ import annotations
 
 from time import perf_counter
@@ -14,9 +15,9 @@ from time import perf_counter
 import numpy as np
 from numba import njit
 
+from fsd_local.errors import ConfigError
 from fsd_local.kernels.divergence import DIVERGENCES, TOPK_DEFAULT, divergence
 from fsd_local.kernels.rows import row_lse
-from fsd_local.errors import ConfigError
 
 VOCABS = (32000, 49152, 151936, 262144)
 ROWS = (1, 2, 4, 8)
@@ -40,7 +41,7 @@ def _topk(kind, x, lx, y, ly, k):
     """k target-top tokens plus one bin of remaining mass per distribution (k+1 bins, not renormalised)."""
     n = x.shape[1]
     k = min(k, n)
-    idx = np.argpartition(x, n - k, axis=1)[:, n - k:]
+    idx = np.argpartition(x, n - k, axis=1)[:, n - k :]
     p = np.exp(np.take_along_axis(x, idx, axis=1).astype(np.float64) - lx)
     q = np.exp(np.take_along_axis(y, idx, axis=1).astype(np.float64) - ly)
     p = np.concatenate([p, np.maximum(0.0, 1.0 - p.sum(axis=1, keepdims=True))], axis=1)
@@ -104,8 +105,9 @@ def _number(fn):
     return max(1, int(MIN_SECONDS / max(t, 1e-7)))
 
 
-def bench_kernels(divergences=DIVERGENCES, vocabs=VOCABS, rows=ROWS, repeats: int = 7, topk: int = TOPK_DEFAULT,
-                  progress=None) -> list[dict]:
+def bench_kernels(
+    divergences=DIVERGENCES, vocabs=VOCABS, rows=ROWS, repeats: int = 7, topk: int = TOPK_DEFAULT, progress=None
+) -> list[dict]:
     """One dict per (divergence, vocab, rows): numba_s, numpy_s (medians, seconds per full job), ratio
     = numpy_s / numba_s (> 1: the kernel is faster), numba_ns_per_entry and numpy_ns_per_entry (the job's
     time over vocab * rows entries: row pairs, both log-sum-exps included), and the largest relative
@@ -127,17 +129,26 @@ def bench_kernels(divergences=DIVERGENCES, vocabs=VOCABS, rows=ROWS, repeats: in
                 theirs = lambda: numpy_rows(d, x, y, topk)  # noqa: E731
                 a, b = ours().copy(), theirs()  # also compiles/loads the kernel before any timing
                 n_ours, n_theirs = _number(ours), _number(theirs)
-                t_ours, t_theirs = [], []
+                t_ours: list[float] = []
+                t_theirs: list[float] = []
                 for rep in range(repeats):  # alternate who goes first: drifting load hits both alike
                     pair = [(t_ours, ours, n_ours), (t_theirs, theirs, n_theirs)]
-                    for times, fn, number in (pair if rep % 2 == 0 else pair[::-1]):
+                    for times, fn, number in pair if rep % 2 == 0 else pair[::-1]:
                         times.append(_time(fn, number))
                 numba_s, numpy_s = float(np.median(t_ours)), float(np.median(t_theirs))
-                out.append({"divergence": d, "vocab": vocab, "rows": r, "numba_s": numba_s, "numpy_s": numpy_s,
-                            "ratio": numpy_s / numba_s,
-                            "numba_ns_per_entry": numba_s / (vocab * r) * 1e9,
-                            "numpy_ns_per_entry": numpy_s / (vocab * r) * 1e9,
-                            "max_rel_diff": float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6)))})
+                out.append(
+                    {
+                        "divergence": d,
+                        "vocab": vocab,
+                        "rows": r,
+                        "numba_s": numba_s,
+                        "numpy_s": numpy_s,
+                        "ratio": numpy_s / numba_s,
+                        "numba_ns_per_entry": numba_s / (vocab * r) * 1e9,
+                        "numpy_ns_per_entry": numpy_s / (vocab * r) * 1e9,
+                        "max_rel_diff": float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6))),
+                    }
+                )
                 if progress:
                     progress()
     out.sort(key=lambda e: (DIVERGENCES.index(e["divergence"]), e["vocab"], e["rows"]))
@@ -145,14 +156,18 @@ def bench_kernels(divergences=DIVERGENCES, vocabs=VOCABS, rows=ROWS, repeats: in
 
 
 def format_table(results: list[dict]) -> str:
-    lines = [f"{'divergence':>10}  {'vocab':>7}  {'rows':>4}  {'numba ms':>9}  {'numpy ms':>9}  {'ratio':>6}  "
-             f"{'numba ns/entry':>14}  {'numpy ns/entry':>14}"]
+    lines = [
+        f"{'divergence':>10}  {'vocab':>7}  {'rows':>4}  {'numba ms':>9}  {'numpy ms':>9}  {'ratio':>6}  "
+        f"{'numba ns/entry':>14}  {'numpy ns/entry':>14}"
+    ]
     prev = None
     for r in results:
         if prev is not None and r["divergence"] != prev:
             lines.append("")
         prev = r["divergence"]
-        lines.append(f"{r['divergence']:>10}  {r['vocab']:>7}  {r['rows']:>4}  {r['numba_s'] * 1e3:>9.3f}  "
-                     f"{r['numpy_s'] * 1e3:>9.3f}  {r['ratio']:>6.2f}  {r['numba_ns_per_entry']:>14.2f}  "
-                     f"{r['numpy_ns_per_entry']:>14.2f}")
+        lines.append(
+            f"{r['divergence']:>10}  {r['vocab']:>7}  {r['rows']:>4}  {r['numba_s'] * 1e3:>9.3f}  "
+            f"{r['numpy_s'] * 1e3:>9.3f}  {r['ratio']:>6.2f}  {r['numba_ns_per_entry']:>14.2f}  "
+            f"{r['numpy_ns_per_entry']:>14.2f}"
+        )
     return "\n".join(lines)

@@ -5,6 +5,7 @@ horizontal lines: `ar` black dashed, `sd` dotted in the colour of its draft leng
 Quality is the target's log-probability per token (every temperature) and, at temperature 0, the agreement
 with the target's greedy output.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,11 @@ def require_matplotlib():
 
 
 LEGEND_COLUMNS = 5
-PANELS = (("tokens_per_second", "tokens/s"), ("target_logprob_mean", "target log-prob / token"),
-          ("agreement", "agreement with target greedy"))
+PANELS = (
+    ("tokens_per_second", "tokens/s"),
+    ("target_logprob_mean", "target log-prob / token"),
+    ("agreement", "agreement with target greedy"),
+)
 
 
 def plot(rows: list[dict], path: str, title: str = "") -> None:
@@ -33,8 +37,7 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     temps = sorted({r["temperature"] for r in rows})
-    fig, axes = plt.subplots(len(temps), len(PANELS), figsize=(5 * len(PANELS), 3.6 * len(temps)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(temps), len(PANELS), figsize=(5 * len(PANELS), 3.6 * len(temps)), squeeze=False)
     ks = sorted({r["draft_max"] for r in rows if r["draft_max"] is not None})
     colour = {k: f"C{i}" for i, k in enumerate(ks)}
     # (mode, divergence) -> marker, so one divergence looks the same in every panel
@@ -47,8 +50,16 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
             ax.set_title(f"{label}, temperature {temp:g}", fontsize=9)
             ax.set_xlabel("tau")
             if key == "agreement" and temp > 0:
-                ax.text(0.5, 0.5, "not defined at temperature > 0\n(outputs are samples)",
-                        ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")
+                ax.text(
+                    0.5,
+                    0.5,
+                    "not defined at temperature > 0\n(outputs are samples)",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                    fontsize=9,
+                    color="grey",
+                )
                 ax.set_xticks([])
                 ax.set_yticks([])
                 continue
@@ -59,16 +70,27 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
             for (mode, div, k), pts in sorted(curves.items()):
                 pts.sort()
                 m = styles.setdefault((mode, div), markers[len(styles) % len(markers)])
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=m, color=colour[k],
-                        linestyle="-" if mode == "fsd" else "-.", label=f"{mode} {div} k={k}")
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    marker=m,
+                    color=colour[k],
+                    linestyle="-" if mode == "fsd" else "-.",
+                    label=f"{mode} {div} k={k}",
+                )
             for r in at:
                 if r[key] is None:
                     continue
                 if r["mode"] == "ar":
                     ax.axhline(r[key], color="black", linestyle="--", linewidth=1, label="ar (target alone)")
                 elif r["mode"] == "sd":
-                    ax.axhline(r[key], color=colour[r["draft_max"]], linestyle=":", linewidth=1.2,
-                               label=f"sd k={r['draft_max']}")
+                    ax.axhline(
+                        r[key],
+                        color=colour[r["draft_max"]],
+                        linestyle=":",
+                        linewidth=1.2,
+                        label=f"sd k={r['draft_max']}",
+                    )
                 elif r["mode"] == "draft-only":
                     ax.axhline(r[key], color="grey", linestyle="-.", linewidth=1, label="draft alone")
             ax.grid(alpha=0.3)

@@ -6,6 +6,7 @@ Two formats (README, "Benchmarks"):
   `answer` is optional, and with it `extract` says how to read the answer out of the output:
   `letter` (a multiple-choice letter A-J), `number` (the final number) or `regex` (with `pattern`).
 """
+
 from __future__ import annotations
 
 import json
@@ -91,42 +92,45 @@ def _guess_extract(answer: str) -> str | None:
 
 def _prompt_from_json(obj, where: str) -> Prompt:
     if not isinstance(obj, dict):
-        raise ConfigError(f"{where}: expected a JSON object like {{\"prompt\": \"...\"}}")
+        raise ConfigError(f'{where}: expected a JSON object like {{"prompt": "..."}}')
     unknown = set(obj) - {"prompt", "answer", "extract", "pattern"}
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
-                          "known: prompt, answer, extract, pattern")
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: prompt, answer, extract, pattern"
+        )
     text = obj.get("prompt")
     if not isinstance(text, str) or not text.strip():
-        raise ConfigError(f"{where}: \"prompt\" must be a non-empty string")
+        raise ConfigError(f'{where}: "prompt" must be a non-empty string')
     answer = obj.get("answer")
     if answer is None:
         if "extract" in obj or "pattern" in obj:
-            raise ConfigError(f"{where}: \"extract\"/\"pattern\" given without an \"answer\"")
+            raise ConfigError(f'{where}: "extract"/"pattern" given without an "answer"')
         return Prompt(text)
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-        raise ConfigError(f"{where}: \"answer\" must be a string or a number")
+        raise ConfigError(f'{where}: "answer" must be a string or a number')
     answer = str(answer).strip()
     extract = obj.get("extract") or _guess_extract(answer)
     if extract is None:
-        raise ConfigError(f"{where}: cannot tell how to read answer {answer!r} from the output; "
-                          f"add \"extract\": one of {', '.join(EXTRACTORS)}")
+        raise ConfigError(
+            f"{where}: cannot tell how to read answer {answer!r} from the output; "
+            f'add "extract": one of {", ".join(EXTRACTORS)}'
+        )
     if extract not in EXTRACTORS:
-        raise ConfigError(f"{where}: \"extract\" is {extract!r}; choose one of {', '.join(EXTRACTORS)}")
+        raise ConfigError(f'{where}: "extract" is {extract!r}; choose one of {", ".join(EXTRACTORS)}')
     pattern = None
     if extract == "regex":
         if not isinstance(obj.get("pattern"), str):
-            raise ConfigError(f"{where}: \"extract\": \"regex\" needs a \"pattern\" string")
+            raise ConfigError(f'{where}: "extract": "regex" needs a "pattern" string')
         try:
             pattern = re.compile(obj["pattern"])
         except re.error as exc:
-            raise ConfigError(f"{where}: bad \"pattern\": {exc}") from None
+            raise ConfigError(f'{where}: bad "pattern": {exc}') from None
     elif "pattern" in obj:
-        raise ConfigError(f"{where}: \"pattern\" only applies to \"extract\": \"regex\"")
+        raise ConfigError(f'{where}: "pattern" only applies to "extract": "regex"')
     if extract == "number" and not re.fullmatch(_NUMBER, answer):
-        raise ConfigError(f"{where}: \"answer\" {answer!r} is not a number but \"extract\" is \"number\"")
+        raise ConfigError(f'{where}: "answer" {answer!r} is not a number but "extract" is "number"')
     if extract == "letter" and not re.fullmatch(r"[A-Ja-j]", answer):
-        raise ConfigError(f"{where}: \"answer\" {answer!r} is not a letter A-J but \"extract\" is \"letter\"")
+        raise ConfigError(f'{where}: "answer" {answer!r} is not a letter A-J but "extract" is "letter"')
     return Prompt(text, answer.replace(",", "") if extract == "number" else answer, extract, pattern)
 
 

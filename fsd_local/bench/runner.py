@@ -15,6 +15,7 @@ Definitions (README, "Benchmarks"):
   outputs are samples, a comparison with one greedy text means nothing, and both are null; use
   `target_logprob_mean` there.
 """
+
 from __future__ import annotations
 
 import csv
@@ -56,8 +57,13 @@ def build_configs(modes, divergences, taus, draft_maxes, temperatures) -> list[C
     for d in divergences:
         if d not in DIVERGENCES:
             raise ConfigError(f"unknown divergence {d!r}; choose from {', '.join(DIVERGENCES)}")
-    for name, values in (("--taus", taus), ("--divergence", divergences), ("--draft-max", draft_maxes),
-                         ("--temp", temperatures), ("--modes", modes)):
+    for name, values in (
+        ("--taus", taus),
+        ("--divergence", divergences),
+        ("--draft-max", draft_maxes),
+        ("--temp", temperatures),
+        ("--modes", modes),
+    ):
         if not values:
             raise ConfigError(f"{name} is empty")
     configs = []
@@ -66,8 +72,12 @@ def build_configs(modes, divergences, taus, draft_maxes, temperatures) -> list[C
         configs += [Config("sd", t, draft_max=k) for k in _unique(draft_maxes)]
         for m in _unique(modes):
             if m in TAU_MODES:
-                configs += [Config(m, t, d, tau, k) for d in _unique(divergences) for tau in _unique(taus)
-                            for k in _unique(draft_maxes)]
+                configs += [
+                    Config(m, t, d, tau, k)
+                    for d in _unique(divergences)
+                    for tau in _unique(taus)
+                    for k in _unique(draft_maxes)
+                ]
             elif m == "draft-only":
                 configs.append(Config(m, t))
     for c in configs:  # reject bad values before loading anything
@@ -83,6 +93,7 @@ def _unique(values):
 @dataclass
 class Run:
     """One timed generation."""
+
     repeat: int
     prompt: int
     token_ids: list[int]
@@ -104,8 +115,18 @@ def prompt_tokens(engine, prompts: list[Prompt], chat: bool) -> list[list[int]]:
     return [engine.tokenize(p.text) for p in prompts]
 
 
-def run_bench(engine, prompts: list[Prompt], configs: list[Config], *, max_tokens: int, repeats: int,
-              seed: int = 0, chat: bool = False, ignore_eos: bool = False, progress=None) -> BenchData:
+def run_bench(
+    engine,
+    prompts: list[Prompt],
+    configs: list[Config],
+    *,
+    max_tokens: int,
+    repeats: int,
+    seed: int = 0,
+    chat: bool = False,
+    ignore_eos: bool = False,
+    progress=None,
+) -> BenchData:
     """Run every configuration on every prompt `repeats` times, interleaved; `progress()` after each run.
     The seed of a generation depends on (repeat, prompt) only, so all configurations share it.
     ignore_eos: every generation runs to max_tokens (fixed-length speed runs; the text past the end of
@@ -215,7 +236,10 @@ def summarise(data: BenchData) -> list[dict]:
         secs = {k: sum(run.stats["seconds"][k] for run in runs) for k in ("draft", "target", "other")}
         total = sum(secs.values())
         row = {
-            "mode": c.mode, "divergence": c.divergence, "tau": c.tau, "draft_max": c.draft_max,
+            "mode": c.mode,
+            "divergence": c.divergence,
+            "tau": c.tau,
+            "draft_max": c.draft_max,
             "temperature": c.temperature,
             "tokens_per_second": median(tps[ci]),
             "tokens_per_second_spread": spread(tps[ci]),
@@ -225,9 +249,11 @@ def summarise(data: BenchData) -> list[dict]:
             "mean_tokens_per_round": _div(tokens, _sum(runs, "rounds")),
             "fuzzy_share": (_div(_sum(runs, "accepted_fuzzy"), accepted) or 0.0) if drafted else None,
             "acceptance_by_position": _by_position(runs),
-            "target_logprob_mean": (_div(sum(run.stats["target_logprob_sum"] for run in runs), tokens)
-                                    if c.mode != "draft-only" else None),
-            "agreement": None, "agreement_positionwise": None,
+            "target_logprob_mean": (
+                _div(sum(run.stats["target_logprob_sum"] for run in runs), tokens) if c.mode != "draft-only" else None
+            ),
+            "agreement": None,
+            "agreement_positionwise": None,
             "accuracy": None,
             "time_share": {k: _div(v, total) for k, v in secs.items()},
             "prompt_seconds_mean": _sum(runs, "prompt_seconds") / len(runs),
@@ -237,14 +263,14 @@ def summarise(data: BenchData) -> list[dict]:
         if c.temperature == 0:
             refs = data.runs[ar]  # same (repeat, prompt) order
             row["agreement"] = mean(prefix_agreement(a.token_ids, b.token_ids) for a, b in zip(runs, refs))
-            row["agreement_positionwise"] = mean(positionwise_agreement(a.token_ids, b.token_ids)
-                                                 for a, b in zip(runs, refs))
+            row["agreement_positionwise"] = mean(
+                positionwise_agreement(a.token_ids, b.token_ids) for a, b in zip(runs, refs)
+            )
         graded = [run.correct for run in runs if run.correct is not None]
         if graded:
             row["accuracy"] = sum(graded) / len(graded)
         rows.append(row)
     return rows
-
 
 
 def _by_position(runs: list[Run]) -> list[float]:
@@ -281,8 +307,7 @@ TABLE_COLUMNS = (
     ("logp/tok", 8, lambda r: _f(r["target_logprob_mean"], ".3f")),
     ("agree", 5, lambda r: _f(r["agreement"], ".2f")),
     ("task", 4, lambda r: _f(r["accuracy"], ".0%")),
-    ("draft/target/other", 18, lambda r: "/".join(_f(r["time_share"][k], ".0%")
-                                                  for k in ("draft", "target", "other"))),
+    ("draft/target/other", 18, lambda r: "/".join(_f(r["time_share"][k], ".0%") for k in ("draft", "target", "other"))),
     ("accept by position", 0, lambda r: " ".join(f"{a:.0%}" for a in r["acceptance_by_position"])),
 )
 
@@ -322,4 +347,3 @@ def to_csv(rows: list[dict]) -> str:
     writer.writeheader()
     writer.writerows(flat)
     return buf.getvalue()
-

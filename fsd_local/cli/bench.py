@@ -1,12 +1,12 @@
 """The options and bodies of `fsd-local bench` and `fsd-local calibrate` (registered in cli.py)."""
+
 from __future__ import annotations
 
 import sys
 
 import click
 
-from fsd_local.kernels.names import MODES
-from fsd_local.kernels.names import DIVERGENCES
+from fsd_local.kernels.names import DIVERGENCES, MODES
 
 MODEL_KEYS = ("target", "draft", "pair")
 
@@ -41,16 +41,29 @@ class CommaList(click.ParamType):
 def run_options(f):
     """What bench and calibrate share: the prompts and how each generation runs."""
     opts = [
-        click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
-                     help="prompts file: one prompt per line, or JSON Lines (.jsonl) with optional answers "
-                          "(default: the shipped example file)"),
+        click.option(
+            "--prompts",
+            "prompts_file",
+            type=click.Path(exists=True, dir_okay=False),
+            help="prompts file: one prompt per line, or JSON Lines (.jsonl) with optional answers "
+            "(default: the shipped example file)",
+        ),
         click.option("--chat", is_flag=True, help="wrap each prompt in the target's chat template as a user turn"),
-        click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True,
-                     help="tokens generated per prompt"),
-        click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
-                     help="base seed: every configuration gets the same seed for the same (repeat, prompt)"),
-        click.option("--ignore-eos", is_flag=True,
-                     help="generate --max-tokens every time, past end-of-generation tokens (fixed-length timing)"),
+        click.option(
+            "--max-tokens", type=click.IntRange(1), default=64, show_default=True, help="tokens generated per prompt"
+        ),
+        click.option(
+            "--seed",
+            type=click.IntRange(0),
+            default=0,
+            show_default=True,
+            help="base seed: every configuration gets the same seed for the same (repeat, prompt)",
+        ),
+        click.option(
+            "--ignore-eos",
+            is_flag=True,
+            help="generate --max-tokens every time, past end-of-generation tokens (fixed-length timing)",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -59,28 +72,73 @@ def run_options(f):
 
 def bench_options(f):
     opts = [
-        click.option("--taus", type=CommaList(float, "tau", minimum=0.0), default="0,0.1,0.2,0.4",
-                     show_default=True, help="tau values (fsd and fsd-paper)"),
-        click.option("--divergence", "divergences", type=CommaList(str, "divergence", DIVERGENCES), default="js",
-                     show_default=True, help="divergences, comma separated: " + ", ".join(DIVERGENCES)),
-        click.option("--modes", type=CommaList(str, "mode", MODES), default="fsd", show_default=True,
-                     help="modes, comma separated; the ar and sd baselines always run"),
-        click.option("--draft-max", "draft_maxes", type=CommaList(int, "draft length", minimum=1), default="4",
-                     show_default=True, help="draft lengths k"),
-        click.option("--temp", "temperatures", type=CommaList(float, "temperature", minimum=0.0), default="0",
-                     show_default=True, help="temperatures (0 = greedy; agreement is only defined there)"),
-        click.option("--repeats", type=click.IntRange(1), help="timed repeats per (configuration, prompt) "
-                     "[default: 3; 7 with --kernels]"),
+        click.option(
+            "--taus",
+            type=CommaList(float, "tau", minimum=0.0),
+            default="0,0.1,0.2,0.4",
+            show_default=True,
+            help="tau values (fsd and fsd-paper)",
+        ),
+        click.option(
+            "--divergence",
+            "divergences",
+            type=CommaList(str, "divergence", DIVERGENCES),
+            default="js",
+            show_default=True,
+            help="divergences, comma separated: " + ", ".join(DIVERGENCES),
+        ),
+        click.option(
+            "--modes",
+            type=CommaList(str, "mode", MODES),
+            default="fsd",
+            show_default=True,
+            help="modes, comma separated; the ar and sd baselines always run",
+        ),
+        click.option(
+            "--draft-max",
+            "draft_maxes",
+            type=CommaList(int, "draft length", minimum=1),
+            default="4",
+            show_default=True,
+            help="draft lengths k",
+        ),
+        click.option(
+            "--temp",
+            "temperatures",
+            type=CommaList(float, "temperature", minimum=0.0),
+            default="0",
+            show_default=True,
+            help="temperatures (0 = greedy; agreement is only defined there)",
+        ),
+        click.option(
+            "--repeats",
+            type=click.IntRange(1),
+            help="timed repeats per (configuration, prompt) [default: 3; 7 with --kernels]",
+        ),
         click.option("--json", "as_json", is_flag=True, help="print a JSON list, one object per configuration"),
         click.option("--csv", "as_csv", is_flag=True, help="print CSV, one row per configuration"),
-        click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
-                     help="write a PNG: tokens/s and quality against tau (needs the `plot` extra: matplotlib)"),
-        click.option("--kernels", is_flag=True,
-                     help="benchmark the divergence kernels against vectorised NumPy instead (no models)"),
-        click.option("--vocab", "vocabs", type=CommaList(int, "vocabulary size", minimum=2),
-                     help="with --kernels: vocabulary sizes [default: 32000,49152,151936,262144]"),
-        click.option("--rows", type=CommaList(int, "row count", minimum=1),
-                     help="with --kernels: rows per call [default: 1,2,4,8]"),
+        click.option(
+            "--plot",
+            "plot_path",
+            type=click.Path(dir_okay=False),
+            help="write a PNG: tokens/s and quality against tau (needs the `plot` extra: matplotlib)",
+        ),
+        click.option(
+            "--kernels",
+            is_flag=True,
+            help="benchmark the divergence kernels against vectorised NumPy instead (no models)",
+        ),
+        click.option(
+            "--vocab",
+            "vocabs",
+            type=CommaList(int, "vocabulary size", minimum=2),
+            help="with --kernels: vocabulary sizes [default: 32000,49152,151936,262144]",
+        ),
+        click.option(
+            "--rows",
+            type=CommaList(int, "row count", minimum=1),
+            help="with --kernels: rows per call [default: 1,2,4,8]",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -118,16 +176,35 @@ def _progress(length, label):
     return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True, show_eta=True)
 
 
-def bench_command(*, prompts_file, chat, max_tokens, seed, ignore_eos, taus, divergences, modes, draft_maxes,
-                  temperatures, repeats, as_json, as_csv, plot_path, kernels, vocabs, rows, **model_kwargs):
+def bench_command(
+    *,
+    prompts_file,
+    chat,
+    max_tokens,
+    seed,
+    ignore_eos,
+    taus,
+    divergences,
+    modes,
+    draft_maxes,
+    temperatures,
+    repeats,
+    as_json,
+    as_csv,
+    plot_path,
+    kernels,
+    vocabs,
+    rows,
+    **model_kwargs,
+):
     if as_json and as_csv:
         raise click.UsageError("choose one of --json and --csv")
     if kernels:
         return _kernels_command(model_kwargs, divergences, vocabs, rows, repeats or 7, as_json, as_csv)
     if vocabs or rows:
         raise click.UsageError("--vocab and --rows only apply to --kernels")
-    from fsd_local.bench.runner import build_configs, format_table, run_bench, summarise, to_csv, to_json
     from fsd_local.bench.prompts import load_prompts
+    from fsd_local.bench.runner import build_configs, format_table, run_bench, summarise, to_csv, to_json
 
     if plot_path:
         from fsd_local.bench.plot import require_matplotlib
@@ -138,11 +215,19 @@ def bench_command(*, prompts_file, chat, max_tokens, seed, ignore_eos, taus, div
     repeats = repeats or 3
     with _engine(model_kwargs) as engine:
         total = len(configs) * len(prompts) * repeats
-        _say(f"{len(configs)} configurations x {len(prompts)} prompts x {repeats} repeats, "
-             f"{max_tokens} tokens each")
+        _say(f"{len(configs)} configurations x {len(prompts)} prompts x {repeats} repeats, {max_tokens} tokens each")
         with _progress(total, "bench") as bar:
-            data = run_bench(engine, prompts, configs, max_tokens=max_tokens, repeats=repeats, seed=seed,
-                             chat=chat, ignore_eos=ignore_eos, progress=lambda: bar.update(1))
+            data = run_bench(
+                engine,
+                prompts,
+                configs,
+                max_tokens=max_tokens,
+                repeats=repeats,
+                seed=seed,
+                chat=chat,
+                ignore_eos=ignore_eos,
+                progress=lambda: bar.update(1),
+            )
     rows_out = summarise(data)
     if as_json:
         click.echo(to_json(rows_out))
@@ -194,21 +279,44 @@ def calibrate_options(f):
     opts = [
         click.option("--divergence", type=click.Choice(DIVERGENCES), default="js", show_default=True),
         click.option("--mode", type=click.Choice(TAU_MODES), default="fsd", show_default=True),
-        click.option("--draft-max", type=click.IntRange(1, 64), default=4, show_default=True,
-                     help="tokens drafted per round (k)"),
+        click.option(
+            "--draft-max", type=click.IntRange(1, 64), default=4, show_default=True, help="tokens drafted per round (k)"
+        ),
         click.option("--temp", "temperature", type=click.FloatRange(0), default=0.0, show_default=True),
-        click.option("--min-agreement", type=click.FloatRange(0, 1),
-                     help="budget: agreement with the target's greedy output at least this (temperature 0)"),
-        click.option("--max-logprob-drop", type=click.FloatRange(0),
-                     help="budget: target log-prob per token at most this much below sd's"),
-        click.option("--target-acceptance", type=click.FloatRange(0, 1),
-                     help="goal: the smallest tau whose acceptance rate reaches this"),
-        click.option("--tau-max", type=click.FloatRange(0, min_open=True),
-                     help="upper end of the search [default: ln 2 for js, 1 for tv, 2 otherwise]"),
-        click.option("--steps", type=click.IntRange(1, 20), default=6, show_default=True,
-                     help="bisection steps: the answer is within tau-max / 2**steps"),
-        click.option("--repeats", type=click.IntRange(1), default=3, show_default=True,
-                     help="timed passes at the chosen tau (interleaved with ar and sd)"),
+        click.option(
+            "--min-agreement",
+            type=click.FloatRange(0, 1),
+            help="budget: agreement with the target's greedy output at least this (temperature 0)",
+        ),
+        click.option(
+            "--max-logprob-drop",
+            type=click.FloatRange(0),
+            help="budget: target log-prob per token at most this much below sd's",
+        ),
+        click.option(
+            "--target-acceptance",
+            type=click.FloatRange(0, 1),
+            help="goal: the smallest tau whose acceptance rate reaches this",
+        ),
+        click.option(
+            "--tau-max",
+            type=click.FloatRange(0, min_open=True),
+            help="upper end of the search [default: ln 2 for js, 1 for tv, 2 otherwise]",
+        ),
+        click.option(
+            "--steps",
+            type=click.IntRange(1, 20),
+            default=6,
+            show_default=True,
+            help="bisection steps: the answer is within tau-max / 2**steps",
+        ),
+        click.option(
+            "--repeats",
+            type=click.IntRange(1),
+            default=3,
+            show_default=True,
+            help="timed passes at the chosen tau (interleaved with ar and sd)",
+        ),
         click.option("--json", "as_json", is_flag=True, help="print one JSON object"),
     ]
     for opt in reversed(opts):
@@ -216,16 +324,40 @@ def calibrate_options(f):
     return run_options(f)
 
 
-def calibrate_command(*, prompts_file, chat, max_tokens, seed, ignore_eos, divergence, mode, draft_max,
-                      temperature, min_agreement, max_logprob_drop, target_acceptance, tau_max, steps, repeats, as_json,
-                      **model_kwargs):
+def calibrate_command(
+    *,
+    prompts_file,
+    chat,
+    max_tokens,
+    seed,
+    ignore_eos,
+    divergence,
+    mode,
+    draft_max,
+    temperature,
+    min_agreement,
+    max_logprob_drop,
+    target_acceptance,
+    tau_max,
+    steps,
+    repeats,
+    as_json,
+    **model_kwargs,
+):
     import json
 
-    from fsd_local.bench.prompts import load_prompts
     from fsd_local.bench.calibrate import Budget, calibrate, format_report
+    from fsd_local.bench.prompts import load_prompts
 
-    given = [(k, v) for k, v in (("agreement", min_agreement), ("logprob_drop", max_logprob_drop),
-                                 ("acceptance", target_acceptance)) if v is not None]
+    given = [
+        (k, v)
+        for k, v in (
+            ("agreement", min_agreement),
+            ("logprob_drop", max_logprob_drop),
+            ("acceptance", target_acceptance),
+        )
+        if v is not None
+    ]
     if len(given) != 1:
         raise click.UsageError("give exactly one of --min-agreement, --max-logprob-drop, --target-acceptance")
     budget = Budget(*given[0])
@@ -235,13 +367,31 @@ def calibrate_command(*, prompts_file, chat, max_tokens, seed, ignore_eos, diver
 
     def step(tau, row):
         agree = "" if row["agreement"] is None else f"agreement {row['agreement']:.3f}, "
-        _say(f"tau {tau:.4f}: {agree}log-prob drop {row['logprob_drop']:+.3f}, acceptance "
-             f"{row['acceptance_rate']:.0%} -> {'meets' if row['meets'] else 'misses'} the budget")
+        _say(
+            f"tau {tau:.4f}: {agree}log-prob drop {row['logprob_drop']:+.3f}, acceptance "
+            f"{row['acceptance_rate']:.0%} -> {'meets' if row['meets'] else 'misses'} the budget"
+        )
 
     with _engine(model_kwargs) as engine:
-        _say(f"calibrating {mode} {divergence} k={draft_max} at temperature {temperature:g} on "
-             f"{len(prompts)} prompts, {max_tokens} tokens each: {budget.describe()}")
-        result = calibrate(engine, prompts, budget=budget, divergence=divergence, mode=mode, draft_max=draft_max,
-                           temperature=temperature, tau_max=tau_max, steps=steps, max_tokens=max_tokens,
-                           repeats=repeats, seed=seed, chat=chat, ignore_eos=ignore_eos, on_step=step)
+        _say(
+            f"calibrating {mode} {divergence} k={draft_max} at temperature {temperature:g} on "
+            f"{len(prompts)} prompts, {max_tokens} tokens each: {budget.describe()}"
+        )
+        result = calibrate(
+            engine,
+            prompts,
+            budget=budget,
+            divergence=divergence,
+            mode=mode,
+            draft_max=draft_max,
+            temperature=temperature,
+            tau_max=tau_max,
+            steps=steps,
+            max_tokens=max_tokens,
+            repeats=repeats,
+            seed=seed,
+            chat=chat,
+            ignore_eos=ignore_eos,
+            on_step=step,
+        )
     click.echo(json.dumps(result, indent=1) if as_json else format_report(result, budget))

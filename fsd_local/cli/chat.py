@@ -4,6 +4,7 @@ The session keeps the messages; the engine keeps both KV caches and reuses their
 each new prompt, so turn n only evaluates turn n's new text. Output rules: standard output carries only the
 assistant's words (pipes stay clean); banners, summaries and command feedback go to standard error.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -40,17 +41,25 @@ def _setter_help(command: str) -> str:
     return textwrap.fill(about, 110, initial_indent=f"  /{command} {value}".ljust(18), subsequent_indent=" " * 18)
 
 
-HELP = "\n".join([
-    "commands (settings apply from the next reply on, models stay loaded):",
-    *(_setter_help(c) for c in SETTERS),
-    "  /stats          settings, totals of this conversation, details of the last reply",
-    "  /reset          start a new conversation (settings stay)",
-    "  /help           this text",
-    "  /quit           leave (Ctrl-D too); Ctrl-C stops the current reply only",
-    "a command without a value shows the current one; start a message with // to send a literal leading /"])
+HELP = "\n".join(
+    [
+        "commands (settings apply from the next reply on, models stay loaded):",
+        *(_setter_help(c) for c in SETTERS),
+        "  /stats          settings, totals of this conversation, details of the last reply",
+        "  /reset          start a new conversation (settings stay)",
+        "  /help           this text",
+        "  /quit           leave (Ctrl-D too); Ctrl-C stops the current reply only",
+        "a command without a value shows the current one; start a message with // to send a literal leading /",
+    ]
+)
 COLOURS = {"sd": "green", "fuzzy": "yellow", "draft": "cyan", "target": None}
-LEGEND = ("colours: " + click.style("green", fg="green") + " = draft token that passed the SD test, "
-          + click.style("yellow", fg="yellow") + " = draft token rescued by tau (fuzzy), plain = the target's own")
+LEGEND = (
+    "colours: "
+    + click.style("green", fg="green")
+    + " = draft token that passed the SD test, "
+    + click.style("yellow", fg="yellow")
+    + " = draft token rescued by tau (fuzzy), plain = the target's own"
+)
 
 
 @dataclass
@@ -77,6 +86,7 @@ def parse_command(line: str) -> Command | None:
 @dataclass
 class Totals:
     """Sums over the replies of one conversation."""
+
     replies: int = 0
     tokens: int = 0
     rounds: int = 0
@@ -94,17 +104,20 @@ class Totals:
 
     def line(self) -> str:
         accepted = self.accepted_sd + self.accepted_fuzzy
-        return (f"conversation: {self.replies} replies, {self.tokens} tokens, "
-                f"{self.tokens / self.seconds if self.seconds else 0:.1f} tok/s, "
-                f"acceptance {accepted / self.drafted if self.drafted else 0:.0%}, "
-                f"{self.tokens / self.rounds if self.rounds else 0:.2f} tokens/round, "
-                f"fuzzy {self.accepted_fuzzy / accepted if accepted else 0:.0%}, "
-                f"{self.prompt_evaluated} prompt tokens evaluated")
+        return (
+            f"conversation: {self.replies} replies, {self.tokens} tokens, "
+            f"{self.tokens / self.seconds if self.seconds else 0:.1f} tok/s, "
+            f"acceptance {accepted / self.drafted if self.drafted else 0:.0%}, "
+            f"{self.tokens / self.rounds if self.rounds else 0:.2f} tokens/round, "
+            f"fuzzy {self.accepted_fuzzy / accepted if accepted else 0:.0%}, "
+            f"{self.prompt_evaluated} prompt tokens evaluated"
+        )
 
 
 @dataclass
 class ChatSession:
     """One conversation with live settings. `reply` streams the engine's pieces and records the turn."""
+
     engine: Engine
     settings: Settings
     system: str | None = None
@@ -148,17 +161,22 @@ class ChatSession:
 
     def stats_text(self) -> str:
         s = self.settings
-        lines = [f"settings: tau {s.tau:g}, mode {s.mode}, divergence {s.divergence}, temp {s.temperature:g}, "
-                 f"draft-max {s.draft_max}{' (adaptive)' if s.adaptive else ''}, max-tokens {s.max_tokens}",
-                 self.totals.line()]
+        lines = [
+            f"settings: tau {s.tau:g}, mode {s.mode}, divergence {s.divergence}, temp {s.temperature:g}, "
+            f"draft-max {s.draft_max}{' (adaptive)' if s.adaptive else ''}, max-tokens {s.max_tokens}",
+            self.totals.line(),
+        ]
         if self.last is not None:
             st = self.last.stats
             lines.append("last reply: " + summary_line(st, self.last.finish_reason))
-            lines.append("  acceptance by draft position: "
-                         + " ".join(f"{a:.0%}" for a in st["acceptance_by_position"]))
+            lines.append(
+                "  acceptance by draft position: " + " ".join(f"{a:.0%}" for a in st["acceptance_by_position"])
+            )
             if st["divergence_quantiles"]:
-                lines.append(f"  {s.divergence} quantiles: "
-                             + " ".join(f"{q} {v:.3f}" for q, v in st["divergence_quantiles"].items()))
+                lines.append(
+                    f"  {s.divergence} quantiles: "
+                    + " ".join(f"{q} {v:.3f}" for q, v in st["divergence_quantiles"].items())
+                )
         return "\n".join(lines)
 
     def reply(self, text: str, cancel: CancelToken | None = None):
@@ -169,8 +187,9 @@ class ChatSession:
         shown: list[str] = []
         completion: Completion | None = None
         try:
-            with contextlib.closing(self.engine.chat_stream(self.messages, cancel=cancel,
-                                                            settings=self.settings)) as stream:
+            with contextlib.closing(
+                self.engine.chat_stream(self.messages, cancel=cancel, settings=self.settings)
+            ) as stream:
                 for piece in stream:
                     shown.append(piece.text)
                     completion = piece.completion or completion
@@ -248,8 +267,9 @@ def _read(interactive: bool) -> str | None:
             click.echo()
 
 
-def run_chat(session: ChatSession, *, color: bool = False, as_json: bool = False,
-             interactive: bool | None = None) -> None:
+def run_chat(
+    session: ChatSession, *, color: bool = False, as_json: bool = False, interactive: bool | None = None
+) -> None:
     """The terminal loop. Not a terminal on stdin: one message per line, plain text out."""
     say = _say_err
     interactive = sys.stdin.isatty() if interactive is None else interactive
@@ -259,8 +279,10 @@ def run_chat(session: ChatSession, *, color: bool = False, as_json: bool = False
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401  line editing and history for input()
         s = session.settings
-        say(f"chatting with tau {s.tau:g}, mode {s.mode}, divergence {s.divergence}. /help lists commands; "
-            "Ctrl-C stops a reply, Ctrl-D leaves.")
+        say(
+            f"chatting with tau {s.tau:g}, mode {s.mode}, divergence {s.divergence}. /help lists commands; "
+            "Ctrl-C stops a reply, Ctrl-D leaves."
+        )
         if color:
             say(LEGEND)
     while not session.done:
@@ -291,8 +313,9 @@ def _answer(session: ChatSession, text: str, color: bool, as_json: bool, say) ->
     completion = session.last
     assert completion is not None  # the stream ran to its end: the engine's last piece carries the completion
     if as_json:
-        click.echo(json.dumps({"text": completion.text, "finish_reason": completion.finish_reason,
-                               "stats": completion.stats}))
+        click.echo(
+            json.dumps({"text": completion.text, "finish_reason": completion.finish_reason, "stats": completion.stats})
+        )
         return
     click.echo()
     say(summary_line(completion.stats, completion.finish_reason))

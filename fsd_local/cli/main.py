@@ -1,4 +1,5 @@
 """The `fsd-local` command: thin click wrappers over the library API (fsd_local.Engine)."""
+
 from __future__ import annotations
 
 import json
@@ -82,8 +83,14 @@ def generate(prompt, as_json, **kwargs):
 @click.option("--target", type=click.Path(dir_okay=False), help="a target GGUF file to describe")
 @click.option("--draft", type=click.Path(dir_okay=False), help="a draft GGUF file; with --target: are they compatible?")
 @click.option("--pair", help="a pair from models.toml instead of --target/--draft")
-@click.option("--ctx", "n_ctx", type=click.IntRange(16), default=4096, show_default=True,
-              help="context size the automatic GPU placement is computed for")
+@click.option(
+    "--ctx",
+    "n_ctx",
+    type=click.IntRange(16),
+    default=4096,
+    show_default=True,
+    help="context size the automatic GPU placement is computed for",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def doctor(target, draft, pair, n_ctx, as_json):
     """What this installation runs on: llama-cpp-python and llama.cpp versions, compiled-in backends (CPU, CUDA,
@@ -105,17 +112,28 @@ def doctor(target, draft, pair, n_ctx, as_json):
 @cli.command()
 @model_options
 @settings_options
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="address to listen on (loopback = this machine only)")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="address to listen on (loopback = this machine only)"
+)
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
-@click.option("--api-key", envvar="FSD_LOCAL_API_KEY",
-              help="require 'Authorization: Bearer KEY' (env FSD_LOCAL_API_KEY)")
-@click.option("--max-queue", type=click.IntRange(0), default=16, show_default=True,
-              help="requests that may wait behind the running one; more get 503")
-@click.option("--model-name",
-              help="model id reported by /v1/models (default: the pair's name or the target's file name)")
-@click.option("--in-process", is_flag=True,
-              help="run the models inside the server process (no restart after a crash in llama.cpp; for debugging)")
+@click.option(
+    "--api-key", envvar="FSD_LOCAL_API_KEY", help="require 'Authorization: Bearer KEY' (env FSD_LOCAL_API_KEY)"
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(0),
+    default=16,
+    show_default=True,
+    help="requests that may wait behind the running one; more get 503",
+)
+@click.option(
+    "--model-name", help="model id reported by /v1/models (default: the pair's name or the target's file name)"
+)
+@click.option(
+    "--in-process",
+    is_flag=True,
+    help="run the models inside the server process (no restart after a crash in llama.cpp; for debugging)",
+)
 def serve(host, port, api_key, max_queue, model_name, in_process, **kwargs):
     """An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,
     /metrics). The generation options are the defaults; requests override them, including fsd-local's own
@@ -125,14 +143,16 @@ def serve(host, port, api_key, max_queue, model_name, in_process, **kwargs):
         from fsd_local.server.app import serve as run_server
         from fsd_local.server.supervisor import Supervisor
     except ImportError as exc:  # the server's packages are an optional extra
-        raise click.UsageError(f"the server needs FastAPI, uvicorn and prometheus_client: "
-                               f"pip install 'fsd-local[server]' ({exc})") from None
+        raise click.UsageError(
+            f"the server needs FastAPI, uvicorn and prometheus_client: pip install 'fsd-local[server]' ({exc})"
+        ) from None
 
     settings = pop_settings(kwargs)
     with load_engine(**kwargs, settings=settings, say=say, engine_class=None if in_process else Supervisor) as engine:
         say(f"serving the OpenAI API on http://{host}:{port}/v1")
-        run_server(engine, host=host, port=port, api_key=api_key, max_queue=max_queue,
-                   model_name=model_name or kwargs["pair"])
+        run_server(
+            engine, host=host, port=port, api_key=api_key, max_queue=max_queue, model_name=model_name or kwargs["pair"]
+        )
 
 
 CHAT_EXAMPLES = """
@@ -160,10 +180,18 @@ Examples:
 @model_options
 @settings_options
 @click.option("--system", help="system prompt for the conversation")
-@click.option("--color", is_flag=True, help="colour each token by origin: green = draft token that passed the SD "
-              "test, yellow = draft token rescued by tau (fuzzy), plain = the target's own token")
-@click.option("--json", "as_json", is_flag=True,
-              help="print one JSON object per reply (text, finish_reason, stats) instead of streaming text")
+@click.option(
+    "--color",
+    is_flag=True,
+    help="colour each token by origin: green = draft token that passed the SD "
+    "test, yellow = draft token rescued by tau (fuzzy), plain = the target's own token",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="print one JSON object per reply (text, finish_reason, stats) instead of streaming text",
+)
 def chat(system, color, as_json, **kwargs):
     """Chat with a draft/target pair, using the target's own chat template. Replies stream as tokens are
     accepted; earlier turns stay in both KV caches and are not evaluated again. After each reply a summary
@@ -189,8 +217,15 @@ def models(as_json):
 
     registry = load_registry()
     if as_json:
-        click.echo(json.dumps({name: {**dataclasses.asdict(p), "present": {
-            role: f.cached_path() for role, f in p.files()}} for name, p in registry.items()}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    name: {**dataclasses.asdict(p), "present": {role: f.cached_path() for role, f in p.files()}}
+                    for name, p in registry.items()
+                },
+                indent=2,
+            )
+        )
     else:
         click.echo(format_pairs(registry))
 
@@ -205,7 +240,6 @@ def pull(pair):
     target, draft = pull_pair(pair, say=say)
     click.echo(f"target {target}\ndraft  {draft}")
     say(f"ready: fsd-local chat --pair {pair} --tau 0.1")
-
 
 
 BENCH_EXAMPLES = """

@@ -3,6 +3,7 @@ loading a pair, and the one-line summary after a reply.
 
 Nothing here imports Numba or llama.cpp at module level: `fsd-local --help` and `fsd-local models` stay fast.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -24,10 +25,12 @@ def say(msg: str) -> None:
 
 def summary_line(stats: dict, finish: str | None) -> str:
     """The line after every reply (generate, chat): speed, acceptance, and what the prefix cache saved."""
-    return (f"[{finish}] {stats['tokens']} tokens, {stats['tokens_per_second']:.1f} tok/s, "
-            f"acceptance {stats['acceptance_rate']:.0%}, {stats['mean_tokens_per_round']:.2f} tokens/round, "
-            f"fuzzy {stats['fuzzy_share']:.0%}, prompt {stats['prompt_evaluated']}/{stats['prompt_tokens']} "
-            "tokens evaluated")
+    return (
+        f"[{finish}] {stats['tokens']} tokens, {stats['tokens_per_second']:.1f} tok/s, "
+        f"acceptance {stats['acceptance_rate']:.0%}, {stats['mean_tokens_per_round']:.2f} tokens/round, "
+        f"fuzzy {stats['fuzzy_share']:.0%}, prompt {stats['prompt_evaluated']}/{stats['prompt_tokens']} "
+        "tokens evaluated"
+    )
 
 
 def _apply(f: Callable, opts: list) -> Callable:
@@ -54,8 +57,7 @@ def _setting_option(f) -> Callable:
     if kind is tuple:
         return click.option(cli, f.name, multiple=True, help=s.help)
     if s.choices:
-        return click.option(cli, f.name, type=click.Choice(s.choices), default=default, show_default=True,
-                            help=s.help)
+        return click.option(cli, f.name, type=click.Choice(s.choices), default=default, show_default=True, help=s.help)
     if kind is int:
         typ: Any = click.IntRange(_int_bound(s.lo), _int_bound(s.hi), min_open=s.lo_open, max_open=s.hi_open)
     else:
@@ -79,6 +81,7 @@ def pop_settings(kwargs: dict) -> Settings:
 # ------------------------------------------------------------------ models
 class GpuLayers(click.ParamType):
     """N >= 0 layers, -1 = all, or 'auto' (fsd_local.llama.placement decides from free GPU memory)."""
+
     name = "N|-1|auto"
 
     def convert(self, value, param, ctx):
@@ -109,41 +112,101 @@ MODEL_OPTIONS = [
     click.option("--target", type=click.Path(dir_okay=False), help="target (large) GGUF file"),
     click.option("--draft", type=click.Path(dir_okay=False), help="draft (small) GGUF file, same tokenizer"),
     click.option("--pair", help="a pair from models.toml (see `fsd-local models`)"),
-    click.option("--ctx", "n_ctx", type=click.IntRange(16), default=4096, show_default=True,
-                 help="context size of the target (and of the draft unless --draft-ctx)"),
+    click.option(
+        "--ctx",
+        "n_ctx",
+        type=click.IntRange(16),
+        default=4096,
+        show_default=True,
+        help="context size of the target (and of the draft unless --draft-ctx)",
+    ),
     click.option("--draft-ctx", "draft_n_ctx", type=click.IntRange(16), help="context size of the draft"),
     click.option("--threads", "n_threads", type=click.IntRange(1), help="CPU threads (default: all)"),
-    click.option("--ngl", "n_gpu_layers", type=GPU_LAYERS, default="auto", show_default=True,
-                 help="target layers on the GPU: N, -1 = all, auto = what free GPU memory holds after the draft"),
-    click.option("--draft-ngl", "draft_n_gpu_layers", type=GPU_LAYERS, default="auto", show_default=True,
-                 help="draft layers on the GPU: N, -1 = all, auto = all if they fit (placed before the target)"),
-    click.option("--flash-attn", type=click.Choice(["on", "off", "auto"]), default="auto", show_default=True,
-                 help="flash attention for both models (a quantised V cache needs it)"),
-    click.option("--cache-type-k", type=click.Choice(KV_CHOICES), default="f16", show_default=True,
-                 help="target KV cache type for keys (q8_0 halves the cache, q4_0 quarters it)"),
-    click.option("--cache-type-v", type=click.Choice(KV_CHOICES), default="f16", show_default=True,
-                 help="target KV cache type for values (quantised needs flash attention)"),
-    click.option("--draft-cache-type-k", type=click.Choice(KV_CHOICES),
-                 help="draft K cache type (default: the target's)"),
-    click.option("--draft-cache-type-v", type=click.Choice(KV_CHOICES),
-                 help="draft V cache type (default: the target's)"),
+    click.option(
+        "--ngl",
+        "n_gpu_layers",
+        type=GPU_LAYERS,
+        default="auto",
+        show_default=True,
+        help="target layers on the GPU: N, -1 = all, auto = what free GPU memory holds after the draft",
+    ),
+    click.option(
+        "--draft-ngl",
+        "draft_n_gpu_layers",
+        type=GPU_LAYERS,
+        default="auto",
+        show_default=True,
+        help="draft layers on the GPU: N, -1 = all, auto = all if they fit (placed before the target)",
+    ),
+    click.option(
+        "--flash-attn",
+        type=click.Choice(["on", "off", "auto"]),
+        default="auto",
+        show_default=True,
+        help="flash attention for both models (a quantised V cache needs it)",
+    ),
+    click.option(
+        "--cache-type-k",
+        type=click.Choice(KV_CHOICES),
+        default="f16",
+        show_default=True,
+        help="target KV cache type for keys (q8_0 halves the cache, q4_0 quarters it)",
+    ),
+    click.option(
+        "--cache-type-v",
+        type=click.Choice(KV_CHOICES),
+        default="f16",
+        show_default=True,
+        help="target KV cache type for values (quantised needs flash attention)",
+    ),
+    click.option(
+        "--draft-cache-type-k", type=click.Choice(KV_CHOICES), help="draft K cache type (default: the target's)"
+    ),
+    click.option(
+        "--draft-cache-type-v", type=click.Choice(KV_CHOICES), help="draft V cache type (default: the target's)"
+    ),
     click.option("--no-mmap", is_flag=True, help="read the model files into memory instead of mapping them"),
     click.option("--mlock", is_flag=True, help="lock the models in RAM (no swapping)"),
-    click.option("--split-mode", type=click.Choice(list(SPLIT_MODES)), default="layer", show_default=True,
-                 help="how the target spreads over several GPUs (none = all on --main-gpu); the draft always "
-                      "stays on one GPU"),
-    click.option("--main-gpu", type=click.IntRange(0), default=0, show_default=True,
-                 help="GPU for the draft, and for the target with --split-mode none"),
-    click.option("--tensor-split", callback=_parse_split, metavar="P0,P1,...",
-                 help="share of the target per GPU, e.g. 3,1 (default: by free memory)"),
-    click.option("--rpc", "rpc_servers", metavar="HOST:PORT,...",
-                 help="ggml-rpc-server machines that hold part of the target (needs an RPC build)"),
-    click.option("--repack/--no-repack", "repack", default=None,
-                 help="target: load weights into llama.cpp's repacked CPU layouts (AMX, AVX2/AVX-512 "
-                      "interleaving). Default: on, except where the CPU backend has AMX kernels and the CPU "
-                      "has AMX (they crash there; see `fsd-local doctor`)"),
-    click.option("--draft-repack/--draft-no-repack", "draft_repack", default=None,
-                 help="the same for the draft (default: as for the target)"),
+    click.option(
+        "--split-mode",
+        type=click.Choice(list(SPLIT_MODES)),
+        default="layer",
+        show_default=True,
+        help="how the target spreads over several GPUs (none = all on --main-gpu); the draft always stays on one GPU",
+    ),
+    click.option(
+        "--main-gpu",
+        type=click.IntRange(0),
+        default=0,
+        show_default=True,
+        help="GPU for the draft, and for the target with --split-mode none",
+    ),
+    click.option(
+        "--tensor-split",
+        callback=_parse_split,
+        metavar="P0,P1,...",
+        help="share of the target per GPU, e.g. 3,1 (default: by free memory)",
+    ),
+    click.option(
+        "--rpc",
+        "rpc_servers",
+        metavar="HOST:PORT,...",
+        help="ggml-rpc-server machines that hold part of the target (needs an RPC build)",
+    ),
+    click.option(
+        "--repack/--no-repack",
+        "repack",
+        default=None,
+        help="target: load weights into llama.cpp's repacked CPU layouts (AMX, AVX2/AVX-512 "
+        "interleaving). Default: on, except where the CPU backend has AMX kernels and the CPU "
+        "has AMX (they crash there; see `fsd-local doctor`)",
+    ),
+    click.option(
+        "--draft-repack/--draft-no-repack",
+        "draft_repack",
+        default=None,
+        help="the same for the draft (default: as for the target)",
+    ),
 ]
 MODEL_KEYS = ("target", "draft", "pair")
 
@@ -173,10 +236,33 @@ def resolve_models(target, draft, pair, say=None) -> tuple[str, str | None]:
     return target, draft
 
 
-def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu_layers, settings: Settings,
-                say=None, *, draft_n_ctx=None, flash_attn="auto", cache_type_k="f16", cache_type_v="f16",
-                draft_cache_type_k=None, draft_cache_type_v=None, no_mmap=False, mlock=False, split_mode="layer",
-                main_gpu=0, tensor_split=None, rpc_servers=None, repack=None, draft_repack=None, engine_class=None):
+def load_engine(
+    target,
+    draft,
+    pair,
+    n_ctx,
+    n_threads,
+    n_gpu_layers,
+    draft_n_gpu_layers,
+    settings: Settings,
+    say=None,
+    *,
+    draft_n_ctx=None,
+    flash_attn="auto",
+    cache_type_k="f16",
+    cache_type_v="f16",
+    draft_cache_type_k=None,
+    draft_cache_type_v=None,
+    no_mmap=False,
+    mlock=False,
+    split_mode="layer",
+    main_gpu=0,
+    tensor_split=None,
+    rpc_servers=None,
+    repack=None,
+    draft_repack=None,
+    engine_class=None,
+):
     """The Engine (or `engine_class`, e.g. serve's Supervisor: same arguments) for the command's options."""
     from fsd_local.engine import Engine
     from fsd_local.kernels.jit_cache import is_warm
@@ -186,17 +272,41 @@ def load_engine(target, draft, pair, n_ctx, n_threads, n_gpu_layers, draft_n_gpu
     t, d = resolve_models(target, draft, pair, say=say)
     if d is None and settings.needs_draft:
         raise click.UsageError(f"mode {settings.mode} needs --draft (or use --mode ar)")
-    both = dict(n_threads=n_threads, flash_attn={"on": True, "off": False, "auto": None}[flash_attn],
-                use_mmap=not no_mmap, use_mlock=mlock, main_gpu=main_gpu)
+    both = dict(
+        n_threads=n_threads,
+        flash_attn={"on": True, "off": False, "auto": None}[flash_attn],
+        use_mmap=not no_mmap,
+        use_mlock=mlock,
+        main_gpu=main_gpu,
+    )
     target_auto, draft_auto = n_gpu_layers == "auto", draft_n_gpu_layers in (None, "auto")
-    t_opts = ModelOptions(t, n_ctx=n_ctx, n_gpu_layers=-1 if target_auto else n_gpu_layers, split_mode=split_mode,
-                          tensor_split=tensor_split, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                          rpc_servers=rpc_servers, repack=repack, **both)
+    t_opts = ModelOptions(
+        t,
+        n_ctx=n_ctx,
+        n_gpu_layers=-1 if target_auto else n_gpu_layers,
+        split_mode=split_mode,
+        tensor_split=tensor_split,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        rpc_servers=rpc_servers,
+        repack=repack,
+        **both,
+    )
     # the draft decodes one token at a time: spreading it over GPUs would only add transfers
-    d_opts = ModelOptions(d, n_ctx=draft_n_ctx or n_ctx, n_gpu_layers=-1 if draft_auto else draft_n_gpu_layers,
-                          split_mode="none", cache_type_k=draft_cache_type_k or cache_type_k,
-                          cache_type_v=draft_cache_type_v or cache_type_v,
-                          repack=repack if draft_repack is None else draft_repack, **both) if d is not None else None
+    d_opts = (
+        ModelOptions(
+            d,
+            n_ctx=draft_n_ctx or n_ctx,
+            n_gpu_layers=-1 if draft_auto else draft_n_gpu_layers,
+            split_mode="none",
+            cache_type_k=draft_cache_type_k or cache_type_k,
+            cache_type_v=draft_cache_type_v or cache_type_v,
+            repack=repack if draft_repack is None else draft_repack,
+            **both,
+        )
+        if d is not None
+        else None
+    )
     t_opts, d_opts, placed = resolve(t_opts, d_opts, target_auto=target_auto, draft_auto=draft_auto)
     if placed and say:
         say(placed)

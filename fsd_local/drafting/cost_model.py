@@ -39,6 +39,7 @@ For `ngram+model`, use one CostModel per drafter sharing one `VerifyCost` (the t
 look the n-gram up first (free), then ask the model of whichever drafter will draft; report each target decode
 once (to either model, or to the shared VerifyCost directly).
 """
+
 from __future__ import annotations
 
 import math
@@ -61,8 +62,9 @@ def _finite_positive(x) -> bool:
 class VerifyCost:
     """Seconds of one target decode of a batch of n tokens, learned online (shareable between CostModels)."""
 
-    def __init__(self, n_max: int = 9, decay: float = 0.9, slope_prior: float = VERIFY_SLOPE_PRIOR,
-                 blend_weight: float = 0.5):
+    def __init__(
+        self, n_max: int = 9, decay: float = 0.9, slope_prior: float = VERIFY_SLOPE_PRIOR, blend_weight: float = 0.5
+    ):
         self.decay = decay
         self.slope_prior = slope_prior
         self.blend_weight = blend_weight  # how many observations the fitted line is worth at a measured n
@@ -138,15 +140,25 @@ class VerifyCost:
 class CostModel:
     """Online cost model and draft-length choice for one drafter (see the module docstring).
 
-        cm = CostModel(k_max=8, draft_cost_prior=0.0)   # 0.0: a free drafter (ngram)
-        k = cm.choose_k()
+    cm = CostModel(k_max=8, draft_cost_prior=0.0)   # 0.0: a free drafter (ngram)
+    k = cm.choose_k()
     """
 
-    def __init__(self, k_max: int, *, draft_cost_prior: float = MODEL_DRAFT_COST_PRIOR,
-                 verify: VerifyCost | None = None, decay: float = 0.9, accept_decay: float = 0.95,
-                 accept_prior_first: float = ACCEPT_PRIOR_FIRST, accept_prior_decay: float = ACCEPT_PRIOR_DECAY,
-                 accept_prior_weight: float = ACCEPT_PRIOR_WEIGHT, probe_every: int = 16, probe_max: int = 64,
-                 probe_k: int = 2):
+    def __init__(
+        self,
+        k_max: int,
+        *,
+        draft_cost_prior: float = MODEL_DRAFT_COST_PRIOR,
+        verify: VerifyCost | None = None,
+        decay: float = 0.9,
+        accept_decay: float = 0.95,
+        accept_prior_first: float = ACCEPT_PRIOR_FIRST,
+        accept_prior_decay: float = ACCEPT_PRIOR_DECAY,
+        accept_prior_weight: float = ACCEPT_PRIOR_WEIGHT,
+        probe_every: int = 16,
+        probe_max: int = 64,
+        probe_k: int = 2,
+    ):
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         self.verify = verify if verify is not None else VerifyCost(k_max + 1, decay)
@@ -246,7 +258,7 @@ class CostModel:
         acc_all, seen_all = sum(self._acc), sum(self._seen)
         out = []
         for j in range(self.k_max):
-            cold = self.accept_prior_first * self.accept_prior_decay ** j
+            cold = self.accept_prior_first * self.accept_prior_decay**j
             pooled = (acc_all + w0 * cold) / (seen_all + w0)
             out.append((self._acc[j] + w0 * pooled) / (self._seen[j] + w0))
         return out
@@ -268,8 +280,9 @@ class CostModel:
     def rates(self, k_limit: int | None = None) -> list[float]:
         """Expected tokens per second (per decode before measuring) of every k in 0..limit."""
         kmax = self.k_max if k_limit is None else max(0, min(self.k_max, k_limit))
-        return expected_rates(self.acceptance()[:kmax], self.draft_seconds_per_token(),
-                              self.verify.curve(kmax + 1), self._round_mean)
+        return expected_rates(
+            self.acceptance()[:kmax], self.draft_seconds_per_token(), self.verify.curve(kmax + 1), self._round_mean
+        )
 
     # ------------------------------------------------------------------ the choice
     def choose_k(self, k_limit: int | None = None) -> int:
@@ -302,7 +315,7 @@ class CostModel:
             "probes": self.probes,
             "acceptance_est": [round(a, 4) for a in self.acceptance()],
             "draft_seconds_per_token_est": self.draft_seconds_per_token() if self.verify.measured else None,
-            "verify_seconds_est": v[1:self.k_max + 2] if self.verify.measured else None,
+            "verify_seconds_est": v[1 : self.k_max + 2] if self.verify.measured else None,
             "plain_tokens_per_second_est": self.plain_tokens_per_second_est,
             "expected_tokens_per_second": self.last_rate if self.verify.measured else None,
         }

@@ -10,9 +10,10 @@ the policy (so every generation can report the measured plain-decoding rate), ea
 has its own acceptance and drafting costs, and a change of tau, mode, divergence or temperature between calls
 discounts the old acceptance evidence but keeps the costs.
 """
+
 from __future__ import annotations
 
-from fsd_local.drafting.cost_model import CostModel, VerifyCost
+from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost
 
 K_LIMIT = 64  # settings' largest draft_max
 
@@ -37,7 +38,8 @@ class DraftLength:
     def cost(self, drafter: str) -> CostModel:
         cm = self.costs.get(drafter)
         if cm is None:  # prompt lookup costs nothing to draft; the model's cost is learned from the first rounds
-            cm = CostModel(self.k_max, verify=self.verify, **({"draft_cost_prior": 0.0} if drafter == "ngram" else {}))
+            prior = 0.0 if drafter == "ngram" else MODEL_DRAFT_COST_PRIOR
+            cm = CostModel(self.k_max, verify=self.verify, draft_cost_prior=prior)
             self.costs[drafter] = cm
         if cm.k_max != self.k_max:
             cm.set_k_max(self.k_max)
@@ -49,8 +51,9 @@ class DraftLength:
             return self.cost(drafter).choose_k(max(0, limit))
         return max(0, min(self.k, limit))
 
-    def observe(self, drafter: str | None, n_drafted: int, n_accepted: int, draft_seconds: float,
-                verify_seconds: float) -> None:
+    def observe(
+        self, drafter: str | None, n_drafted: int, n_accepted: int, draft_seconds: float, verify_seconds: float
+    ) -> None:
         """One round: what was drafted and accepted, and what the draft and the verification cost."""
         self.verify.observe(n_drafted + 1, verify_seconds)
         if drafter is None or not n_drafted:

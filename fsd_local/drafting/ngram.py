@@ -16,6 +16,7 @@ dict updates; a proposal costs at most that many dict lookups plus k list reads:
 Defaults: n in 1..3, the range of the original prompt-lookup decoding and of vLLM's n-gram speculator
 (llama.cpp's lookup example uses 1..4).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -34,8 +35,7 @@ class NgramDrafter:
     not an extension of the indexed one, the index is rewound to the common prefix first.
     """
 
-    def __init__(self, ngram_min: int = NGRAM_MIN_DEFAULT, ngram_max: int = NGRAM_MAX_DEFAULT,
-                 periodic: bool = True):
+    def __init__(self, ngram_min: int = NGRAM_MIN_DEFAULT, ngram_max: int = NGRAM_MAX_DEFAULT, periodic: bool = True):
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {ngram_min}, {ngram_max}")
         self.ngram_min = ngram_min
@@ -86,7 +86,7 @@ class NgramDrafter:
             prev, last = self._prev[n], self._last[n]
             # starts s with s + n < length keep their follower; pop the rest, latest first
             for s in range(len(prev) - 1, max(0, length - n) - 1, -1):
-                key = tuple(hist[s:s + n])
+                key = tuple(hist[s : s + n])
                 p = prev.pop()
                 if p >= 0:
                     last[key] = p
@@ -134,14 +134,14 @@ class NgramDrafter:
         if k <= 0 or size < 2:
             return []
         for n in range(min(self.ngram_max, size - 1), self.ngram_min - 1, -1):
-            s = self._last[n].get(tuple(hist[size - n:]))
+            s = self._last[n].get(tuple(hist[size - n :]))
             if s is None:
                 continue
             self.last_match = (n, s)
             c = s + n  # first follower; c <= size - 1 because every indexed n-gram has a follower
             if not self.periodic:
-                return hist[c:c + k]
-            out = hist[c:c + k]
+                return hist[c : c + k]
+            out = hist[c : c + k]
             while len(out) < k:  # position c + j lies past the end: it is proposal token c + j - size
                 out.append(out[c + len(out) - size])
             return out
@@ -150,5 +150,8 @@ class NgramDrafter:
     # ------------------------------------------------------------------ tests and debugging
     def snapshot(self) -> tuple:
         """The whole index as plain data (tests compare a rewound index with a fresh one)."""
-        return (list(self._tokens), {n: dict(d) for n, d in self._last.items()},
-                {n: list(p) for n, p in self._prev.items()})
+        return (
+            list(self._tokens),
+            {n: dict(d) for n, d in self._last.items()},
+            {n: list(p) for n, p in self._prev.items()},
+        )

@@ -5,6 +5,7 @@ Inputs are the target's k+1 logit rows (a zero-copy view of llama.cpp's buffer),
 stats, and pre-drawn uniforms. Divergences are computed lazily: `fsd` only where the SD test failed,
 `fsd-paper` slot by slot up to the first failure.
 """
+
 from typing import NamedTuple
 
 import numpy as np
@@ -22,6 +23,7 @@ REJECTED, BY_SD, BY_FUZZY = 0, 1, 2
 
 class Rule(NamedTuple):
     """The acceptance rule: mode and divergence codes (kernels/names.py), tau, k of the topk-* divergences."""
+
     mode: int
     divergence: int
     tau: float
@@ -30,6 +32,7 @@ class Rule(NamedTuple):
 
 class Sampling(NamedTuple):
     """The processed distribution: temperature (0 = greedy), top_k (0 = off), top_p (1 = off), min_p (0 = off)."""
+
     temperature: float
     top_k: int
     top_p: float
@@ -40,6 +43,7 @@ class Drafts(NamedTuple):
     """What the drafter produced this round: the raw rows Q, the tokens, each token's draft probability, the
     (max, cut-off, log-normaliser) of each processed draft row, and whether a row is one-hot (prompt lookup:
     its divergences are closed forms, kernels/onehot.py)."""
+
     rows: np.ndarray
     tokens: np.ndarray
     prob: np.ndarray
@@ -50,14 +54,19 @@ class Drafts(NamedTuple):
 class RoundOut(NamedTuple):
     """Filled by accept_round: why each slot was accepted, its divergence (NaN = not computed), and the
     target's raw log-probability of every emitted token."""
+
     reason: np.ndarray
     divergence: np.ndarray
     logprob: np.ndarray
 
 
 def rule_of(settings) -> Rule:
-    return Rule(MODES.index(settings.mode), DIVERGENCES.index(settings.divergence), float(settings.tau),
-                int(settings.divergence_topk))
+    return Rule(
+        MODES.index(settings.mode),
+        DIVERGENCES.index(settings.divergence),
+        float(settings.tau),
+        int(settings.divergence_topk),
+    )
 
 
 def sampling_of(settings) -> Sampling:

@@ -11,17 +11,16 @@ Robustness: -inf entries (masked tokens) contribute exactly what the float64 ref
 kl/rkl/paper-js where only the other row masks a token). NaN or +inf anywhere makes the row's log-sum-exp
 NaN, `divergence` returns NaN for it, and the acceptance rule treats NaN as "reject".
 """
+
 import math
 
 import numpy as np
 from numba import njit
 
 from fsd_local.kernels.fastmath import EXP_MIN, kernel, log_mid, radd, vexp, vexp_finite, wide
+from fsd_local.kernels.names import DIVERGENCES, JS, KL, PAPER_JS, RKL, TOPK_DEFAULT, TOPK_JS, TOPK_KL, TOPK_TV, TV  # noqa: F401
 from fsd_local.kernels.rows import BLOCK, row_lse  # noqa: F401  (row_lse: callers pair it with divergence)
 from fsd_local.kernels.topk import top_indices
-
-from fsd_local.kernels.names import (DIVERGENCES, JS, KL, PAPER_JS, RKL, TOPK_DEFAULT, TOPK_JS,  # noqa: F401
-                                    TOPK_KL, TOPK_TV, TV)
 
 T_CAP = -EXP_MIN  # |lp - lq| capped here (inf where one row masks a token): exp(-t) stays in range
 
@@ -42,7 +41,7 @@ def _js(x, hx, lox, y, hy, loy, c, n):
     wide()
     total = 0.0
     for lo in range(0, n, BLOCK):
-        xb, yb = x[lo:min(lo + BLOCK, n)], y[lo:min(lo + BLOCK, n)]  # see rows.sum_exp
+        xb, yb = x[lo : min(lo + BLOCK, n)], y[lo : min(lo + BLOCK, n)]  # see rows.sum_exp
         acc = np.float32(0.0)
         for i in range(xb.shape[0]):
             lp, lq, d = _pair(xb[i], hx, lox, yb[i], hy, loy, c)
@@ -63,7 +62,7 @@ def _paper_js(x, hx, lox, y, hy, loy, c, n):
     wide()
     total = 0.0
     for lo in range(0, n, BLOCK):
-        xb, yb = x[lo:min(lo + BLOCK, n)], y[lo:min(lo + BLOCK, n)]  # see rows.sum_exp
+        xb, yb = x[lo : min(lo + BLOCK, n)], y[lo : min(lo + BLOCK, n)]  # see rows.sum_exp
         acc = np.float32(0.0)
         for i in range(xb.shape[0]):
             lp, lq, d = _pair(xb[i], hx, lox, yb[i], hy, loy, c)
@@ -83,7 +82,7 @@ def _kl(x, hx, lox, y, hy, loy, c, n):
     wide()
     total = 0.0
     for lo in range(0, n, BLOCK):
-        xb, yb = x[lo:min(lo + BLOCK, n)], y[lo:min(lo + BLOCK, n)]  # see rows.sum_exp
+        xb, yb = x[lo : min(lo + BLOCK, n)], y[lo : min(lo + BLOCK, n)]  # see rows.sum_exp
         acc = np.float32(0.0)
         for i in range(xb.shape[0]):
             lp, lq, d = _pair(xb[i], hx, lox, yb[i], hy, loy, c)
@@ -98,7 +97,7 @@ def _tv(x, hx, lox, y, hy, loy, c, n):
     wide()
     total = 0.0
     for lo in range(0, n, BLOCK):
-        xb, yb = x[lo:min(lo + BLOCK, n)], y[lo:min(lo + BLOCK, n)]  # see rows.sum_exp
+        xb, yb = x[lo : min(lo + BLOCK, n)], y[lo : min(lo + BLOCK, n)]  # see rows.sum_exp
         acc = np.float32(0.0)
         for i in range(xb.shape[0]):
             lp, lq, d = _pair(xb[i], hx, lox, yb[i], hy, loy, c)
@@ -170,9 +169,7 @@ def divergence_id(name: str) -> int:
     except ValueError:
         from fsd_local.errors import ConfigError
 
-        raise ConfigError(
-            f"unknown divergence {name!r}; choose one of {', '.join(DIVERGENCES)}"
-        ) from None
+        raise ConfigError(f"unknown divergence {name!r}; choose one of {', '.join(DIVERGENCES)}") from None
 
 
 def compute(name: str, target_logits, draft_logits, topk: int = TOPK_DEFAULT) -> float:

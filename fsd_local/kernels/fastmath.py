@@ -15,14 +15,15 @@ What kept the kernels at 4-8 float lanes (found in the generated assembly, fixed
   x - (hi + lo), losing the low part. Kernels now get no reassoc at all; only their reductions do, through
   `radd`, which is all the vectoriser needs to keep SIMD partial sums.
 """
+
 from functools import partial
 
 import numpy as np
 from llvmlite import ir
-
-from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
 from numba import njit, types
 from numba.extending import intrinsic
+
+from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
 
 LN2 = 0.6931471805599453
 LOG2E = np.float32(1.4426950408889634)
@@ -32,8 +33,10 @@ LN2_LO = np.float32(-2.12194440e-4)
 EXP_MIN = np.float32(-87.33)  # below this float32 exp underflows; we return exactly 0
 EXP_MAX = np.float32(88.7)
 # exp(f) ~ 1 + f*(E1 + f*(E2 + ...)) on |f| <= ln2/2: minimax for relative error, 1.7e-7 evaluated in float32
-E1, E2, E3, E4, E5 = (np.float32(c) for c in (0.9999997019767761, 0.4999915063381195, 0.1666763573884964,
-                                              0.04189793020486832, 0.008290315046906471))
+E1, E2, E3, E4, E5 = (
+    np.float32(c)
+    for c in (0.9999997019767761, 0.4999915063381195, 0.1666763573884964, 0.04189793020486832, 0.008290315046906471)
+)
 
 # No reassoc (see the module docstring) and no nnan/ninf: -inf logits are real input. contract: FMAs.
 # error_model="numpy": no ZeroDivisionError branch in divisions, which would stop vectorisation.
@@ -46,6 +49,7 @@ REDUCE_FLAGS = ("reassoc", "nsz", "contract")
 def wide(typingctx):
     """Let LLVM vectorise the calling function at the CPU's full width (512-bit with AVX-512). Call it first
     thing in a kernel; it emits no code."""
+
     def codegen(context, builder, signature, args):
         # llvmlite knows only keyword attributes; a string attribute goes in verbatim
         set.add(builder.function.attributes, '"prefer-vector-width"="512"')
@@ -63,8 +67,7 @@ def radd(typingctx, acc, v):
 
     def codegen(context, builder, signature, args):
         # IRBuilder.fadd takes no fast-math flags; the generic instruction does
-        instr = ir.instructions.Instruction(builder.block, args[0].type, "fadd", (args[0], args[1]), "",
-                                            REDUCE_FLAGS)
+        instr = ir.instructions.Instruction(builder.block, args[0].type, "fadd", (args[0], args[1]), "", REDUCE_FLAGS)
         builder._insert(instr)
         return instr
 
@@ -114,9 +117,20 @@ def vexp(x):
 
 
 # log((1 + e) / 2) = (e - 1) * R(e) on e in [0, 1]: minimax for R, 1.9e-7 relative evaluated in float32
-_R = tuple(np.float32(c) for c in (0.6931471824645996, -0.3068501651287079, 0.1930721551179886,
-                                   -0.13935674726963043, 0.10508429259061813, -0.0742846205830574,
-                                   0.042266324162483215, -0.015893075615167618, 0.002814671490341425))
+_R = tuple(
+    np.float32(c)
+    for c in (
+        0.6931471824645996,
+        -0.3068501651287079,
+        0.1930721551179886,
+        -0.13935674726963043,
+        0.10508429259061813,
+        -0.0742846205830574,
+        0.042266324162483215,
+        -0.015893075615167618,
+        0.002814671490341425,
+    )
+)
 R0, R1, R2, R3, R4, R5, R6, R7, R8 = _R
 
 
@@ -138,9 +152,20 @@ def log_mid(e):
 
 
 # log(1 + f) = f - f^2/2 + f^3 * P(f) on f in [sqrt(1/2) - 1, sqrt(2) - 1] (Cephes logf, ~1e-7 relative)
-_L = tuple(np.float32(c) for c in (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
-                                   1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
-                                   3.3333331174e-1))
+_L = tuple(
+    np.float32(c)
+    for c in (
+        7.0376836292e-2,
+        -1.1514610310e-1,
+        1.1676998740e-1,
+        -1.2420140846e-1,
+        1.4249322787e-1,
+        -1.6668057665e-1,
+        2.0000714765e-1,
+        -2.4999993993e-1,
+        3.3333331174e-1,
+    )
+)
 L0, L1, L2, L3, L4, L5, L6, L7, L8 = _L
 SQRT2 = np.float32(1.41421356)
 

@@ -5,6 +5,7 @@ the jitted functions it calls from other files: change `divergence.py` and `acce
 silently keep running the old divergence. Keying the whole cache on all kernel sources makes any change
 recompile everything, once. Import this before any module that defines a kernel (fastmath.py does).
 """
+
 import hashlib
 import os
 from pathlib import Path
@@ -30,9 +31,9 @@ def kernel_cache_dir() -> Path:
     return Path(base) / f"{numba.__version__}-{digest.hexdigest()[:16]}"
 
 
-numba.config.CACHE_DIR = str(kernel_cache_dir())
+numba.config.CACHE_DIR = str(kernel_cache_dir())  # type: ignore[attr-defined]  # numba sets it at run time
 
 
 def is_warm() -> bool:
     """True when compiled kernels for these sources are on disk (the first load otherwise compiles, ~20 s)."""
-    return any(Path(numba.config.CACHE_DIR).rglob("*.nbi"))
+    return any(Path(numba.config.CACHE_DIR).rglob("*.nbi"))  # type: ignore[attr-defined]

@@ -25,6 +25,7 @@ sees mass and float32 does not (tests name that case).
 
 Robust to -inf logits; NaN input (NaN lx) gives NaN, and the acceptance rule treats NaN as "reject".
 """
+
 import math
 
 import numpy as np

@@ -1,5 +1,6 @@
 """Plain NumPy divergences: the float64 reference the kernels are tested against, and (in float32) the
 vectorised baseline the kernel benchmark compares with. Written for clarity, not speed."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """Float64 references for `onehot.py`: the general NumPy reference applied to an exact one-hot draft row, and
 the closed forms written out independently, so the kernels are checked against both. Clarity, not speed."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Reductions over one logit row: max and log-sum-exp (every divergence, sampling and the acceptance rule)."""
+
 import math
 
 import numpy as np
@@ -32,7 +33,7 @@ def sum_exp(x, n, shift):
     for lo in range(0, n, BLOCK):
         # a slice and range(len): x[i] for i in range(lo, hi) keeps numba's negative-index wraparound
         # (LLVM cannot prove i >= 0), which LLVM vectorises as gathers instead of plain loads
-        xb = x[lo:min(lo + BLOCK, n)]
+        xb = x[lo : min(lo + BLOCK, n)]
         s = np.float32(0.0)
         for i in range(xb.shape[0]):
             s = radd(s, vexp(xb[i] - shift))

@@ -7,6 +7,7 @@ A processed distribution is kept as three numbers over the raw logit row x:
 so p~_i = exp((x_i - mx)/T - lz) for x_i >= cutoff, else 0. Every filter reduces to one cutoff, and no
 row is ever copied or sorted whole: top-k / top-p sort only the candidates near the top.
 """
+
 import math
 
 import numpy as np

@@ -7,6 +7,7 @@ the k-th largest block maximum t by bisection over those few keys, and reads onl
 bisection over those candidates finds the k-th largest value; only the entries at or above it (k, plus ties)
 are sorted. The row is read once; the rest touches ~k * BLOCK entries.
 """
+
 import numpy as np
 from numba import njit
 
@@ -30,7 +31,7 @@ def block_max_keys(x, n, out):
     """out[b] = order key of max(x[b*BLOCK : (b+1)*BLOCK]) for the ceil(n / BLOCK) blocks of x[:n]."""
     wide()
     nb = n // BLOCK
-    xr = x[:nb * BLOCK].reshape((nb, BLOCK))  # 2-D indices from two range() loops: plain vector loads
+    xr = x[: nb * BLOCK].reshape((nb, BLOCK))  # 2-D indices from two range() loops: plain vector loads
     for b in range(nb):
         m = INT32_MIN
         for i in range(BLOCK):

@@ -4,6 +4,7 @@ llama-cpp-python picks its backends when it is compiled (native/build.sh), so th
 itself through ggml's device registry (ggml_api.py); if that library cannot be opened it falls back to the
 backend names in llama_print_system_info().
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -15,8 +16,18 @@ from fsd_local.llama import ggml as g
 from fsd_local.llama.bindings import default_threads, init_backend
 
 # ggml registry name -> the name users know the backend by
-BACKEND_NAMES = {"CPU": "CPU", "CUDA": "CUDA", "MTL": "Metal", "Vulkan": "Vulkan", "ROCm": "HIP (ROCm)",
-                 "MUSA": "MUSA", "SYCL": "SYCL", "RPC": "RPC", "BLAS": "BLAS", "OpenCL": "OpenCL"}
+BACKEND_NAMES = {
+    "CPU": "CPU",
+    "CUDA": "CUDA",
+    "MTL": "Metal",
+    "Vulkan": "Vulkan",
+    "ROCm": "HIP (ROCm)",
+    "MUSA": "MUSA",
+    "SYCL": "SYCL",
+    "RPC": "RPC",
+    "BLAS": "BLAS",
+    "OpenCL": "OpenCL",
+}
 OFFLOAD_KINDS = ("gpu", "igpu")  # devices llama.cpp puts layers on (RPC devices report "gpu" too)
 
 
@@ -75,19 +86,26 @@ def list_devices() -> list[Device]:
         dev = lib.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append(Device(name=g.text(lib.ggml_backend_dev_name(dev)),
-                          description=g.text(lib.ggml_backend_dev_description(dev)),
-                          kind=g.DEVICE_KINDS.get(lib.ggml_backend_dev_type(dev), "unknown"),
-                          backend=_user_name(g.text(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)))),
-                          free=free.value, total=total.value))
+        out.append(
+            Device(
+                name=g.text(lib.ggml_backend_dev_name(dev)),
+                description=g.text(lib.ggml_backend_dev_description(dev)),
+                kind=g.DEVICE_KINDS.get(lib.ggml_backend_dev_type(dev), "unknown"),
+                backend=_user_name(g.text(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)))),
+                free=free.value,
+                total=total.value,
+            )
+        )
     return out
 
 
 def _registered_backends() -> list[str]:
     lib = g.lib()
     _ensure_registry(lib)
-    names = [_user_name(g.text(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i))))
-             for i in range(lib.ggml_backend_reg_count())]
+    names = [
+        _user_name(g.text(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i))))
+        for i in range(lib.ggml_backend_reg_count())
+    ]
     return list(dict.fromkeys(names))
 
 
@@ -114,10 +132,19 @@ def detect() -> BackendInfo:
         backends, devices, ggml_version = backends_from_system_info(system_info), [], "unknown"
         notes.append(f"device list unavailable ({exc}); backends read from llama_print_system_info")
     return BackendInfo(
-        llama_cpp_python=lc.__version__, llama_cpp=g.text(lc.llama_version()), ggml=ggml_version,
-        backends=backends, devices=devices, gpu_offload=bool(lc.llama_supports_gpu_offload()),
-        rpc=bool(lc.llama_supports_rpc()), mmap=bool(lc.llama_supports_mmap()),
-        mlock=bool(lc.llama_supports_mlock()), threads=default_threads(), system_info=system_info, notes=notes)
+        llama_cpp_python=lc.__version__,
+        llama_cpp=g.text(lc.llama_version()),
+        ggml=ggml_version,
+        backends=backends,
+        devices=devices,
+        gpu_offload=bool(lc.llama_supports_gpu_offload()),
+        rpc=bool(lc.llama_supports_rpc()),
+        mmap=bool(lc.llama_supports_mmap()),
+        mlock=bool(lc.llama_supports_mlock()),
+        threads=default_threads(),
+        system_info=system_info,
+        notes=notes,
+    )
 
 
 # ------------------------------------------------------------------ RPC
@@ -145,8 +172,10 @@ def add_rpc_servers(servers: str) -> list[str]:
     endpoints = parse_rpc_servers(servers)
     init_backend()
     if not lc.llama_supports_rpc():
-        raise ModelLoadError("this llama-cpp-python build has no RPC backend; rebuild it with "
-                             "`native/build.sh PROFILE --rpc` (see README, 'GPU and other backends')")
+        raise ModelLoadError(
+            "this llama-cpp-python build has no RPC backend; rebuild it with "
+            "`native/build.sh PROFILE --rpc` (see README, 'GPU and other backends')"
+        )
     lib = g.lib()
     reg = lib.ggml_backend_reg_by_name(b"RPC")
     addr = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
@@ -156,8 +185,10 @@ def add_rpc_servers(servers: str) -> list[str]:
     for ep in endpoints:
         if ep in _added:
             continue
-        hint = ("start `ggml-rpc-server -H 0.0.0.0 -p PORT` there (built from the same llama.cpp version: "
-                "native/build.sh --rpc-server)")
+        hint = (
+            "start `ggml-rpc-server -H 0.0.0.0 -p PORT` there (built from the same llama.cpp version: "
+            "native/build.sh --rpc-server)"
+        )
         host, _, port = ep.rpartition(":")
         try:  # ggml-rpc aborts the whole process when it cannot connect, so try first
             socket.create_connection((host.strip("[]"), int(port)), timeout=RPC_CONNECT_TIMEOUT).close()

@@ -1,6 +1,7 @@
 """llama-cpp-python, initialised once per process: its log goes to a ring buffer (shown in load errors) instead
 of the terminal, and the backends of a GGML_BACKEND_DL build are loaded from libllama's folder.
 FSD_LOCAL_VERBOSE=1 prints llama.cpp's log on stderr."""
+
 from __future__ import annotations
 
 import ctypes
@@ -57,5 +58,3 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # macOS / Windows
         return max(1, os.cpu_count() or 1)
-
-

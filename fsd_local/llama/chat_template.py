@@ -3,14 +3,17 @@
 Templates are Jinja (as in Hugging Face tokenizers); they run in a sandbox. A model without a template gets
 ChatML, the most common format, and the caller is told (`ChatTemplate.is_fallback`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from fsd_local.errors import ConfigError
 
-CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
-          "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -43,7 +46,11 @@ class ChatTemplate:
         env.globals["raise_exception"] = raise_exception
         try:
             tmpl = env.from_string(self.source)
-            return tmpl.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token, eos_token=self.eos_token)
+            return tmpl.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
         except jinja2.TemplateError as exc:
             raise ConfigError(f"the model's chat template failed: {exc}") from None

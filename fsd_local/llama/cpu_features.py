@@ -8,6 +8,7 @@ own tools run there with repacking off (`--no-repack`, `llama_model_params.use_e
 keeps weights in their file layout and skips the AMX path. So when the loaded backend has AMX and the CPU
 reports it, repacking is off by default; everywhere else it stays on (it is faster).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -91,9 +92,12 @@ def decide_repack(features: dict[str, str], host_amx: bool | None, requested: bo
     if host_amx is False:
         return RepackChoice(True, f"the CPU backend has {'/'.join(backend_amx)} kernels but this CPU lacks AMX")
     seen = "this CPU reports AMX" if host_amx else "this OS does not say whether the CPU has AMX"
-    return RepackChoice(False, f"the CPU backend has {'/'.join(backend_amx)} kernels and {seen}: llama.cpp's "
-                               "AMX path crashes on such hosts (llama.cpp PR #26954), so weights keep their "
-                               "file layout; --repack turns it back on")
+    return RepackChoice(
+        False,
+        f"the CPU backend has {'/'.join(backend_amx)} kernels and {seen}: llama.cpp's "
+        "AMX path crashes on such hosts (llama.cpp PR #26954), so weights keep their "
+        "file layout; --repack turns it back on",
+    )
 
 
 def repack_choice(requested: bool | None = None) -> RepackChoice:

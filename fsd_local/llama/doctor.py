@@ -3,6 +3,7 @@
 Model files are read from their headers (gguf_info) and, for the draft/target check, loaded vocabulary-only:
 no weights are read, so doctor is quick even for models larger than memory.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,11 +21,22 @@ WELL_KNOWN = ("CUDA", "Metal", "Vulkan", "HIP (ROCm)", "SYCL")
 
 def model_summary(path: str, role: str) -> dict:
     info = gguf_info.read(path, role)
-    return {"path": info.path, "architecture": info.architecture, "name": info.name, "size_bytes": info.file_bytes,
-            "quantisation": info.quantisation, "tensor_types": info.tensor_types, "layers": info.n_layer,
-            "context_train": info.n_ctx_train, "embedding": info.n_embd, "heads": info.n_head,
-            "kv_heads": info.n_head_kv, "vocab_size": info.vocab_size, "tokenizer": info.tokenizer,
-            "chat_template": info.has_chat_template}
+    return {
+        "path": info.path,
+        "architecture": info.architecture,
+        "name": info.name,
+        "size_bytes": info.file_bytes,
+        "quantisation": info.quantisation,
+        "tensor_types": info.tensor_types,
+        "layers": info.n_layer,
+        "context_train": info.n_ctx_train,
+        "embedding": info.n_embd,
+        "heads": info.n_head,
+        "kv_heads": info.n_head_kv,
+        "vocab_size": info.vocab_size,
+        "tokenizer": info.tokenizer,
+        "chat_template": info.has_chat_template,
+    }
 
 
 def compatibility(draft: str, target: str) -> str | None:
@@ -45,9 +57,17 @@ def report(target: str | None = None, draft: str | None = None, n_ctx: int = 409
     features = cpu_features.backend_cpu_features()
     host_amx = cpu_features.host_has_amx()
     choice = cpu_features.decide_repack(features, host_amx)
-    out: dict[str, Any] = {"fsd_local": __version__, "backend": info.to_dict(), "models": {},
-           "cpu": {"backend_features": sorted(k for k, v in features.items() if v not in ("", "0")),
-                   "host_amx": host_amx, "repack": choice.repack, "repack_reason": choice.reason}}
+    out: dict[str, Any] = {
+        "fsd_local": __version__,
+        "backend": info.to_dict(),
+        "models": {},
+        "cpu": {
+            "backend_features": sorted(k for k, v in features.items() if v not in ("", "0")),
+            "host_amx": host_amx,
+            "repack": choice.repack,
+            "repack_reason": choice.reason,
+        },
+    }
     for role, path in (("target", target), ("draft", draft)):
         if path:
             out["models"][role] = model_summary(path, role)
@@ -55,11 +75,18 @@ def report(target: str | None = None, draft: str | None = None, n_ctx: int = 409
         problem = compatibility(draft, target)
         out["compatible"], out["compatibility_problem"] = problem is None, problem
     if target:
-        t, d, summary = placement.resolve(ModelOptions(target, n_ctx=n_ctx),
-                                          ModelOptions(draft, n_ctx=n_ctx) if draft else None,
-                                          target_auto=True, draft_auto=True)
-        out["placement"] = {"n_ctx": n_ctx, "target_ngl": t.n_gpu_layers,
-                            "draft_ngl": d.n_gpu_layers if d else None, "summary": summary}
+        t, d, summary = placement.resolve(
+            ModelOptions(target, n_ctx=n_ctx),
+            ModelOptions(draft, n_ctx=n_ctx) if draft else None,
+            target_auto=True,
+            draft_auto=True,
+        )
+        out["placement"] = {
+            "n_ctx": n_ctx,
+            "target_ngl": t.n_gpu_layers,
+            "draft_ngl": d.n_gpu_layers if d else None,
+            "summary": summary,
+        }
     return out
 
 
@@ -74,21 +101,36 @@ def _size(n: int) -> str:
 def render(r: dict) -> str:
     b = r["backend"]
     gpus = [d for d in b["devices"] if d["kind"] in backend.OFFLOAD_KINDS]
-    lines = [f"fsd-local {r['fsd_local']}: llama-cpp-python {b['llama_cpp_python']}, llama.cpp {b['llama_cpp']}, "
-             f"ggml {b['ggml']}",
-             "backends:    " + ", ".join(b["backends"]) + "   (" + ", ".join(
-                 f"{name}: {_yes(name in b['backends'])}" for name in WELL_KNOWN) + ")"]
+    lines = [
+        f"fsd-local {r['fsd_local']}: llama-cpp-python {b['llama_cpp_python']}, llama.cpp {b['llama_cpp']}, "
+        f"ggml {b['ggml']}",
+        "backends:    "
+        + ", ".join(b["backends"])
+        + "   ("
+        + ", ".join(f"{name}: {_yes(name in b['backends'])}" for name in WELL_KNOWN)
+        + ")",
+    ]
     for d in b["devices"]:
-        lines.append(f"device:      {d['name']} [{d['backend']}, {d['kind']}] {d['description']}: "
-                     f"{_size(d['free'])} free of {_size(d['total'])}")
+        lines.append(
+            f"device:      {d['name']} [{d['backend']}, {d['kind']}] {d['description']}: "
+            f"{_size(d['free'])} free of {_size(d['total'])}"
+        )
     offload = _yes(b["gpu_offload"])
     if not gpus:
-        offload += (" (no GPU device; this build is CPU-only: rebuild with native/build.sh cuda|metal|vulkan)"
-                    if set(b["backends"]) <= {"CPU", "BLAS", "RPC"} else " (GPU backend compiled in, no device found)")
+        offload += (
+            " (no GPU device; this build is CPU-only: rebuild with native/build.sh cuda|metal|vulkan)"
+            if set(b["backends"]) <= {"CPU", "BLAS", "RPC"}
+            else " (GPU backend compiled in, no device found)"
+        )
     lines.append(f"GPU offload: {offload}")
-    lines.append("RPC:         " + ("yes (--rpc HOST:PORT spreads the target over ggml-rpc-server machines)"
-                                    if b["rpc"] else "no: this build lacks the RPC backend "
-                                    "(rebuild with native/build.sh PROFILE --rpc)"))
+    lines.append(
+        "RPC:         "
+        + (
+            "yes (--rpc HOST:PORT spreads the target over ggml-rpc-server machines)"
+            if b["rpc"]
+            else "no: this build lacks the RPC backend (rebuild with native/build.sh PROFILE --rpc)"
+        )
+    )
     lines.append(f"threads:     {b['threads']} by default; mmap {_yes(b['mmap'])}, mlock {_yes(b['mlock'])}")
     lines.append(f"system info: {b['system_info']}")
     if "cpu" in r:
@@ -99,16 +141,19 @@ def render(r: dict) -> str:
     lines += [f"note:        {n}" for n in b["notes"]]
     for role, m in r["models"].items():
         types = ", ".join(f"{k} x{v}" for k, v in sorted(m["tensor_types"].items(), key=lambda kv: -kv[1]))
-        lines += [f"{role}: {m['path']}",
-                  f"  {m['architecture']} ({m['name'] or 'unnamed'}), {m['layers']} layers, "
-                  f"embedding {m['embedding']}, {m['heads']} heads ({m['kv_heads']} KV), "
-                  f"trained context {m['context_train']}",
-                  f"  {_size(m['size_bytes'])}, quantisation {m['quantisation']} (tensors: {types})",
-                  f"  vocabulary {m['vocab_size']} tokens, {m['tokenizer']}; "
-                  f"chat template {_yes(m['chat_template'])}"]
+        lines += [
+            f"{role}: {m['path']}",
+            f"  {m['architecture']} ({m['name'] or 'unnamed'}), {m['layers']} layers, "
+            f"embedding {m['embedding']}, {m['heads']} heads ({m['kv_heads']} KV), "
+            f"trained context {m['context_train']}",
+            f"  {_size(m['size_bytes'])}, quantisation {m['quantisation']} (tensors: {types})",
+            f"  vocabulary {m['vocab_size']} tokens, {m['tokenizer']}; chat template {_yes(m['chat_template'])}",
+        ]
     if "compatible" in r:
-        lines.append("draft -> target: " + ("compatible (same tokenizer)" if r["compatible"] else
-                                            f"INCOMPATIBLE: {r['compatibility_problem']}"))
+        lines.append(
+            "draft -> target: "
+            + ("compatible (same tokenizer)" if r["compatible"] else f"INCOMPATIBLE: {r['compatibility_problem']}")
+        )
     if "placement" in r:
         lines.append(f"auto placement at --ctx {r['placement']['n_ctx']}: {r['placement']['summary']}")
     return "\n".join(lines)

@@ -5,6 +5,7 @@ loaded by the time llama_cpp is imported, so binding them costs nothing and alwa
 Why not the `gguf` package's GGUFReader: it parses every vocabulary string in Python (32 s for Gemma 3's
 262,144 tokens on this machine); ggml's reader takes milliseconds.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -15,14 +16,33 @@ from typing import TYPE_CHECKING, Any
 
 from fsd_local.errors import ModelLoadError
 
-c_void_p, c_char_p, c_size_t, c_int, c_int64, c_bool = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
-                                                          ctypes.c_int, ctypes.c_int64, ctypes.c_bool)
+c_void_p, c_char_p, c_size_t, c_int, c_int64, c_bool = (
+    ctypes.c_void_p,
+    ctypes.c_char_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int64,
+    ctypes.c_bool,
+)
 
 # enum ggml_backend_dev_type (ggml-backend.h)
 DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 # enum gguf_type (gguf.h)
-GGUF_UINT8, GGUF_INT8, GGUF_UINT16, GGUF_INT16, GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL, GGUF_STRING, \
-    GGUF_ARRAY, GGUF_UINT64, GGUF_INT64, GGUF_FLOAT64 = range(13)
+(
+    GGUF_UINT8,
+    GGUF_INT8,
+    GGUF_UINT16,
+    GGUF_INT16,
+    GGUF_UINT32,
+    GGUF_INT32,
+    GGUF_FLOAT32,
+    GGUF_BOOL,
+    GGUF_STRING,
+    GGUF_ARRAY,
+    GGUF_UINT64,
+    GGUF_INT64,
+    GGUF_FLOAT64,
+) = range(13)
 
 
 class _GGUFInitParams(ctypes.Structure):
@@ -74,6 +94,7 @@ class GGML:
     """Attribute access to the bound functions: `lib().ggml_backend_dev_count()`."""
 
     if TYPE_CHECKING:  # the functions of _PROTOTYPES are set as attributes in __init__
+
         def __getattr__(self, name: str) -> Callable[..., Any]: ...
 
     def __init__(self):
@@ -87,11 +108,16 @@ class GGML:
             # that libllama never reads.
             soname = Path(bindings._base_path) / f"lib{name}.so.0"
             try:
-                libs[name] = (ctypes.CDLL(str(soname), mode=ctypes.RTLD_GLOBAL) if soname.exists()
-                              else load_shared_library(name, bindings._base_path))
+                libs[name] = (
+                    ctypes.CDLL(str(soname), mode=ctypes.RTLD_GLOBAL)
+                    if soname.exists()
+                    else load_shared_library(name, bindings._base_path)
+                )
             except (OSError, RuntimeError) as exc:
-                raise ModelLoadError(f"cannot open {name} next to llama-cpp-python's libllama "
-                                     f"({bindings._base_path}): {exc}; reinstall llama-cpp-python") from None
+                raise ModelLoadError(
+                    f"cannot open {name} next to llama-cpp-python's libllama "
+                    f"({bindings._base_path}): {exc}; reinstall llama-cpp-python"
+                ) from None
         for fname, (lib, restype, argtypes) in _PROTOTYPES.items():
             fn = getattr(libs[lib], fname)
             fn.restype, fn.argtypes = restype, argtypes

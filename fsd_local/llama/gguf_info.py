@@ -1,5 +1,6 @@
 """What a GGUF file holds, read from its header without loading weights: architecture, shape, vocabulary,
 quantisation, and bytes per layer (what GPU placement needs). Uses ggml's own GGUF reader (ggml_api.py)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -12,15 +13,31 @@ from fsd_local.errors import ModelLoadError
 from fsd_local.llama import ggml as g
 
 _SCALARS: dict[int, type[ctypes._SimpleCData]] = {
-    g.GGUF_UINT8: ctypes.c_uint8, g.GGUF_INT8: ctypes.c_int8, g.GGUF_UINT16: ctypes.c_uint16,
-    g.GGUF_INT16: ctypes.c_int16, g.GGUF_UINT32: ctypes.c_uint32, g.GGUF_INT32: ctypes.c_int32,
-    g.GGUF_FLOAT32: ctypes.c_float, g.GGUF_BOOL: ctypes.c_bool, g.GGUF_UINT64: ctypes.c_uint64,
-    g.GGUF_INT64: ctypes.c_int64, g.GGUF_FLOAT64: ctypes.c_double}
+    g.GGUF_UINT8: ctypes.c_uint8,
+    g.GGUF_INT8: ctypes.c_int8,
+    g.GGUF_UINT16: ctypes.c_uint16,
+    g.GGUF_INT16: ctypes.c_int16,
+    g.GGUF_UINT32: ctypes.c_uint32,
+    g.GGUF_INT32: ctypes.c_int32,
+    g.GGUF_FLOAT32: ctypes.c_float,
+    g.GGUF_BOOL: ctypes.c_bool,
+    g.GGUF_UINT64: ctypes.c_uint64,
+    g.GGUF_INT64: ctypes.c_int64,
+    g.GGUF_FLOAT64: ctypes.c_double,
+}
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _SPLIT = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
 # tokenizer.ggml.model -> the name llama.cpp's vocabulary types go by (vocab.py VOCAB_TYPES)
-TOKENIZERS = {"llama": "SPM (sentencepiece)", "gpt2": "BPE", "bert": "WPM", "t5": "UGM", "rwkv": "RWKV",
-              "plamo2": "PLaMo-2", "gemma4": "BPE (gemma4)", "no_vocab": "none"}
+TOKENIZERS = {
+    "llama": "SPM (sentencepiece)",
+    "gpt2": "BPE",
+    "bert": "WPM",
+    "t5": "UGM",
+    "rwkv": "RWKV",
+    "plamo2": "PLaMo-2",
+    "gemma4": "BPE (gemma4)",
+    "no_vocab": "none",
+}
 
 
 @dataclass
@@ -56,8 +73,10 @@ class GGUFInfo:
     def kv_bytes_per_layer(self, n_ctx: int, type_k: int, type_v: int) -> int:
         """KV cache of one layer for n_ctx positions (ggml type ids, e.g. model.KV_TYPES['q8_0'])."""
         lib = g.lib()
-        return n_ctx * (lib.ggml_row_size(type_k, self.head_dim_k * self.n_head_kv)
-                        + lib.ggml_row_size(type_v, self.head_dim_v * self.n_head_kv))
+        return n_ctx * (
+            lib.ggml_row_size(type_k, self.head_dim_k * self.n_head_kv)
+            + lib.ggml_row_size(type_v, self.head_dim_v * self.n_head_kv)
+        )
 
 
 def _value(lib, ctx, key_id: int):
@@ -84,8 +103,11 @@ def file_type_name(ftype: int) -> str:
     if _FTYPE_NAMES is None:
         import llama_cpp as lc
 
-        _FTYPE_NAMES = {getattr(lc, n): n.replace("LLAMA_FTYPE_", "").replace("MOSTLY_", "").replace("ALL_", "")
-                        for n in dir(lc) if n.startswith("LLAMA_FTYPE_") and n != "LLAMA_FTYPE_GUESSED"}
+        _FTYPE_NAMES = {
+            getattr(lc, n): n.replace("LLAMA_FTYPE_", "").replace("MOSTLY_", "").replace("ALL_", "")
+            for n in dir(lc)
+            if n.startswith("LLAMA_FTYPE_") and n != "LLAMA_FTYPE_GUESSED"
+        }
     return _FTYPE_NAMES.get(ftype, f"type {ftype}")
 
 
@@ -140,14 +162,29 @@ def read(path: str, role: str = "model") -> GGUFInfo:
     tensors = _Tensors()
     try:
         meta = {}
-        for key in ("general.architecture", "general.name", "general.file_type", "tokenizer.ggml.model",
-                    "tokenizer.ggml.tokens", "tokenizer.chat_template", "split.count"):
+        for key in (
+            "general.architecture",
+            "general.name",
+            "general.file_type",
+            "tokenizer.ggml.model",
+            "tokenizer.ggml.tokens",
+            "tokenizer.chat_template",
+            "split.count",
+        ):
             kid = lib.gguf_find_key(ctx, key.encode())
             if kid >= 0:
                 meta[key] = _value(lib, ctx, kid)
         arch = meta.get("general.architecture") or "unknown"
-        for suffix in ("block_count", "context_length", "embedding_length", "attention.head_count",
-                       "attention.head_count_kv", "attention.key_length", "attention.value_length", "vocab_size"):
+        for suffix in (
+            "block_count",
+            "context_length",
+            "embedding_length",
+            "attention.head_count",
+            "attention.head_count_kv",
+            "attention.key_length",
+            "attention.value_length",
+            "vocab_size",
+        ):
             kid = lib.gguf_find_key(ctx, f"{arch}.{suffix}".encode())
             if kid >= 0:
                 meta[suffix] = _value(lib, ctx, kid)
@@ -173,13 +210,24 @@ def read(path: str, role: str = "model") -> GGUFInfo:
     ftype = meta.get("general.file_type")
     tokenizer = meta.get("tokenizer.ggml.model")
     return GGUFInfo(
-        path=str(path), file_bytes=sum(map(os.path.getsize, files)), architecture=arch, name=meta.get("general.name"),
-        n_layer=n_layer, n_ctx_train=most(meta.get("context_length"), None), n_embd=n_embd, n_head=n_head,
+        path=str(path),
+        file_bytes=sum(map(os.path.getsize, files)),
+        architecture=arch,
+        name=meta.get("general.name"),
+        n_layer=n_layer,
+        n_ctx_train=most(meta.get("context_length"), None),
+        n_embd=n_embd,
+        n_head=n_head,
         n_head_kv=most(meta.get("attention.head_count_kv"), n_head),
         head_dim_k=most(meta.get("attention.key_length"), head_dim),
         head_dim_v=most(meta.get("attention.value_length"), head_dim),
         vocab_size=tokens if isinstance(tokens, int) else most(meta.get("vocab_size")),
         tokenizer=TOKENIZERS.get(tokenizer, tokenizer) if tokenizer is not None else None,
-        file_type=file_type_name(ftype) if isinstance(ftype, int) else None, tensor_types=dict(tensors.types),
-        layer_bytes=[tensors.blocks.get(i, 0) for i in range(n_layer)], output_bytes=tensors.output_bytes,
-        other_bytes=tensors.other, has_chat_template=bool(meta.get("tokenizer.chat_template")), meta=meta)
+        file_type=file_type_name(ftype) if isinstance(ftype, int) else None,
+        tensor_types=dict(tensors.types),
+        layer_bytes=[tensors.blocks.get(i, 0) for i in range(n_layer)],
+        output_bytes=tensors.output_bytes,
+        other_bytes=tensors.other,
+        has_chat_template=bool(meta.get("tokenizer.chat_template")),
+        meta=meta,
+    )

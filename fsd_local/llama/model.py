@@ -3,6 +3,7 @@
 The Python list `tokens` always mirrors what the KV cache holds (positions 0..len-1), so the engine can
 rewind by position (`truncate`) and reuse the longest common prefix across calls (`prefill`).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -17,6 +18,8 @@ from fsd_local.llama.cpu_features import repack_choice
 from fsd_local.llama.options import KV_TYPES, SPLIT_MODES, UNQUANTISED_KV, ModelOptions
 
 SEQ = 0
+
+
 def check_gguf_file(path: str, role: str = "model") -> None:
     """Fail early, in words, on what llama.cpp would only log: missing, unreadable, or not GGUF."""
     if not path:
@@ -41,17 +44,25 @@ def _check_options(opts: ModelOptions, role: str) -> None:
     """Say what is wrong before llama.cpp fails with a log line."""
     for name in ("cache_type_k", "cache_type_v"):
         if getattr(opts, name) not in KV_TYPES:
-            raise ModelLoadError(f"{role}: unknown KV cache type {getattr(opts, name)!r}; "
-                                 f"choose one of {', '.join(KV_TYPES)}")
+            raise ModelLoadError(
+                f"{role}: unknown KV cache type {getattr(opts, name)!r}; choose one of {', '.join(KV_TYPES)}"
+            )
     if opts.flash_attn is False and opts.cache_type_v not in UNQUANTISED_KV:
-        raise ModelLoadError(f"{role}: a quantised V cache ({opts.cache_type_v}) needs flash attention; "
-                             "use --flash-attn on or auto, or an f16 V cache")
+        raise ModelLoadError(
+            f"{role}: a quantised V cache ({opts.cache_type_v}) needs flash attention; "
+            "use --flash-attn on or auto, or an f16 V cache"
+        )
     if opts.split_mode not in SPLIT_MODES:
         raise ModelLoadError(f"{role}: unknown split mode {opts.split_mode!r}; choose one of {', '.join(SPLIT_MODES)}")
-    if opts.tensor_split and (len(opts.tensor_split) > lc.llama_max_devices()
-                              or any(x < 0 for x in opts.tensor_split) or not any(opts.tensor_split)):
-        raise ModelLoadError(f"{role}: tensor split {opts.tensor_split} must be at most {lc.llama_max_devices()} "
-                             "non-negative proportions, one per GPU, not all zero (e.g. 3,1)")
+    if opts.tensor_split and (
+        len(opts.tensor_split) > lc.llama_max_devices()
+        or any(x < 0 for x in opts.tensor_split)
+        or not any(opts.tensor_split)
+    ):
+        raise ModelLoadError(
+            f"{role}: tensor split {opts.tensor_split} must be at most {lc.llama_max_devices()} "
+            "non-negative proportions, one per GPU, not all zero (e.g. 3,1)"
+        )
 
 
 def _device_list(opts: ModelOptions):
@@ -90,7 +101,8 @@ class Model:
         self.repack = repack_choice(opts.repack)
         mp.use_extra_bufts = self.repack.repack
         mp.load_mode = (lc.LLAMA_LOAD_MODE_MMAP if opts.use_mmap else lc.LLAMA_LOAD_MODE_NONE) | (
-            lc.LLAMA_LOAD_MODE_MLOCK if opts.use_mlock else 0)
+            lc.LLAMA_LOAD_MODE_MLOCK if opts.use_mlock else 0
+        )
         if opts.tensor_split:  # llama.cpp reads llama_max_devices() entries
             self._tensor_split = (ctypes.c_float * lc.llama_max_devices())(*opts.tensor_split)
             mp.tensor_split = self._tensor_split
@@ -124,8 +136,9 @@ class Model:
         cp.n_threads_batch = opts.n_threads_batch or cp.n_threads
         cp.no_perf = True
         if opts.flash_attn is not None:
-            cp.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn
-                                  else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+            cp.flash_attn_type = (
+                lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
         cp.type_k, cp.type_v = KV_TYPES[opts.cache_type_k], KV_TYPES[opts.cache_type_v]
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
@@ -243,7 +256,7 @@ class Model:
         b = self._batch
         assert b is not None, f"{self.role} model is closed"
         for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
+            chunk = tokens[start : start + self.n_batch]
             base = len(self.tokens)
             for j, t in enumerate(chunk):
                 b.token[j] = t

@@ -1,5 +1,6 @@
 """How to load one model: options that need nothing loaded (the command line builds them before llama.cpp is
 imported, so `fsd-local --help` stays fast)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ class ModelOptions:
     """How to load one model. `n_gpu_layers=-1` offloads every layer when the build has a GPU backend
     (fsd_local.placement chooses counts from free GPU memory). `rpc_servers`: "host:port,..." of llama.cpp
     `ggml-rpc-server`s whose devices this model may use; models without it never touch them."""
+
     path: str
     n_ctx: int = 4096
     n_threads: int | None = None
@@ -36,5 +38,3 @@ class ModelOptions:
     # True/False = --repack / --no-repack
     repack: bool | None = None
     extra: dict = field(default_factory=dict)
-
-

@@ -5,6 +5,7 @@ gets as many layers as the remaining free device memory holds, the rest stays on
 the LAST n repeating layers for n_gpu_layers = n, and the output head too when n > n_layer (-1 = everything).
 Sizes come from the GGUF header (weights per block) plus the KV cache and a compute-buffer estimate.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -19,6 +20,7 @@ HEADROOM = 256 * MiB
 @dataclass(frozen=True)
 class Footprint:
     """Device bytes one model needs, in the units n_gpu_layers moves."""
+
     layers: tuple[int, ...]  # per repeating layer: weights + its KV cache
     output: int  # output head (+ norm)
     compute: int  # compute buffer, once per model that offloads anything
@@ -32,7 +34,7 @@ class Footprint:
         head = ngl < 0 or ngl > self.n_layer
         if n == 0 and not head:
             return 0
-        return sum(self.layers[self.n_layer - n:]) + (self.output if head else 0) + self.compute
+        return sum(self.layers[self.n_layer - n :]) + (self.output if head else 0) + self.compute
 
     def most_layers_within(self, budget: int) -> int:
         """-1 when everything fits, else the largest n whose bytes fit (0 = all on the CPU)."""
@@ -41,8 +43,14 @@ class Footprint:
         return next(n for n in range(self.n_layer, -1, -1) if self.bytes_for(n) <= budget)
 
 
-def footprint(info, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16", n_batch: int = 512,
-              flash_attn: bool | None = None) -> Footprint:
+def footprint(
+    info,
+    n_ctx: int,
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
+    n_batch: int = 512,
+    flash_attn: bool | None = None,
+) -> Footprint:
     """From gguf_info.GGUFInfo. KV for sliding-window layers is counted at full n_ctx: an overestimate."""
     kv = info.kv_bytes_per_layer(n_ctx, KV_TYPES[cache_type_k], KV_TYPES[cache_type_v])
     # logits rows + a few activations per batch row; without flash attention the attention scores too
@@ -67,9 +75,19 @@ def _describe(ngl: int, fp: Footprint, chosen: bool, where: str = "the GPU") -> 
     return f"{ngl}/{fp.n_layer} layers on {where} ({fp.bytes_for(ngl) / MiB:,.0f} MiB), the rest on the CPU"
 
 
-def plan(target: Footprint, draft: Footprint | None, free: list[int], *, target_ngl: int | None = None,
-         draft_ngl: int | None = None, draft_device: int = 0, target_devices: list[int] | None = None,
-         rpc_free: int = 0, headroom: int = HEADROOM, no_gpu: str = "no GPU device") -> Placement:
+def plan(
+    target: Footprint,
+    draft: Footprint | None,
+    free: list[int],
+    *,
+    target_ngl: int | None = None,
+    draft_ngl: int | None = None,
+    draft_device: int = 0,
+    target_devices: list[int] | None = None,
+    rpc_free: int = 0,
+    headroom: int = HEADROOM,
+    no_gpu: str = "no GPU device",
+) -> Placement:
     """Pure arithmetic. free: free bytes per local GPU; None for an ngl means "choose it". The draft sits on
     one device (draft_device); the target spreads over target_devices (default all) plus RPC servers."""
     if not free and not rpc_free:
@@ -124,8 +142,9 @@ def _no_gpu_reason(info) -> str:
     return f"the build has {', '.join(gpu_backends)} but sees no GPU device"
 
 
-def resolve(target: ModelOptions, draft: ModelOptions | None, *, target_auto: bool,
-            draft_auto: bool) -> tuple[ModelOptions, ModelOptions | None, str]:
+def resolve(
+    target: ModelOptions, draft: ModelOptions | None, *, target_auto: bool, draft_auto: bool
+) -> tuple[ModelOptions, ModelOptions | None, str]:
     """Fill in the automatic GPU-layer counts; returns the options to load and a line saying what was chosen."""
     if not target_auto and not (draft is not None and draft_auto):
         return target, draft, ""
@@ -138,15 +157,21 @@ def resolve(target: ModelOptions, draft: ModelOptions | None, *, target_auto: bo
     rpc_free = sum(d.free for d in info.devices if d.is_rpc) if target.rpc_servers else 0
 
     def fp(o: ModelOptions, role: str) -> Footprint:
-        return footprint(gguf_info.read(o.path, role), o.n_ctx, o.cache_type_k, o.cache_type_v, o.n_batch,
-                         o.flash_attn)
+        return footprint(gguf_info.read(o.path, role), o.n_ctx, o.cache_type_k, o.cache_type_v, o.n_batch, o.flash_attn)
 
     draft_device = draft.main_gpu if draft is not None and draft.main_gpu < len(gpus) else 0
     target_devices = [target.main_gpu] if target.split_mode == "none" and target.main_gpu < len(gpus) else None
-    p = plan(fp(target, "target"), fp(draft, "draft") if draft is not None else None, [d.free for d in gpus],
-             target_ngl=None if target_auto else target.n_gpu_layers,
-             draft_ngl=None if draft is None or draft_auto else draft.n_gpu_layers, draft_device=draft_device,
-             target_devices=target_devices, rpc_free=rpc_free, no_gpu=_no_gpu_reason(info))
+    p = plan(
+        fp(target, "target"),
+        fp(draft, "draft") if draft is not None else None,
+        [d.free for d in gpus],
+        target_ngl=None if target_auto else target.n_gpu_layers,
+        draft_ngl=None if draft is None or draft_auto else draft.n_gpu_layers,
+        draft_device=draft_device,
+        target_devices=target_devices,
+        rpc_free=rpc_free,
+        no_gpu=_no_gpu_reason(info),
+    )
     target = replace(target, n_gpu_layers=p.target_ngl)
     if draft is not None:
         assert p.draft_ngl is not None  # plan() places a draft whenever it is given one

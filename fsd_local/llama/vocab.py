@@ -1,4 +1,5 @@
 """Can the draft speak to the target? The same checks llama.cpp's speculative example makes, with the reason."""
+
 from __future__ import annotations
 
 from fsd_local.errors import VocabularyMismatchError
@@ -15,8 +16,7 @@ def compatibility_problem(draft, target) -> str | None:
 
     td, tt = lc.llama_vocab_type(draft.vocab), lc.llama_vocab_type(target.vocab)
     if td != tt:
-        return (f"tokenizer types differ: draft uses {VOCAB_TYPES.get(td, td)}, "
-                f"target uses {VOCAB_TYPES.get(tt, tt)}")
+        return f"tokenizer types differ: draft uses {VOCAB_TYPES.get(td, td)}, target uses {VOCAB_TYPES.get(tt, tt)}"
     if draft.add_bos != target.add_bos:
         return f"BOS handling differs: draft add_bos={draft.add_bos}, target add_bos={target.add_bos}"
     if draft.add_bos and draft.bos != target.bos:
@@ -25,8 +25,10 @@ def compatibility_problem(draft, target) -> str | None:
         return f"EOS token ids differ: draft {draft.eos}, target {target.eos}"
     diff = abs(draft.n_vocab - target.n_vocab)
     if diff > MAX_SIZE_DIFFERENCE:
-        return (f"vocabulary sizes differ by {diff} (draft {draft.n_vocab}, target {target.n_vocab}); "
-                f"at most {MAX_SIZE_DIFFERENCE} is allowed")
+        return (
+            f"vocabulary sizes differ by {diff} (draft {draft.n_vocab}, target {target.n_vocab}); "
+            f"at most {MAX_SIZE_DIFFERENCE} is allowed"
+        )
     for i in range(FIRST_CHECKED_TOKEN, min(draft.n_vocab, target.n_vocab)):
         a, b = draft.token_text(i), target.token_text(i)
         if a != b:

@@ -4,6 +4,7 @@ copy of itself (blocks 0-21 then 8-29, 44 layers) that fsd-local writes with the
 It is a demonstration pair, not a real one: the "target" is barely larger than the draft. On this pair, greedy
 agreement is ~0.76 and the JS divergence median ~0.05 (FSD.md), enough to see what tau does.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,10 @@ from fsd_local.errors import ModelLoadError
 from fsd_local.paths import cache_dir
 
 DEMO_BLOCKS = list(range(0, 22)) + list(range(8, 30))
-DEMO_NOTE = ("demo pair: SmolLM2-135M drafting for a 44-layer upscaled copy of itself, built offline. "
-             "For a real pair: `fsd-local models`, then `fsd-local pull qwen2.5-0.5b-7b`.")
+DEMO_NOTE = (
+    "demo pair: SmolLM2-135M drafting for a 44-layer upscaled copy of itself, built offline. "
+    "For a real pair: `fsd-local models`, then `fsd-local pull qwen2.5-0.5b-7b`."
+)
 
 
 def smollm2_path() -> Path:

@@ -5,6 +5,7 @@ The packaged fsd_local/data/models.toml is read unless FSD_LOCAL_MODELS names an
 Files live in huggingface-hub's normal cache (HF_HOME / HF_HUB_CACHE), so other tools share them, and
 HF_HUB_OFFLINE / HF_ENDPOINT work as everywhere else.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -127,7 +128,7 @@ def parse_registry(text: str, source: str = "models.toml") -> dict[str, Pair]:
         raise RegistryError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))} (allowed: tau, pairs)")
     pairs = data.get("pairs")
     if not isinstance(pairs, dict) or not pairs:
-        raise RegistryError(f"{source}: no [pairs.\"NAME\"] tables")
+        raise RegistryError(f'{source}: no [pairs."NAME"] tables')
     if not isinstance(data.get("tau", {}), dict):
         raise RegistryError(f"{source}: tau must be a table of divergence = value")
     default_tau = _tau(data.get("tau", {}), f"{source} [tau]")
@@ -137,11 +138,15 @@ def parse_registry(text: str, source: str = "models.toml") -> dict[str, Pair]:
         if not isinstance(table, dict):
             raise RegistryError(f"{where}: must be a table")
         _check_table(table, PAIR_KEYS, PAIR_REQUIRED, where)
-        out[name] = Pair(name=name, description=table["description"], licence=table["licence"],
-                         notes=table.get("notes", ""),
-                         draft=_file(table["draft"], f"{where} draft"),
-                         target=_file(table["target"], f"{where} target"),
-                         tau={**default_tau, **_tau(table.get("tau", {}), f"{where} tau")})
+        out[name] = Pair(
+            name=name,
+            description=table["description"],
+            licence=table["licence"],
+            notes=table.get("notes", ""),
+            draft=_file(table["draft"], f"{where} draft"),
+            target=_file(table["target"], f"{where} target"),
+            tau={**default_tau, **_tau(table.get("tau", {}), f"{where} tau")},
+        )
     return out
 
 
@@ -177,8 +182,9 @@ def local_pair_paths(name: str, cache_dir=None, registry: dict[str, Pair] | None
     paths = {role: f.cached_path(cache_dir) for role, f in pair.files()}
     missing = [f.label for role, f in pair.files() if paths[role] is None]
     if missing:
-        raise ModelLoadError(f"pair {name!r} is not downloaded yet (missing {', '.join(missing)}); "
-                             f"run `fsd-local pull {name}`")
+        raise ModelLoadError(
+            f"pair {name!r} is not downloaded yet (missing {', '.join(missing)}); run `fsd-local pull {name}`"
+        )
     target, draft = paths["target"], paths["draft"]
     assert target is not None and draft is not None  # nothing missing
     return target, draft
@@ -225,19 +231,25 @@ def verify(f: ModelFile, path: str, pair_name: str) -> str:
         return f"sha256 matches models.toml (revision {f.sha256_revision})"
     if hub and digest == hub:
         if f.sha256:
-            return (f"sha256 matches the hub's checksum; it differs from models.toml's (revision "
-                    f"{f.sha256_revision}): the file was re-uploaded since")
+            return (
+                f"sha256 matches the hub's checksum; it differs from models.toml's (revision "
+                f"{f.sha256_revision}): the file was re-uploaded since"
+            )
         return "sha256 matches the hub's checksum"
     if hub:  # the bytes are not what the hub said they are: a corrupt download, remove it
         os.unlink(blob)
         if os.path.islink(path):
             os.unlink(path)
-        raise DownloadError(f"{f.label}: sha256 {digest} does not match the hub's checksum {hub}; the corrupt "
-                            f"copy was removed, run `fsd-local pull {pair_name}` again")
+        raise DownloadError(
+            f"{f.label}: sha256 {digest} does not match the hub's checksum {hub}; the corrupt "
+            f"copy was removed, run `fsd-local pull {pair_name}` again"
+        )
     if f.sha256:
-        raise DownloadError(f"{f.label}: sha256 {digest} does not match models.toml's {f.sha256} (revision "
-                            f"{f.sha256_revision}); the file may have been re-uploaded upstream, or is corrupt: "
-                            f"delete {path} and pull again")
+        raise DownloadError(
+            f"{f.label}: sha256 {digest} does not match models.toml's {f.sha256} (revision "
+            f"{f.sha256_revision}); the file may have been re-uploaded upstream, or is corrupt: "
+            f"delete {path} and pull again"
+        )
     return "not verified: no checksum known for this file"
 
 
@@ -254,11 +266,13 @@ def _download(f: ModelFile, cache_dir, endpoint, local_only: bool) -> str:
     try:
         return hf_hub_download(f.repo, f.file, cache_dir=cache_dir, endpoint=endpoint, local_files_only=local_only)
     except LocalEntryNotFoundError:  # the hub stopped answering after the probe, and nothing is cached
-        raise DownloadError(f"{f.label} could not be fetched from {endpoint} and is not in the cache; "
-                            "check the network and pull again") from None
+        raise DownloadError(
+            f"{f.label} could not be fetched from {endpoint} and is not in the cache; check the network and pull again"
+        ) from None
     except GatedRepoError:
-        raise DownloadError(f"{f.repo} is gated: accept its licence on the hub, then log in "
-                            "(`hf auth login`)") from None
+        raise DownloadError(
+            f"{f.repo} is gated: accept its licence on the hub, then log in (`hf auth login`)"
+        ) from None
     except RepositoryNotFoundError:
         raise DownloadError(f"repository {f.repo} was not found on the hub (renamed or private?)") from None
     except EntryNotFoundError:
@@ -268,8 +282,15 @@ def _download(f: ModelFile, cache_dir, endpoint, local_only: bool) -> str:
         raise DownloadError(f"downloading {f.label} failed: {first_line}") from None
 
 
-def pull(name: str, *, cache_dir=None, endpoint: str | None = None, offline: bool | None = None,
-         registry: dict[str, Pair] | None = None, say=print) -> tuple[str, str]:
+def pull(
+    name: str,
+    *,
+    cache_dir=None,
+    endpoint: str | None = None,
+    offline: bool | None = None,
+    registry: dict[str, Pair] | None = None,
+    say=print,
+) -> tuple[str, str]:
     """Download a pair's files into the Hugging Face cache (files already there are reused, not re-fetched)
     and verify each one's SHA-256. Returns (target_path, draft_path)."""
     from huggingface_hub import constants
@@ -283,18 +304,23 @@ def pull(name: str, *, cache_dir=None, endpoint: str | None = None, offline: boo
     if missing:
         labels = ", ".join(f.label for f in missing)
         if offline:
-            raise DownloadError(f"HF_HUB_OFFLINE is set and {labels} is not in the cache {cache}; "
-                                "unset HF_HUB_OFFLINE to download")
+            raise DownloadError(
+                f"HF_HUB_OFFLINE is set and {labels} is not in the cache {cache}; unset HF_HUB_OFFLINE to download"
+            )
         reason = unreachable(endpoint)
         if reason:
-            raise DownloadError(f"cannot reach {endpoint} ({reason}), so {labels} cannot be downloaded; "
-                                "check the network, or set HF_ENDPOINT to a mirror")
+            raise DownloadError(
+                f"cannot reach {endpoint} ({reason}), so {labels} cannot be downloaded; "
+                "check the network, or set HF_ENDPOINT to a mirror"
+            )
         need_mb = sum(f.size_mb for f in missing)
         os.makedirs(cache, exist_ok=True)
         free_mb = shutil.disk_usage(cache).free / 1e6
         if free_mb < need_mb * 1.05:
-            raise DownloadError(f"{name} needs {need_mb / 1000:.1f} GB but {cache} has {free_mb / 1000:.1f} GB free; "
-                                "free some space or set HF_HUB_CACHE to another disk")
+            raise DownloadError(
+                f"{name} needs {need_mb / 1000:.1f} GB but {cache} has {free_mb / 1000:.1f} GB free; "
+                "free some space or set HF_HUB_CACHE to another disk"
+            )
     paths = {}
     for role, f in pair.files():
         if present[role]:
@@ -321,8 +347,9 @@ def format_pairs(registry: dict[str, Pair], cache_dir=None) -> str:
         state = "downloaded" if n == 2 else ("not downloaded" if n == 0 else "1 of 2 files downloaded")
         lines.append(f"{pair.name}  [{state}]  {pair.description}")
         for role, f in pair.files():
-            lines.append(f"  {role:<7} {f.repo} / {f.file}  {_size(f.size_mb)}  "
-                         f"{'present' if present[role] else 'missing'}")
+            lines.append(
+                f"  {role:<7} {f.repo} / {f.file}  {_size(f.size_mb)}  {'present' if present[role] else 'missing'}"
+            )
         lines.append(f"  licence {pair.licence}")
         if pair.tau:
             lines.append("  tau     " + ", ".join(f"{div} {value:g}" for div, value in pair.tau.items()))

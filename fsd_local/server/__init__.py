@@ -1,4 +1,5 @@
 """`fsd-local serve`: the OpenAI API over HTTP (needs the `server` extra: FastAPI and uvicorn)."""
+
 from fsd_local.server.app import BackgroundServer, create_app, serve
 
 __all__ = ["BackgroundServer", "create_app", "serve"]

@@ -11,6 +11,7 @@ prefix of the accepted text, so the next request is answered as if nothing happe
 request it was running, not the server. The app serves an in-process Engine or a Supervisor alike; apps that
 embed the server (create_app, BackgroundServer) keep the in-process Engine unless they ask for the child.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,9 +22,10 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Literal
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -58,8 +60,12 @@ class Worker:
     def submit(self, job: Callable[[], Any], cancel: CancelToken) -> Future:
         with self._lock:
             if self.running + self.waiting > self.max_queue:
-                raise APIError(503, f"the server is busy: {self.max_queue} requests are already waiting; retry later",
-                               type="server_error", code="queue_full")
+                raise APIError(
+                    503,
+                    f"the server is busy: {self.max_queue} requests are already waiting; retry later",
+                    type="server_error",
+                    code="queue_full",
+                )
             self.waiting += 1
             self._tokens.add(cancel)
 
@@ -83,8 +89,14 @@ class Worker:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def create_app(engine: Engine | Supervisor, *, model_name: str | None = None, api_key: str | None = None,
-               max_queue: int = 16, close_engine: bool = False) -> FastAPI:
+def create_app(
+    engine: Engine | Supervisor,
+    *,
+    model_name: str | None = None,
+    api_key: str | None = None,
+    max_queue: int = 16,
+    close_engine: bool = False,
+) -> FastAPI:
     """The ASGI app serving `engine` (in this process, or a Supervisor's child). It closes the engine when it
     shuts down only if `close_engine`; otherwise close it after the server has stopped."""
     name = model_name or Path(engine.target.path).stem
@@ -100,8 +112,7 @@ def create_app(engine: Engine | Supervisor, *, model_name: str | None = None, ap
         if close_engine:
             await run_in_threadpool(engine.close)
 
-    app = FastAPI(title="fsd-local", summary="OpenAI-compatible API with Fuzzy Speculative Decoding",
-                  lifespan=lifespan)
+    app = FastAPI(title="fsd-local", summary="OpenAI-compatible API with Fuzzy Speculative Decoding", lifespan=lifespan)
     app.state.worker, app.state.metrics, app.state.engine = worker, metrics, engine
 
     async def authorised(request: Request) -> None:
@@ -109,8 +120,7 @@ def create_app(engine: Engine | Supervisor, *, model_name: str | None = None, ap
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
 
     guarded = [Depends(authorised)]
 
@@ -134,9 +144,11 @@ def create_app(engine: Engine | Supervisor, *, model_name: str | None = None, ap
     async def health() -> JSONResponse:
         # ok | restarting (the model process died and a new one is loading) | failed (gave up; reason says why)
         state, reason = getattr(engine, "state", "ok"), getattr(engine, "reason", None)
-        body: dict[str, Any] = {"status": state, "model": name,
-                                "queue": {"running": worker.running, "waiting": worker.waiting,
-                                          "max_queue": worker.max_queue}}
+        body: dict[str, Any] = {
+            "status": state,
+            "model": name,
+            "queue": {"running": worker.running, "waiting": worker.waiting, "max_queue": worker.max_queue},
+        }
         if reason:
             body["reason"] = reason
         if isinstance(engine, Supervisor):
@@ -145,19 +157,25 @@ def create_app(engine: Engine | Supervisor, *, model_name: str | None = None, ap
 
     @app.get("/metrics", dependencies=guarded)
     async def prometheus(request: Request) -> Response:
-        body, content_type = metrics.render(worker.running, worker.waiting, worker.max_queue,
-                                            request.headers.get("accept"))
+        body, content_type = metrics.render(
+            worker.running, worker.waiting, worker.max_queue, request.headers.get("accept")
+        )
         return Response(body, media_type=content_type)
 
     def _model_card(model_id: str | None = None) -> dict[str, Any]:
-        return {"id": model_id or name, "object": "model", "created": int(Path(engine.target.path).stat().st_mtime),
-                "owned_by": "fsd-local", "target": engine.target.path,
-                "draft": engine.draft.path if engine.draft else None}
+        return {
+            "id": model_id or name,
+            "object": "model",
+            "created": int(Path(engine.target.path).stat().st_mtime),
+            "owned_by": "fsd-local",
+            "target": engine.target.path,
+            "draft": engine.draft.path if engine.draft else None,
+        }
 
     async def _complete(request: Request, kind: Literal["chat", "text"]) -> Response:
         req = parse(kind, await request.body())
         if getattr(engine, "state", "ok") == "failed":  # the supervisor gave up on the model process
-            raise APIError(503, engine.reason, type="server_error", code="model_unavailable")
+            raise APIError(503, str(getattr(engine, "reason", "")), type="server_error", code="model_unavailable")
         settings = settings_for(engine, req)
         prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
         reply = Reply(kind, req.model or name)
@@ -177,8 +195,11 @@ def create_app(engine: Engine | Supervisor, *, model_name: str | None = None, ap
 
             worker.submit(stream_job, cancel)
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_events(reply, pieces, cancel, include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                _events(reply, pieces, cancel, include_usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
 
         def job() -> Completion:
             c = engine.generate(prompt, cancel=cancel, settings=settings)
@@ -235,8 +256,7 @@ def _as_api_error(exc: BaseException) -> APIError:
     return APIError(500, f"generation failed: {exc}", type="server_error", code="internal_error")
 
 
-async def _events(reply: Reply, pieces: asyncio.Queue, cancel: CancelToken,
-                  include_usage: bool) -> AsyncIterator[str]:
+async def _events(reply: Reply, pieces: asyncio.Queue, cancel: CancelToken, include_usage: bool) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
     try:
         if reply.kind == "chat":
@@ -310,9 +330,14 @@ def _uvicorn_config(app: FastAPI, host: str, port: int, log_level: str) -> uvico
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
 
-def create_supervised_app(target: str | Path | ModelOptions, draft: str | Path | ModelOptions | None = None,
-                          settings: Settings | None = None, *, supervisor_options: dict[str, Any] | None = None,
-                          **app_options: Any) -> FastAPI:
+def create_supervised_app(
+    target: str | Path | ModelOptions,
+    draft: str | Path | ModelOptions | None = None,
+    settings: Settings | None = None,
+    *,
+    supervisor_options: dict[str, Any] | None = None,
+    **app_options: Any,
+) -> FastAPI:
     """The app with the models in a supervised child process (as `fsd-local serve` runs them); it owns the
     Supervisor and stops the child when it shuts down. Returns once the child has loaded the models."""
     sup = Supervisor(target, draft, settings=settings, **(supervisor_options or {}))
@@ -323,8 +348,16 @@ def create_supervised_app(target: str | Path | ModelOptions, draft: str | Path |
         raise
 
 
-def serve(engine: Engine | Supervisor, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
-          max_queue: int = 16, model_name: str | None = None, log_level: str = "info") -> None:
+def serve(
+    engine: Engine | Supervisor,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    api_key: str | None = None,
+    max_queue: int = 16,
+    model_name: str | None = None,
+    log_level: str = "info",
+) -> None:
     """Serve until interrupted (Ctrl-C)."""
     if host not in LOOPBACK and api_key is None:
         log.warning("listening on %s without --api-key: anyone who can reach this port can use the models", host)
@@ -335,22 +368,34 @@ def serve(engine: Engine | Supervisor, *, host: str = "127.0.0.1", port: int = 8
 class BackgroundServer:
     """The server in a thread of this process, for apps that embed it (and for tests).
 
-        with BackgroundServer(engine, port=0) as srv:   # port 0: a free port
-            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
+    with BackgroundServer(engine, port=0) as srv:   # port 0: a free port
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
     """
 
-    def __init__(self, engine: Engine | Supervisor | None = None, *, app: FastAPI | None = None,
-                 host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", start_timeout: float = 30.0,
-                 **app_options: Any):
-        self.app = app if app is not None else create_app(engine, **app_options)
+    def __init__(
+        self,
+        engine: Engine | Supervisor | None = None,
+        *,
+        app: FastAPI | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        start_timeout: float = 30.0,
+        **app_options: Any,
+    ):
+        if app is None:
+            assert engine is not None, "give an engine or an app"
+            app = create_app(engine, **app_options)
+        self.app = app
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         self.port = sock.getsockname()[1]
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{self.port}"
         self._server = uvicorn.Server(_uvicorn_config(self.app, host, self.port, log_level))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="fsd-server",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="fsd-server", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + start_timeout
         while not self._server.started:
@@ -359,10 +404,18 @@ class BackgroundServer:
             time.sleep(0.01)
 
     @classmethod
-    def supervised(cls, target: str | Path | ModelOptions, draft: str | Path | ModelOptions | None = None,
-                   settings: Settings | None = None, *, host: str = "127.0.0.1", port: int = 0,
-                   log_level: str = "warning", supervisor_options: dict[str, Any] | None = None,
-                   **app_options: Any) -> "BackgroundServer":
+    def supervised(
+        cls,
+        target: str | Path | ModelOptions,
+        draft: str | Path | ModelOptions | None = None,
+        settings: Settings | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        supervisor_options: dict[str, Any] | None = None,
+        **app_options: Any,
+    ) -> BackgroundServer:
         """The server with the models in a supervised child process (`.app.state.engine` is the Supervisor)."""
         app = create_supervised_app(target, draft, settings, supervisor_options=supervisor_options, **app_options)
         try:
@@ -375,7 +428,7 @@ class BackgroundServer:
         self._server.should_exit = True
         self._thread.join(timeout=30)
 
-    def __enter__(self) -> "BackgroundServer":
+    def __enter__(self) -> BackgroundServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

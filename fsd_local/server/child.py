@@ -17,6 +17,7 @@ multiprocessing.connection:
 
 The parent closing its end (or dying) is the signal to exit: the reader thread sees EOF and ends the process.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,8 +43,17 @@ def main(fd: int) -> None:
     except Exception as exc:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         sys.exit(1)
-    conn.send(("ready", {"pid": os.getpid(), "n_vocab": engine.n_vocab,
-                         "target": _info(engine.target), "draft": _info(engine.draft)}))
+    conn.send(
+        (
+            "ready",
+            {
+                "pid": os.getpid(),
+                "n_vocab": engine.n_vocab,
+                "target": _info(engine.target),
+                "draft": _info(engine.draft),
+            },
+        )
+    )
 
     jobs: queue.Queue = queue.Queue()
     threading.Thread(target=_read, args=(conn, jobs), name="fsd-child-reader", daemon=True).start()

@@ -6,6 +6,7 @@ embedding) never count into each other. Generation statistics are counted in the
 Completion every generation returns, whether the models run in this process or in the supervised child, so
 one process owns every counter and no multiprocess mode is needed.
 """
+
 from __future__ import annotations
 
 import threading
@@ -22,8 +23,11 @@ if TYPE_CHECKING:
 _SUMS = (
     ("fsd_completion_tokens", "Tokens generated.", "tokens"),
     ("fsd_prompt_tokens", "Prompt tokens received.", "prompt_tokens"),
-    ("fsd_prompt_tokens_evaluated", "Prompt tokens decoded (the rest came from the reused KV prefix).",
-     "prompt_evaluated"),
+    (
+        "fsd_prompt_tokens_evaluated",
+        "Prompt tokens decoded (the rest came from the reused KV prefix).",
+        "prompt_evaluated",
+    ),
     ("fsd_rounds", "Draft/verify rounds (plain decoding steps in the ar and draft-only modes).", "rounds"),
     ("fsd_target_calls", "Target model decodes during generation.", "target_calls"),
     ("fsd_drafted_tokens", "Tokens proposed by the draft model.", "drafted"),
@@ -41,29 +45,40 @@ class Metrics:
         self._lock = threading.Lock()
         self._accepted = self._drafted = self._tokens = 0
         self._seconds = 0.0
-        self._responses = Counter("fsd_http_responses", "HTTP responses by path and status code.",
-                                  ["path", "code"], registry=r)
-        self._finished = Counter("fsd_generations", "Finished generations by finish reason.", ["finish_reason"],
-                                 registry=r)
+        self._responses = Counter(
+            "fsd_http_responses", "HTTP responses by path and status code.", ["path", "code"], registry=r
+        )
+        self._finished = Counter(
+            "fsd_generations", "Finished generations by finish reason.", ["finish_reason"], registry=r
+        )
         self._sums = {field: Counter(name, help_, registry=r) for name, help_, field in _SUMS}
-        self._accepted_by = Counter("fsd_accepted_tokens", "Draft tokens accepted, by reason: sd = passed the "
-                                    "lossless test, fuzzy = rescued by tau.", ["reason"], registry=r)
-        self._decode_seconds = Counter("fsd_decode_seconds", "Seconds in model decodes during generation, by model.",
-                                       ["model"], registry=r)
+        self._accepted_by = Counter(
+            "fsd_accepted_tokens",
+            "Draft tokens accepted, by reason: sd = passed the lossless test, fuzzy = rescued by tau.",
+            ["reason"],
+            registry=r,
+        )
+        self._decode_seconds = Counter(
+            "fsd_decode_seconds", "Seconds in model decodes during generation, by model.", ["model"], registry=r
+        )
         for reason in ("sd", "fuzzy"):  # present from the start, as zeros
             self._accepted_by.labels(reason)
         for model in ("draft", "target"):
             self._decode_seconds.labels(model)
-        self._ratio = Gauge("fsd_acceptance_ratio", "Accepted over drafted tokens since the server started.",
-                            registry=r)
-        self._speed = Gauge("fsd_tokens_per_second", "Generated tokens over generation seconds since the start.",
-                            registry=r)
-        self._queue = Gauge("fsd_queue_requests", "Requests admitted to the generation queue, by state.", ["state"],
-                            registry=r)
-        self._capacity = Gauge("fsd_queue_capacity", "Requests that may wait behind the running one (--max-queue).",
-                               registry=r)
+        self._ratio = Gauge(
+            "fsd_acceptance_ratio", "Accepted over drafted tokens since the server started.", registry=r
+        )
+        self._speed = Gauge(
+            "fsd_tokens_per_second", "Generated tokens over generation seconds since the start.", registry=r
+        )
+        self._queue = Gauge(
+            "fsd_queue_requests", "Requests admitted to the generation queue, by state.", ["state"], registry=r
+        )
+        self._capacity = Gauge(
+            "fsd_queue_capacity", "Requests that may wait behind the running one (--max-queue).", registry=r
+        )
 
-    def observe(self, c: "Completion") -> None:
+    def observe(self, c: Completion) -> None:
         st = c.stats
         for field, counter in self._sums.items():
             counter.inc(st[field])
@@ -104,14 +119,24 @@ class _ModelProcessCollector:
 
     def collect(self):
         s = self.supervisor
-        yield CounterMetricFamily("fsd_model_restarts", "Model processes started to replace one that died.",
-                                  value=s.restarts)
-        deaths = CounterMetricFamily("fsd_model_process_deaths", "Model process deaths by cause (a signal name, "
-                                     "or the exit code).", labels=["cause"])
+        yield CounterMetricFamily(
+            "fsd_model_restarts", "Model processes started to replace one that died.", value=s.restarts
+        )
+        deaths = CounterMetricFamily(
+            "fsd_model_process_deaths",
+            "Model process deaths by cause (a signal name, or the exit code).",
+            labels=["cause"],
+        )
         for cause, n in sorted(s.deaths.items()):
             deaths.add_metric([cause], n)
         yield deaths
-        yield GaugeMetricFamily("fsd_model_process_up", "1 while a model process is loaded and serving, else 0.",
-                                value=1.0 if s.state == "ok" else 0.0)
-        yield GaugeMetricFamily("fsd_model_start_seconds", "Seconds the last model process took to start and load "
-                                "the models.", value=s.last_start_seconds)
+        yield GaugeMetricFamily(
+            "fsd_model_process_up",
+            "1 while a model process is loaded and serving, else 0.",
+            value=1.0 if s.state == "ok" else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "fsd_model_start_seconds",
+            "Seconds the last model process took to start and load the models.",
+            value=s.last_start_seconds,
+        )

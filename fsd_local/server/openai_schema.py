@@ -5,6 +5,7 @@ ignored like other local servers do, and fields whose meaning fsd-local cannot h
 logprobs...) are refused unless they hold their neutral value: a client asking for them must not silently get
 something else. Every refusal is an `APIError` that renders as OpenAI's error body.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,6 +19,7 @@ from fsd_local.settings import FIELDS, Settings, field_type, spec
 
 if TYPE_CHECKING:
     from fsd_local.engine import Completion, Engine
+    from fsd_local.server.supervisor import Supervisor
 
 # request fields that map one to one onto Settings, from the settings that declare an HTTP field (max_tokens is
 # handled per endpoint: chat also has max_completion_tokens)
@@ -28,8 +30,15 @@ ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system rol
 class APIError(Exception):
     """An error answered as HTTP `status` with body {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
@@ -55,12 +64,14 @@ def _wire_type(kind: type) -> Any:
 
 
 # the standard sampling fields and fsd-local's own knobs, each optional (None = the server's default)
-_SettingFields: Any = create_model(
-    "_SettingFields", __base__=_Strict,
-    **{name: (_wire_type(field_type(f)) | None, None) for f in FIELDS if (name := f.name) in SETTING_FIELDS})
+_SettingFields: Any = create_model(  # type: ignore[call-overload]  # fields built at run time
+    "_SettingFields",
+    __base__=_Strict,
+    **{name: (_wire_type(field_type(f)) | None, None) for f in FIELDS if (name := f.name) in SETTING_FIELDS},
+)
 
 
-class _Request(_SettingFields):  # type: ignore[misc, valid-type]
+class _Request(_SettingFields):
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -114,15 +125,24 @@ def _refuse_unsupported(req: _Request) -> None:
     for name in ("n", "best_of"):
         if getattr(req, name) not in (None, 1):
             refuse(name, "one completion per request (send several requests)")
-    for name in ("logprobs", "top_logprobs", "frequency_penalty", "presence_penalty", "logit_bias", "tools",
-                 "functions", "echo", "suffix"):
+    for name in (
+        "logprobs",
+        "top_logprobs",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "tools",
+        "functions",
+        "echo",
+        "suffix",
+    ):
         if getattr(req, name):  # None, 0, False, empty: the neutral value, accepted
             refuse(name, "leave it unset")
     if req.response_format and req.response_format.get("type", "text") != "text":
         refuse("response_format", "only plain text output")
 
 
-def settings_for(engine: "Engine", req: ChatRequest | CompletionRequest) -> Settings:
+def settings_for(engine: Engine | Supervisor, req: ChatRequest | CompletionRequest) -> Settings:
     """The server's default settings with the request's overrides, validated; an error names the field at fault."""
     given: dict[str, Any] = {name: getattr(req, name) for name in SETTING_FIELDS if getattr(req, name) is not None}
     max_tokens = getattr(req, "max_completion_tokens", None)
@@ -150,7 +170,7 @@ def _culprit(defaults: Settings, given: dict[str, Any]) -> str | None:
     return None
 
 
-def prompt_tokens(engine: "Engine", req: ChatRequest | CompletionRequest) -> list[int]:
+def prompt_tokens(engine: Engine | Supervisor, req: ChatRequest | CompletionRequest) -> list[int]:
     """The prompt as token ids (chat: rendered with the target's template), checked against the context."""
     if isinstance(req, ChatRequest):
         param = "messages"
@@ -163,8 +183,9 @@ def prompt_tokens(engine: "Engine", req: ChatRequest | CompletionRequest) -> lis
         prompt: Any = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
-                raise APIError(400, "one prompt per request (send several requests)", param=param,
-                               code="unsupported_parameter")
+                raise APIError(
+                    400, "one prompt per request (send several requests)", param=param, code="unsupported_parameter"
+                )
             prompt = prompt[0]
         tokens = prompt
     try:
@@ -184,8 +205,12 @@ def _plain_message(i: int, m: Message) -> dict[str, str]:
         texts = []
         for part in content:
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(400, f"messages.{i}.content: only text parts are supported, got {part.get('type')!r}",
-                               param="messages", code="unsupported_parameter")
+                raise APIError(
+                    400,
+                    f"messages.{i}.content: only text parts are supported, got {part.get('type')!r}",
+                    param="messages",
+                    code="unsupported_parameter",
+                )
             texts.append(part["text"])
         content = "".join(texts)
     return {"role": ROLE_ALIASES.get(m.role, m.role), "content": content}
@@ -200,51 +225,65 @@ class Reply:
         self.created = int(time.time())
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": None, "choices": choices}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
 
-    def full(self, c: "Completion") -> dict[str, Any]:
+    def full(self, c: Completion) -> dict[str, Any]:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
-                      "finish_reason": c.finish_reason}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": None,
+                "finish_reason": c.finish_reason,
+            }
             out = self._envelope("chat.completion", [choice])
         else:
-            out = self._envelope("text_completion", [{"index": 0, "text": c.text, "logprobs": None,
-                                                      "finish_reason": c.finish_reason}])
+            out = self._envelope(
+                "text_completion", [{"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}]
+            )
         out["usage"] = usage(c)
         out["fsd"] = fsd_stats(c)
         return out
 
-    def chunk(self, text: str | None = None, finish_reason: str | None = None,
-              role: bool = False) -> dict[str, Any]:
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             return self._envelope("chat.completion.chunk", [choice])
-        return self._envelope("text_completion", [{"index": 0, "text": text or "", "logprobs": None,
-                                                   "finish_reason": finish_reason}])
+        return self._envelope(
+            "text_completion", [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
+        )
 
-    def last_chunk(self, c: "Completion") -> dict[str, Any]:
+    def last_chunk(self, c: Completion) -> dict[str, Any]:
         """The chunk carrying finish_reason; like llama.cpp's server, it also carries usage and the statistics."""
         out = self.chunk(finish_reason=c.finish_reason)
         out["usage"] = usage(c)
         out["fsd"] = fsd_stats(c)
         return out
 
-    def usage_chunk(self, c: "Completion") -> dict[str, Any]:
+    def usage_chunk(self, c: Completion) -> dict[str, Any]:
         """stream_options.include_usage: OpenAI's extra chunk with no choices and the usage."""
         out = self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", [])
         out["usage"] = usage(c)
         return out
 
 
-def usage(c: "Completion") -> dict[str, int]:
-    return {"prompt_tokens": c.prompt_tokens, "completion_tokens": len(c.token_ids),
-            "total_tokens": c.prompt_tokens + len(c.token_ids)}
+def usage(c: Completion) -> dict[str, int]:
+    return {
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": len(c.token_ids),
+        "total_tokens": c.prompt_tokens + len(c.token_ids),
+    }
 
 
-def fsd_stats(c: "Completion") -> dict[str, Any]:
+def fsd_stats(c: Completion) -> dict[str, Any]:
     """The generation's statistics (README, Statistics) and the settings it ran with."""
     return {**c.stats, "settings": c.settings}

@@ -16,66 +16,41 @@ proved itself (completed a generation, or lived `healthy_after_s`) is restarted 
 (0, backoff_s, 2 backoff_s, ... up to backoff_max_s); after `max_failures` such deaths in a row the supervisor
 gives up: `state` becomes 'failed', `reason` says why, and every generation raises ModelUnavailable.
 """
+
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from fsd_local import errors
 from fsd_local.engine import CancelToken, Completion, Piece
 from fsd_local.errors import ConfigError, ContextOverflowError, FSDError, ModelLoadError
+from fsd_local.llama.chat_template import ChatTemplate
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
+from fsd_local.server.process_errors import ModelProcessDied, ModelProcessError, ModelUnavailable, _how, describe_exit  # noqa: F401
 from fsd_local.settings import Settings
 from fsd_local.stats import Stats
 
 log = logging.getLogger("fsd_local.server.supervisor")
 
 
-class ModelProcessError(FSDError):
-    """The model process cannot answer; `status` and `code` are what the server replies."""
-    status, code = 500, "model_process_died"
-
-
-class ModelProcessDied(ModelProcessError):
-    """The model process died while it was generating this answer (it is being restarted)."""
-
-
-class ModelUnavailable(ModelProcessError):
-    """No model process will answer: the supervisor gave up restarting it, or the server is shutting down."""
-    status, code = 503, "model_unavailable"
-
-
 @dataclass
 class ModelInfo:
     """What the server needs to know of a model loaded in the child."""
+
     path: str
     n_ctx: int
-
-
-def describe_exit(code: int) -> str:
-    """Popen's return code in words for labels and messages: 'SIGSEGV' (killed by a signal) or 'exit 1'."""
-    if code < 0:
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit {code}"
-
-
-def _how(cause: str) -> str:
-    return f"killed by {cause}" if cause.startswith("SIG") or cause.startswith("signal") else \
-        f"exited with code {cause.split()[-1]}"
 
 
 class _StartFailed(Exception):
@@ -100,26 +75,36 @@ class _Child:
 class Supervisor:
     """A draft/target pair in a supervised child process, with the Engine surface the server uses.
 
-        with Supervisor(target=ModelOptions("big.gguf"), draft=ModelOptions("small.gguf"), tau=0.2) as sup:
-            print(sup.generate("Once upon a time", max_tokens=32).text)
+    with Supervisor(target=ModelOptions("big.gguf"), draft=ModelOptions("small.gguf"), tau=0.2) as sup:
+        print(sup.generate("Once upon a time", max_tokens=32).text)
     """
 
-    def __init__(self, target: str | os.PathLike | ModelOptions, draft: str | os.PathLike | ModelOptions | None = None,
-                 *, settings: Settings | None = None, backoff_s: float = 0.5, backoff_max_s: float = 8.0,
-                 max_failures: int = 5, healthy_after_s: float = 30.0, start_timeout_s: float | None = None,
-                 **setting_overrides: Any):
+    def __init__(
+        self,
+        target: str | os.PathLike | ModelOptions,
+        draft: str | os.PathLike | ModelOptions | None = None,
+        *,
+        settings: Settings | None = None,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        max_failures: int = 5,
+        healthy_after_s: float = 30.0,
+        start_timeout_s: float | None = None,
+        **setting_overrides: Any,
+    ):
         self.defaults = (settings or Settings()).with_(**setting_overrides)
         self._target_opts = target if isinstance(target, ModelOptions) else ModelOptions(path=str(target))
         self._draft_opts = draft if draft is None or isinstance(draft, ModelOptions) else ModelOptions(path=str(draft))
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.max_failures, self.healthy_after_s, self.start_timeout_s = max_failures, healthy_after_s, start_timeout_s
-        self.state, self.reason = "starting", None  # ok | restarting | failed (reason: why, for /health)
-        self.restarts, self.deaths = 0, Counter()  # for /metrics
+        self.state: str = "starting"
+        self.reason: str | None = None  # ok | restarting | failed (reason: why, for /health)
+        self.restarts, self.deaths = 0, Counter[str]()  # for /metrics
         self.last_start_seconds = 0.0
         self._streak = 0  # deaths in a row of children that never proved themselves
         self._cond = threading.Condition()
         self._closed = False
-        self._template = None
+        self._template: ChatTemplate | None = None
         # the child imports fsd_local from where this process did (multiprocessing's spawn does the same)
         self._env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self._vocab_lock = threading.Lock()  # close() must not free the vocabulary under a tokenizing thread
@@ -151,12 +136,11 @@ class Supervisor:
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """As Engine.chat_prompt: the target's chat template, and never a second BOS."""
-        from fsd_local.llama.chat_template import ChatTemplate
-
         with self._vocab_lock:
             self._check_open()
             if self._template is None:
                 self._template = ChatTemplate.from_model(self._vocab)
+        assert self._template is not None
         text = self._template.render(messages, add_generation_prompt=True)
         bos = self._template.bos_token
         return self.tokenize(text, add_special=not (bos and text.startswith(bos)))
@@ -172,19 +156,32 @@ class Supervisor:
             raise ConfigError("the prompt is empty and the model adds no BOS token: give at least one token")
         n_ctx = min(o.n_ctx for o in (self._target_opts, self._draft_opts) if o is not None)
         if len(tokens) > n_ctx:
-            raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; "
-                                       "shorten the prompt or raise --ctx")
+            raise ContextOverflowError(
+                f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; shorten the prompt or raise --ctx"
+            )
         return tokens
 
-    def generate(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
-                 settings: Settings | None = None, **overrides: Any) -> Completion:
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        cancel: CancelToken | None = None,
+        settings: Settings | None = None,
+        **overrides: Any,
+    ) -> Completion:
         for piece in self.stream(prompt, cancel=cancel, settings=settings, **overrides):
             if piece.completion is not None:
                 return piece.completion
         raise AssertionError("unreachable: the stream always ends with a completion")
 
-    def stream(self, prompt: str | Sequence[int], *, cancel: CancelToken | None = None,
-               settings: Settings | None = None, **overrides: Any) -> Iterator[Piece]:
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        cancel: CancelToken | None = None,
+        settings: Settings | None = None,
+        **overrides: Any,
+    ) -> Iterator[Piece]:
         """As Engine.stream. Raises ModelProcessDied if the child dies meanwhile, ModelUnavailable if the
         supervisor has given up; while the child restarts, waits for the new one."""
         s = settings or self.defaults
@@ -217,7 +214,7 @@ class Supervisor:
         with self._vocab_lock:
             self._vocab.close()
 
-    def __enter__(self) -> "Supervisor":
+    def __enter__(self) -> Supervisor:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -289,8 +286,10 @@ class Supervisor:
             child.exited.wait(10)
         if self._closed:
             return ModelUnavailable("the server is shutting down")
-        return ModelProcessDied(f"the model process died ({_how(child.cause)}) while generating this response; "
-                                "it is being restarted: retry the request")
+        return ModelProcessDied(
+            f"the model process died ({_how(child.cause)}) while generating this response; "
+            "it is being restarted: retry the request"
+        )
 
     def _abandon(self, child: _Child) -> None:
         """Cancel the child's generation and read it to its end, so the next one starts on a clean stream."""
@@ -307,16 +306,26 @@ class Supervisor:
 
     def _cancelled(self, prompt, settings: Settings) -> Completion:
         n = len(self.tokenize(prompt)) if isinstance(prompt, str) else len(prompt)
-        return Completion(text="", token_ids=[], finish_reason="cancelled", stats=Stats(prompt_tokens=n).to_dict(),
-                          settings=settings.to_dict(), prompt_tokens=n)
+        return Completion(
+            text="",
+            token_ids=[],
+            finish_reason="cancelled",
+            stats=Stats(prompt_tokens=n).to_dict(),
+            settings=settings.to_dict(),
+            prompt_tokens=n,
+        )
 
     # ------------------------------------------------------------------ the child's life
     def _spawn(self) -> _Child:
         """Start a model process and wait until it has loaded the models; _StartFailed says how it failed."""
         ours, theirs = socket.socketpair()
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "fsd_local.server.child", str(theirs.fileno())],
-                                    pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=self._env)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fsd_local.server.child", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=self._env,
+            )
         finally:
             theirs.close()  # the child holds the only other copy: when it dies, reading ours gives EOF
         child = _Child(proc, Connection(ours.detach()))
@@ -389,9 +398,11 @@ class Supervisor:
         """Start a new child, waiting longer after each young death; False when giving up (or closing)."""
         while True:
             if self._streak >= self.max_failures:
-                reason = (f"the model process died {self._streak} times in a row without completing a request "
-                          f"(the last time: {last}); it is not restarted again. See the server's log, then restart "
-                          "fsd-local serve")
+                reason = (
+                    f"the model process died {self._streak} times in a row without completing a request "
+                    f"(the last time: {last}); it is not restarted again. See the server's log, then restart "
+                    "fsd-local serve"
+                )
                 with self._cond:
                     self.state, self.reason = "failed", reason
                     self._cond.notify_all()
