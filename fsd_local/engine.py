@@ -251,7 +251,7 @@ class Engine:
         with self._lock:
             self._check_open()
             self._cancel.clear()
-            if speculative or mode == DRAFT_ONLY:
+            if s.needs_draft:  # the draft model runs (prompt lookup alone needs none)
                 assert self.draft is not None, "stream() checked that this mode has its draft"
                 models = [self.target, self.draft] if speculative else [self.draft]
             else:
