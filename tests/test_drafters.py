@@ -96,3 +96,46 @@ def test_adaptive_flag_is_the_adaptive_policy():
 
     assert Settings(adaptive=True).draft_policy == "adaptive"
     assert Settings(draft_policy="adaptive").adaptive is True
+
+
+def test_bench_axes_multiply_drafters_and_policies_and_pair_sd_with_its_own_drafting():
+    from fsd_local.bench.runner import Config, build_configs
+
+    configs = build_configs(["fsd"], ["js"], [0.1], [4], [0.0], ["model", "ngram"], ["fixed", "auto"])
+    assert len(configs) == 1 + 4 + 4  # ar, sd per (drafter, policy), fsd per (drafter, policy)
+    assert Config("sd", 0.0, draft_max=4, drafter="ngram", policy="auto") in configs
+    s = Config("fsd", 0.0, "js", 0.1, 4, "ngram", "auto").settings(16, 0)
+    assert (s["drafter"], s["draft_policy"], s["draft_max"]) == ("ngram", "auto", 4)
+
+
+def test_bench_runs_the_ngram_drafter_on_a_target_alone(tiny_pair):
+    r = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "--target",
+            tiny_pair[1],
+            "--drafter",
+            "ngram",
+            "--draft-policy",
+            "fixed,auto",
+            "--modes",
+            "sd",
+            "--max-tokens",
+            "12",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+            "--ctx",
+            "256",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output[r.output.index("[") :])
+    sd = [row for row in rows if row["mode"] == "sd"]
+    assert {(row["drafter"], row["draft_policy"]) for row in sd} == {("ngram", "fixed"), ("ngram", "auto")}
+    for row in sd:
+        assert row["speedup_vs_sd"] is not None and row["agreement"] == 1.0  # greedy sd is the target's output
+        assert sum(row["k_histogram"]) > 0 and row["plain_tokens_per_second_est"] > 0

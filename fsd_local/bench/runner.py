@@ -38,19 +38,23 @@ class Config:
     divergence: str | None = None
     tau: float | None = None
     draft_max: int | None = None
+    drafter: str | None = None  # speculative modes only: model | ngram | ngram+model
+    policy: str | None = None  # speculative modes only: fixed | adaptive | auto
 
     def settings(self, max_tokens: int, seed: int) -> dict:
         s = {"mode": self.mode, "temperature": self.temperature, "max_tokens": max_tokens, "seed": seed}
         if self.draft_max is not None:
-            s["draft_max"] = self.draft_max
+            s.update(draft_max=self.draft_max, drafter=self.drafter or "model", draft_policy=self.policy or "fixed")
         if self.tau is not None:
             s.update(tau=self.tau, divergence=self.divergence)
         return s
 
 
-def build_configs(modes, divergences, taus, draft_maxes, temperatures) -> list[Config]:
+def build_configs(
+    modes, divergences, taus, draft_maxes, temperatures, drafters=("model",), policies=("fixed",)
+) -> list[Config]:
     """Every combination the axes make, without multiplying modes over axes they ignore; the ar and sd
-    baselines come first at each temperature whether listed or not."""
+    baselines come first at each temperature whether listed or not (sd once per drafter, policy and k)."""
     for m in modes:
         if m not in MODES:
             raise ConfigError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
@@ -63,20 +67,23 @@ def build_configs(modes, divergences, taus, draft_maxes, temperatures) -> list[C
         ("--draft-max", draft_maxes),
         ("--temp", temperatures),
         ("--modes", modes),
+        ("--drafter", drafters),
+        ("--draft-policy", policies),
     ):
         if not values:
             raise ConfigError(f"{name} is empty")
     configs = []
     for t in _unique(temperatures):
         configs.append(Config("ar", t))
-        configs += [Config("sd", t, draft_max=k) for k in _unique(draft_maxes)]
+        drafting = [(dr, p, k) for dr in _unique(drafters) for p in _unique(policies) for k in _unique(draft_maxes)]
+        configs += [Config("sd", t, draft_max=k, drafter=dr, policy=p) for dr, p, k in drafting]
         for m in _unique(modes):
             if m in TAU_MODES:
                 configs += [
-                    Config(m, t, d, tau, k)
+                    Config(m, t, d, tau, k, dr, p)
                     for d in _unique(divergences)
                     for tau in _unique(taus)
-                    for k in _unique(draft_maxes)
+                    for dr, p, k in drafting
                 ]
             elif m == "draft-only":
                 configs.append(Config(m, t))
@@ -229,7 +236,11 @@ def summarise(data: BenchData) -> list[dict]:
     rows = []
     for ci, (c, runs) in enumerate(zip(data.configs, data.runs)):
         ar = index[Config("ar", c.temperature)]
-        sd = index.get(Config("sd", c.temperature, draft_max=c.draft_max)) if c.draft_max else None
+        sd = (
+            index.get(Config("sd", c.temperature, draft_max=c.draft_max, drafter=c.drafter, policy=c.policy))
+            if c.draft_max
+            else None
+        )
         drafted = _sum(runs, "drafted")
         accepted = _sum(runs, "accepted_sd") + _sum(runs, "accepted_fuzzy")
         tokens = _sum(runs, "tokens")
@@ -240,6 +251,8 @@ def summarise(data: BenchData) -> list[dict]:
             "divergence": c.divergence,
             "tau": c.tau,
             "draft_max": c.draft_max,
+            "drafter": c.drafter,
+            "draft_policy": c.policy,
             "temperature": c.temperature,
             "tokens_per_second": median(tps[ci]),
             "tokens_per_second_spread": spread(tps[ci]),
@@ -256,6 +269,9 @@ def summarise(data: BenchData) -> list[dict]:
             "agreement_positionwise": None,
             "accuracy": None,
             "time_share": {k: _div(v, total) for k, v in secs.items()},
+            "k_histogram": _k_histogram(runs),
+            "plain_tokens_per_second_est": median([run.stats.get("plain_tokens_per_second_est") for run in runs]),
+            "speedup_vs_plain_est": median([run.stats.get("speedup_vs_plain_est") for run in runs]),
             "prompt_seconds_mean": _sum(runs, "prompt_seconds") / len(runs),
             "output_tokens": sum(len(run.token_ids) for run in runs),
             "runs": len(runs),
@@ -271,6 +287,17 @@ def summarise(data: BenchData) -> list[dict]:
             row["accuracy"] = sum(graded) / len(graded)
         rows.append(row)
     return rows
+
+
+def _k_histogram(runs: list[Run]) -> list[int]:
+    """Rounds by the draft length chosen, over all runs (0 = a plain target step)."""
+    out: list[int] = []
+    for run in runs:
+        for k, n in enumerate(run.stats.get("k_histogram", [])):
+            if k == len(out):
+                out.append(0)
+            out[k] += n
+    return out
 
 
 def _by_position(runs: list[Run]) -> list[float]:
@@ -296,6 +323,8 @@ TABLE_COLUMNS = (
     ("temp", 4, lambda r: f"{r['temperature']:g}"),
     ("mode", 9, lambda r: r["mode"]),
     ("div", 8, lambda r: r["divergence"] or "-"),
+    ("drafter", 11, lambda r: r["drafter"] or "-"),
+    ("policy", 8, lambda r: r["draft_policy"] or "-"),
     ("k", 2, lambda r: _f(r["draft_max"], "d")),
     ("tau", 5, lambda r: _f(r["tau"], "g")),
     ("tok/s", 13, lambda r: f"{_f(r['tokens_per_second'], '.1f')} ±{_f(r['tokens_per_second_spread'], '.1f')}"),

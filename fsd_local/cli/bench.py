@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from fsd_local.kernels.names import DIVERGENCES, MODES
+from fsd_local.kernels.names import DIVERGENCES, DRAFT_POLICIES, DRAFTERS, MODES
 
 MODEL_KEYS = ("target", "draft", "pair")
 
@@ -103,6 +103,22 @@ def bench_options(f):
             help="draft lengths k",
         ),
         click.option(
+            "--drafter",
+            "drafters",
+            type=CommaList(str, "drafter", DRAFTERS),
+            default="model",
+            show_default=True,
+            help="who drafts, comma separated: " + ", ".join(DRAFTERS) + " (ngram alone needs no --draft)",
+        ),
+        click.option(
+            "--draft-policy",
+            "policies",
+            type=CommaList(str, "draft policy", DRAFT_POLICIES),
+            default="fixed",
+            show_default=True,
+            help="draft-length policies, comma separated: fixed, adaptive, auto (--draft-max is auto's upper bound)",
+        ),
+        click.option(
             "--temp",
             "temperatures",
             type=CommaList(float, "temperature", minimum=0.0),
@@ -187,6 +203,8 @@ def bench_command(
     divergences,
     modes,
     draft_maxes,
+    drafters,
+    policies,
     temperatures,
     repeats,
     as_json,
@@ -210,10 +228,10 @@ def bench_command(
         from fsd_local.bench.plot import require_matplotlib
 
         require_matplotlib()  # before the long run, not after it
-    configs = build_configs(modes, divergences, taus, draft_maxes, temperatures)
+    configs = build_configs(modes, divergences, taus, draft_maxes, temperatures, drafters, policies)
     prompts = load_prompts(prompts_file)
     repeats = repeats or 3
-    with _engine(model_kwargs) as engine:
+    with _engine(model_kwargs, needs_draft=any(d != "ngram" for d in drafters)) as engine:
         total = len(configs) * len(prompts) * repeats
         _say(f"{len(configs)} configurations x {len(prompts)} prompts x {repeats} repeats, {max_tokens} tokens each")
         with _progress(total, "bench") as bar:
@@ -264,13 +282,15 @@ def _given(param: str) -> bool:
     return ctx.get_parameter_source(param) != click.core.ParameterSource.DEFAULT
 
 
-def _engine(model_kwargs: dict):
+def _engine(model_kwargs: dict, needs_draft: bool = True):
     from fsd_local.cli.options import load_engine
     from fsd_local.settings import Settings
 
-    if model_kwargs.get("target") and not model_kwargs.get("draft") and not model_kwargs.get("pair"):
-        raise click.UsageError("give --draft too: bench and calibrate compare against speculative decoding")
-    return load_engine(**model_kwargs, settings=Settings(), say=_say)
+    if needs_draft and model_kwargs.get("target") and not model_kwargs.get("draft") and not model_kwargs.get("pair"):
+        raise click.UsageError(
+            "give --draft too (or --drafter ngram): bench and calibrate compare against speculative decoding"
+        )
+    return load_engine(**model_kwargs, settings=Settings(drafter="model" if needs_draft else "ngram"), say=_say)
 
 
 def calibrate_options(f):

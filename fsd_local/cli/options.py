@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from fsd_local.llama.options import KV_TYPES, SPLIT_MODES
+from fsd_local.pairs.demo import PRECISIONS
 from fsd_local.settings import FIELDS, Settings, field_type, spec
 
 KV_CHOICES = list(KV_TYPES)
@@ -24,11 +25,14 @@ def say(msg: str) -> None:
 
 
 def summary_line(stats: dict, finish: str | None) -> str:
-    """The line after every reply (generate, chat): speed, acceptance, and what the prefix cache saved."""
+    """The line after every reply (generate, chat): speed (and against the target's measured one-token decode
+    rate: what plain decoding would do here), acceptance, and what the prefix cache saved."""
+    vs_plain = stats.get("speedup_vs_plain_est")
+    plain = f"{vs_plain:.2f}x plain decoding, " if vs_plain else ""
     return (
         f"[{finish}] {stats['tokens']} tokens, {stats['tokens_per_second']:.1f} tok/s, "
         f"acceptance {stats['acceptance_rate']:.0%}, {stats['mean_tokens_per_round']:.2f} tokens/round, "
-        f"fuzzy {stats['fuzzy_share']:.0%}, prompt {stats['prompt_evaluated']}/{stats['prompt_tokens']} "
+        f"fuzzy {stats['fuzzy_share']:.0%}, {plain}prompt {stats['prompt_evaluated']}/{stats['prompt_tokens']} "
         "tokens evaluated"
     )
 
@@ -112,6 +116,15 @@ MODEL_OPTIONS = [
     click.option("--target", type=click.Path(dir_okay=False), help="target (large) GGUF file"),
     click.option("--draft", type=click.Path(dir_okay=False), help="draft (small) GGUF file, same tokenizer"),
     click.option("--pair", help="a pair from models.toml (see `fsd-local models`)"),
+    click.option(
+        "--demo",
+        "demo_precision",
+        type=click.Choice(PRECISIONS),
+        default="q4_1",
+        show_default=True,
+        help="without model arguments, the offline demo pair: q4_1 (small, compute-bound on a CPU), f16 (F16 copies: "
+        "memory-bound like a large model on a laptop, where speculation pays), q4_0 (what --repack changes)",
+    ),
     click.option(
         "--ctx",
         "n_ctx",
@@ -216,7 +229,7 @@ def model_options(f: Callable) -> Callable:
     return _apply(f, MODEL_OPTIONS)
 
 
-def resolve_models(target, draft, pair, say=None) -> tuple[str, str | None]:
+def resolve_models(target, draft, pair, say=None, demo_precision: str = "q4_1") -> tuple[str, str | None]:
     """Model files from --target/--draft, --pair, or (no model arguments) the offline demo pair."""
     if pair:
         if target or draft:
@@ -227,7 +240,7 @@ def resolve_models(target, draft, pair, say=None) -> tuple[str, str | None]:
     if target is None and draft is None:
         from fsd_local.pairs.demo import DEMO_NOTE, demo_pair
 
-        d, t = demo_pair(progress=say)
+        d, t = demo_pair(progress=say, precision=demo_precision)
         if say:
             say(DEMO_NOTE)
         return str(t), str(d)
@@ -262,6 +275,7 @@ def load_engine(
     repack=None,
     draft_repack=None,
     engine_class=None,
+    demo_precision="q4_1",
 ):
     """The Engine (or `engine_class`, e.g. serve's Supervisor: same arguments) for the command's options."""
     from fsd_local.engine import Engine
@@ -269,7 +283,7 @@ def load_engine(
     from fsd_local.llama.options import ModelOptions
     from fsd_local.llama.placement import resolve
 
-    t, d = resolve_models(target, draft, pair, say=say)
+    t, d = resolve_models(target, draft, pair, say=say, demo_precision=demo_precision)
     if d is None and settings.needs_draft:
         raise click.UsageError(f"mode {settings.mode} needs --draft (or use --mode ar)")
     both = dict(
