@@ -100,6 +100,7 @@ class Engine:
         self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft else self.target.n_vocab
         self._lengths = DraftLength()  # measured costs and acceptance: how many tokens a round should draft
         self._ngram: NgramDrafter | None = None
+        self._catch_up_seconds = 0.0
         self._alloc(self.defaults.draft_max)
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
 
@@ -360,10 +361,13 @@ class Engine:
                 dt = perf_counter() - t
                 stats.seconds_draft += dt
                 return len(tokens), "ngram" if tokens else None, k, dt
-        k = self._lengths.choose("model", limit)
+        assert self.draft is not None, "the model drafter has a draft (Settings.check_draft)"
+        k = self._lengths.choose("model", limit, behind=len(seq) - len(self.draft.tokens))
         before = stats.seconds_draft
+        self._catch_up_seconds = 0.0
         n = self._draft(seq, k, s, rng, stats)
-        return n, "model", k, stats.seconds_draft - before
+        # catching up after plain steps is not the price of drafting these tokens (the budget pays for it)
+        return n, "model", k, stats.seconds_draft - before - self._catch_up_seconds
 
     def _one_hot(self, tokens: list[int]) -> None:
         """Prompt-lookup drafts: q is one-hot on each proposed token (FSD.md), so the SD test accepts with
@@ -384,9 +388,15 @@ class Engine:
         assert d is not None, "speculative modes have a draft (Settings.check_draft)"
         us = rng.random(k) if s.temperature > 0 else np.zeros(k)
         t = perf_counter()
-        d.decode(seq[len(d.tokens) :], "last")
+        behind = seq[len(d.tokens) :]
+        d.decode(behind, "last")
         d.synchronize()
-        stats.seconds_draft += perf_counter() - t
+        dt = perf_counter() - t
+        stats.seconds_draft += dt
+        self._catch_up_seconds = 0.0
+        if len(behind) > 2:  # more than the round's own pending tokens: it skipped rounds (plain steps)
+            self._catch_up_seconds = dt
+            self._lengths.observe_catch_up(len(behind), dt)
         n = 0
         for i in range(k):
             q[i, :nv] = d.logits(1)[0, :nv]

@@ -307,6 +307,20 @@ class CostModel:
         self.k_histogram[k] += 1
         return k
 
+    @property
+    def probing(self) -> bool:
+        """The last choice was a re-probe from k = 0, not the estimated best."""
+        return self._probing
+
+    def cancel_probe(self, k: int) -> None:
+        """The caller could not afford the probe it was offered (a model drafter far behind the text): count
+        the round as the plain step it becomes. The wait before the next offer stays as it was."""
+        if self._probing:
+            self._probing = False
+            self.probes -= 1
+            self.k_histogram[k] -= 1
+            self.k_histogram[0] += 1
+
     def summary(self) -> dict:
         """Plain numbers for the statistics (JSON-safe)."""
         v = self.verify.curve(self.k_max + 1)

@@ -5,6 +5,12 @@
 - `auto`: the k in [0, draft_max] that maximises expected tokens per second under the measured costs
   (cost_model.py); k = 0 is a plain target step, and the cost model re-probes so it can come back.
 
+Re-probing a model drafter is not free: after a run of plain steps the draft model is behind the text and must
+evaluate every token it missed before it can draft (on a CPU that costs a good share of what the plain steps
+cost). So probes are paid from a budget that grows by PROBE_SHARE of the time spent generating: a probe whose
+catch-up would cost more than the budget holds is not taken (the round stays a plain step), which keeps
+the price of looking for a better k at about PROBE_SHARE of the run.
+
 One `DraftLength` lives as long as its engine: the target's costs are measured on every target decode whatever
 the policy (so every generation can report the measured plain-decoding rate), each drafter (`model`, `ngram`)
 has its own acceptance and drafting costs, and a change of tau, mode, divergence or temperature between calls
@@ -16,6 +22,7 @@ from __future__ import annotations
 from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost
 
 K_LIMIT = 64  # settings' largest draft_max
+PROBE_SHARE = 0.02  # of generation time that re-probing a model drafter may cost
 
 
 class DraftLength:
@@ -23,6 +30,8 @@ class DraftLength:
         self.verify = VerifyCost(K_LIMIT + 1)
         self.costs: dict[str, CostModel] = {}
         self._acceptance_key: tuple | None = None
+        self.probe_budget = 0.0  # seconds that re-probing the model drafter may still spend
+        self._catch_up_mean, self._catch_up_weight = 0.0, 0.0  # seconds per token the draft model catches up
         self.policy, self.k, self.k_min, self.k_max = "fixed", 4, 1, 4
 
     def start(self, settings) -> None:
@@ -45,17 +54,33 @@ class DraftLength:
             cm.set_k_max(self.k_max)
         return cm
 
-    def choose(self, drafter: str, limit: int) -> int:
-        """The k for this round, at most `limit` (tokens still wanted, room in the context)."""
-        if self.policy == "auto":
-            return self.cost(drafter).choose_k(max(0, limit))
-        return max(0, min(self.k, limit))
+    def choose(self, drafter: str, limit: int, behind: int = 0) -> int:
+        """The k for this round, at most `limit` (tokens still wanted, room in the context). `behind`: tokens the
+        drafter must evaluate before it can draft (the draft model after plain steps)."""
+        if self.policy != "auto":
+            return max(0, min(self.k, limit))
+        cm = self.cost(drafter)
+        k = cm.choose_k(max(0, limit))
+        if cm.probing and behind > 1:
+            price = behind * self._catch_up_mean + k * cm.draft_seconds_per_token()
+            if price > self.probe_budget:
+                cm.cancel_probe(k)
+                return 0
+            self.probe_budget -= price
+        return k
+
+    def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
+        """The draft model evaluated n_tokens it had missed (one batch) in `seconds`."""
+        if n_tokens > 1 and seconds > 0:
+            self._catch_up_weight = self._catch_up_weight * 0.8 + 1.0
+            self._catch_up_mean += (seconds / n_tokens - self._catch_up_mean) / self._catch_up_weight
 
     def observe(
         self, drafter: str | None, n_drafted: int, n_accepted: int, draft_seconds: float, verify_seconds: float
     ) -> None:
         """One round: what was drafted and accepted, and what the draft and the verification cost."""
         self.verify.observe(n_drafted + 1, verify_seconds)
+        self.probe_budget = min(self.probe_budget + PROBE_SHARE * (draft_seconds + verify_seconds), 10.0)
         if drafter is None or not n_drafted:
             return
         cm = self.cost(drafter)
