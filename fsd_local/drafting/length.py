@@ -41,6 +41,7 @@ class DraftLength:
             for cm in self.costs.values():
                 cm.settings_changed()
         self._acceptance_key = key
+        self.probe_budget = 0.0  # each generation earns its own probes: one that ran long must not pay for another
         self.policy, self.k = settings.draft_policy, settings.draft_max
         self.k_min, self.k_max = settings.draft_min, settings.draft_max
 
@@ -80,7 +81,7 @@ class DraftLength:
     ) -> None:
         """One round: what was drafted and accepted, and what the draft and the verification cost."""
         self.verify.observe(n_drafted + 1, verify_seconds)
-        self.probe_budget = min(self.probe_budget + PROBE_SHARE * (draft_seconds + verify_seconds), 10.0)
+        self.probe_budget += PROBE_SHARE * (draft_seconds + verify_seconds)
         if drafter is None or not n_drafted:
             return
         cm = self.cost(drafter)
