@@ -16,15 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from fsd_local.drafting.length import DraftLength
-from fsd_local.drafting.ngram import NgramDrafter
+from fsd_local.drafting.proposer import Proposer
 from fsd_local.errors import ConfigError, ContextOverflowError, FSDError
 from fsd_local.kernels.accept import (
     AR,
     DRAFT_ONLY,
     MODES,
-    Drafts,
-    RoundOut,
     accept_round,
     emit_one,
     rule_of,
@@ -32,7 +29,6 @@ from fsd_local.kernels.accept import (
     warm_up,
 )
 from fsd_local.kernels.names import SPECULATIVE_MODES
-from fsd_local.kernels.sampling import pick
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
@@ -98,24 +94,9 @@ class Engine:
             raise
         # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries)
         self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft else self.target.n_vocab
-        self._lengths = DraftLength()  # measured costs and acceptance: how many tokens a round should draft
-        self._ngram: NgramDrafter | None = None
-        self._catch_up_seconds = 0.0
-        self._alloc(self.defaults.draft_max)
+        self._proposer = Proposer(self.draft, self.n_vocab, self.defaults.draft_max)
+        self._lengths = self._proposer.lengths
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
-
-    def _alloc(self, k: int) -> None:
-        nv = self.draft.n_vocab if self.draft else self.n_vocab
-        # the draft's raw rows are copied: its logits buffer is reused per token (one-hot rows for prompt lookup)
-        self._d = Drafts(
-            rows=np.empty((k, nv), np.float32),
-            tokens=np.empty(k, np.int32),
-            prob=np.empty(k),
-            stats=np.empty((k + 1, 3), np.float32),
-            onehot=np.zeros(k, np.uint8),
-        )
-        self._out = RoundOut(reason=np.empty(k, np.int8), divergence=np.empty(k), logprob=np.empty(k + 1))
-        self._k_alloc = k
 
     # ------------------------------------------------------------------ public API
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -259,8 +240,7 @@ class Engine:
                 models = [self.target]
             seq = self.prompt_tokens(prompt, models)
             n_ctx = min(m.n_ctx for m in models)
-            if s.draft_max > self._k_alloc:
-                self._alloc(s.draft_max)
+            self._proposer.reserve(s.draft_max)
             rng = np.random.default_rng(s.seed)
             stats = Stats(prompt_tokens=len(seq))
             text = TextStream(s.stop)
@@ -286,7 +266,7 @@ class Engine:
                         finish = "length"
                         break
                     if speculative:
-                        n_drafts, source, k, t_draft = self._propose(
+                        n_drafts, source, k, t_draft = self._proposer.propose(
                             seq, min(remaining - 1, n_ctx - len(seq)), s, rng, stats
                         )
                         t_target = stats.seconds_target
@@ -347,88 +327,19 @@ class Engine:
             m.decode(todo[i : i + m.n_batch], logits="none")
         return len(todo) + 1
 
-    def _propose(self, seq, limit: int, s: Settings, rng, stats) -> tuple[int, str | None, int, float]:
-        """This round's drafts, by the settings' drafter and draft-length policy. Returns (how many were
-        drafted, the drafter that made them, the k chosen, seconds spent drafting)."""
-        if s.drafter != "model":
-            k = self._lengths.choose("ngram", limit)
-            t = perf_counter()
-            if self._ngram is None or (self._ngram.ngram_min, self._ngram.ngram_max) != (s.ngram_min, s.ngram_max):
-                self._ngram = NgramDrafter(s.ngram_min, s.ngram_max)
-            tokens = self._ngram.propose(seq, k) if k > 0 else []
-            if tokens or s.drafter == "ngram" or k == 0:
-                self._one_hot(tokens)
-                dt = perf_counter() - t
-                stats.seconds_draft += dt
-                return len(tokens), "ngram" if tokens else None, k, dt
-        assert self.draft is not None, "the model drafter has a draft (Settings.check_draft)"
-        k = self._lengths.choose("model", limit, behind=len(seq) - len(self.draft.tokens))
-        before = stats.seconds_draft
-        self._catch_up_seconds = 0.0
-        n = self._draft(seq, k, s, rng, stats)
-        # catching up after plain steps is not the price of drafting these tokens (the budget pays for it)
-        return n, "model", k, stats.seconds_draft - before - self._catch_up_seconds
-
-    def _one_hot(self, tokens: list[int]) -> None:
-        """Prompt-lookup drafts: q is one-hot on each proposed token (FSD.md), so the SD test accepts with
-        probability p(d) and the sampled replacement comes from p without d."""
-        d, nv = self._d, self.n_vocab
-        for i, tok in enumerate(tokens):
-            d.tokens[i], d.prob[i], d.onehot[i] = tok, 1.0, 1
-            d.stats[i] = (0.0, 0.0, 0.0)  # processed one-hot row: max 0, only logits >= 0 kept, log-normaliser 0
-            d.rows[i, :nv] = -np.inf
-            d.rows[i, tok] = 0.0
-
-    def _draft(self, seq, k, s: Settings, rng, stats) -> int:
-        """Propose up to k tokens; keep each raw row (the draft context overwrites its buffer)."""
-        if k <= 0:
-            return 0
-
-        d, nv, q = self.draft, self.n_vocab, self._d.rows
-        assert d is not None, "speculative modes have a draft (Settings.check_draft)"
-        us = rng.random(k) if s.temperature > 0 else np.zeros(k)
-        t = perf_counter()
-        behind = seq[len(d.tokens) :]
-        d.decode(behind, "last")
-        d.synchronize()
-        dt = perf_counter() - t
-        stats.seconds_draft += dt
-        self._catch_up_seconds = 0.0
-        if len(behind) > 2:  # more than the round's own pending tokens: it skipped rounds (plain steps)
-            self._catch_up_seconds = dt
-            self._lengths.observe_catch_up(len(behind), dt)
-        n = 0
-        for i in range(k):
-            q[i, :nv] = d.logits(1)[0, :nv]
-            tok, p_tok, p_top = pick(
-                q[i], nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], self._d.stats[i], s.draft_p_min > 0
-            )
-            if p_top < s.draft_p_min:
-                break
-            self._d.tokens[i] = tok
-            self._d.prob[i] = p_tok
-            self._d.onehot[i] = 0
-            n = i + 1
-            if n < k:
-                t = perf_counter()
-                d.decode([int(tok)], "last")
-                d.synchronize()
-                stats.seconds_draft += perf_counter() - t
-        return n
-
     def _verify(self, seq, n_drafts, rule, sampling, rng, stats):
         """Score [last accepted, d_1..d_n] in one target decode, then apply the acceptance rule."""
         tgt = self.target
         pending = seq[len(tgt.tokens) :]
-        drafts = self._d.tokens[:n_drafts].tolist()
+        drafts = self._proposer.drafts.tokens[:n_drafts].tolist()
         t = perf_counter()
         tgt.decode(pending + drafts, f"from:{len(pending) - 1}")
         tgt.synchronize()
         stats.seconds_target += perf_counter() - t
         p = tgt.logits(n_drafts + 1)
         us = rng.random(n_drafts + 1) if sampling.temperature > 0 else np.zeros(n_drafts + 1)
-        out = self._out
-        accepted, nxt = accept_round(p, self._d, n_drafts, self.n_vocab, rule, sampling, us, out)
+        out = self._proposer.out
+        accepted, nxt = accept_round(p, self._proposer.drafts, n_drafts, self.n_vocab, rule, sampling, us, out)
         stats.record_round(n_drafts, out.reason, out.divergence, out.logprob, accepted + 1)
         return drafts[:accepted] + [int(nxt)], out.reason[:accepted].tolist()
 
@@ -444,7 +355,7 @@ class Engine:
         else:
             stats.seconds_draft += dt
         u = rng.random() if sampling.temperature > 0 else 0.0
-        tok, lp = emit_one(m.logits(1)[0], m.n_vocab, sampling, u, self._d.stats[0])
+        tok, lp = emit_one(m.logits(1)[0], m.n_vocab, sampling, u, self._proposer.drafts.stats[0])
         stats.rounds += 1
         stats.tokens += 1
         stats.target_calls += mode == AR

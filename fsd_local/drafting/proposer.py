@@ -1,0 +1,112 @@
+"""This round's drafts: who proposes them (the draft model, prompt lookup, or lookup first) and how many
+(drafting/length.py), written into the buffers the acceptance kernel reads (kernels/accept.py `Drafts`)."""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+import numpy as np
+
+from fsd_local.drafting.length import DraftLength
+from fsd_local.drafting.ngram import NgramDrafter
+from fsd_local.kernels.accept import Drafts, RoundOut
+from fsd_local.kernels.sampling import pick
+from fsd_local.llama.model import Model
+from fsd_local.settings import Settings
+
+
+class Proposer:
+    """Owns the per-round buffers and the drafters of one engine. `propose` fills `drafts` for the kernel."""
+
+    def __init__(self, draft: Model | None, n_vocab: int, k: int) -> None:
+        self.draft, self.n_vocab = draft, n_vocab
+        self.lengths = DraftLength()  # measured costs and acceptance: how many tokens a round should draft
+        self.ngram: NgramDrafter | None = None
+        self._catch_up_seconds = 0.0
+        self._k_alloc = 0
+        self.reserve(k)
+
+    def reserve(self, k: int) -> None:
+        """Buffers for up to k drafts a round."""
+        if k <= self._k_alloc:
+            return
+        nv = self.draft.n_vocab if self.draft else self.n_vocab
+        # the draft's raw rows are copied: its logits buffer is reused per token (one-hot rows for prompt lookup)
+        self.drafts = Drafts(
+            rows=np.empty((k, nv), np.float32),
+            tokens=np.empty(k, np.int32),
+            prob=np.empty(k),
+            stats=np.empty((k + 1, 3), np.float32),
+            onehot=np.zeros(k, np.uint8),
+        )
+        self.out = RoundOut(reason=np.empty(k, np.int8), divergence=np.empty(k), logprob=np.empty(k + 1))
+        self._k_alloc = k
+
+    def propose(self, seq, limit: int, s: Settings, rng, stats) -> tuple[int, str | None, int, float]:
+        """This round's drafts, by the settings' drafter and draft-length policy. Returns (how many were
+        drafted, the drafter that made them, the k chosen, seconds spent drafting)."""
+        if s.drafter != "model":
+            k = self.lengths.choose("ngram", limit)
+            t = perf_counter()
+            if self.ngram is None or (self.ngram.ngram_min, self.ngram.ngram_max) != (s.ngram_min, s.ngram_max):
+                self.ngram = NgramDrafter(s.ngram_min, s.ngram_max)
+            tokens = self.ngram.propose(seq, k) if k > 0 else []
+            if tokens or s.drafter == "ngram" or k == 0:
+                self._one_hot(tokens)
+                dt = perf_counter() - t
+                stats.seconds_draft += dt
+                return len(tokens), "ngram" if tokens else None, k, dt
+        assert self.draft is not None, "the model drafter has a draft (Settings.check_draft)"
+        k = self.lengths.choose("model", limit, behind=len(seq) - len(self.draft.tokens))
+        before = stats.seconds_draft
+        self._catch_up_seconds = 0.0
+        n = self._draft(seq, k, s, rng, stats)
+        # catching up after plain steps is not the price of drafting these tokens (the budget pays for it)
+        return n, "model", k, stats.seconds_draft - before - self._catch_up_seconds
+
+    def _one_hot(self, tokens: list[int]) -> None:
+        """Prompt-lookup drafts: q is one-hot on each proposed token (FSD.md), so the SD test accepts with
+        probability p(d) and the sampled replacement comes from p without d."""
+        d, nv = self.drafts, self.n_vocab
+        for i, tok in enumerate(tokens):
+            d.tokens[i], d.prob[i], d.onehot[i] = tok, 1.0, 1
+            d.stats[i] = (0.0, 0.0, 0.0)  # processed one-hot row: max 0, only logits >= 0 kept, log-normaliser 0
+            d.rows[i, :nv] = -np.inf
+            d.rows[i, tok] = 0.0
+
+    def _draft(self, seq, k, s: Settings, rng, stats) -> int:
+        """Propose up to k tokens; keep each raw row (the draft context overwrites its buffer)."""
+        if k <= 0:
+            return 0
+
+        d, nv, q = self.draft, self.n_vocab, self.drafts.rows
+        assert d is not None, "speculative modes have a draft (Settings.check_draft)"
+        us = rng.random(k) if s.temperature > 0 else np.zeros(k)
+        t = perf_counter()
+        behind = seq[len(d.tokens) :]
+        d.decode(behind, "last")
+        d.synchronize()
+        dt = perf_counter() - t
+        stats.seconds_draft += dt
+        self._catch_up_seconds = 0.0
+        if len(behind) > 2:  # more than the round's own pending tokens: it skipped rounds (plain steps)
+            self._catch_up_seconds = dt
+            self.lengths.observe_catch_up(len(behind), dt)
+        n = 0
+        for i in range(k):
+            q[i, :nv] = d.logits(1)[0, :nv]
+            tok, p_tok, p_top = pick(
+                q[i], nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], self.drafts.stats[i], s.draft_p_min > 0
+            )
+            if p_top < s.draft_p_min:
+                break
+            self.drafts.tokens[i] = tok
+            self.drafts.prob[i] = p_tok
+            self.drafts.onehot[i] = 0
+            n = i + 1
+            if n < k:
+                t = perf_counter()
+                d.decode([int(tok)], "last")
+                d.synchronize()
+                stats.seconds_draft += perf_counter() - t
+        return n
