@@ -13,16 +13,29 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 from typing import Any
 
 from fsd_local.errors import ConfigError
-from fsd_local.kernels.names import DIVERGENCES, DRAFT_POLICIES, DRAFTERS, MODES, SPECULATIVE_MODES, TOPK_DEFAULT
+from fsd_local.kernels.names import (
+    DIVERGENCES,
+    DRAFT_POLICIES,
+    DRAFTERS,
+    MODES,
+    RELAXED_K_DEFAULT,
+    SPECULATIVE_MODES,
+    TOPK_DEFAULT,
+    TYPICAL_ALPHA_DEFAULT,
+    TYPICAL_EPS_DEFAULT,
+)
 
 TAU_HELP = (
-    "divergence threshold for fuzzy acceptance. 0 = standard speculative decoding (output exactly the "
-    "target's); larger = more draft tokens accepted, faster, further from the target. "
-    "With js, tau above ~0.35 can accept tokens the target would essentially never emit"
+    "divergence threshold for fuzzy acceptance (the one knob of every lossy mode). 0 = standard speculative "
+    "decoding (output exactly the target's); larger = more draft tokens accepted, faster, further from the "
+    "target. With js, tau above ~0.35 can accept tokens the target would essentially never emit"
 )
 MODE_HELP = (
     "fsd: SD test first, fuzzy rescue when divergence <= tau (default). fsd-paper: the paper's rule "
-    "(divergence only). sd: lossless speculative decoding. ar: target alone. draft-only: draft alone"
+    "(divergence only). sd: lossless speculative decoding. ar: target alone. draft-only: draft alone. "
+    "Other rescues after a failed SD test (tau = 0: exactly sd): typical (Medusa: p(d) > 1 - tau (1 - "
+    "min(eps, a exp(-H)))), cascade (p(d) >= (1 - tau) max p), relaxed (d in the target's top k and p(d) >= "
+    "max p - tau), fsd-entropy (divergence <= tau (1 - exp(-H)), H the target's entropy)"
 )
 DIVERGENCE_HELP = (
     "js (Jensen-Shannon, <= ln2), kl KL(target||draft), rkl KL(draft||target), tv total variation, "
@@ -76,6 +89,26 @@ class Settings:
         "k of the topk-* divergences: the target's top-k tokens plus one bin for the rest (not sampling's --top-k)",
         lo=1,
         cli="--divergence-topk",
+    )
+    typical_eps: float = setting(
+        TYPICAL_EPS_DEFAULT,
+        "eps of the typical mode: Medusa's posterior_threshold, the cap of m = min(eps, a exp(-H))",
+        lo=0,
+        hi=1,
+        hi_open=True,
+        cli="--typical-eps",
+    )
+    typical_alpha: float = setting(
+        TYPICAL_ALPHA_DEFAULT,
+        "a of the typical mode: Medusa's posterior_alpha, in m = min(eps, a exp(-H))",
+        lo=0,
+        cli="--typical-alpha",
+    )
+    relaxed_k: int = setting(
+        RELAXED_K_DEFAULT,
+        "the relaxed mode rescues only draft tokens among the target's top k",
+        lo=1,
+        cli="--relaxed-k",
     )
     drafter: str = setting(
         "model",

@@ -13,6 +13,10 @@ Budgets:
 - acceptance R: SMALLEST tau whose acceptance rate is >= R (past it, more tau only costs fidelity).
 Quality is measured with one pass over the prompts per tau; the chosen tau is then timed with `repeats`
 passes, interleaved with ar and sd, for its speed.
+
+Several modes (`--modes fsd,typical,cascade,relaxed`): each mode's tau is searched as above, then the chosen
+(mode, tau) pairs are timed together in the same interleaved passes, and the answer is the fastest of them
+(median tokens/s): the fastest rule within the budget on these prompts.
 """
 
 from __future__ import annotations
@@ -23,11 +27,35 @@ from typing import Any
 
 from fsd_local.bench.runner import TAU_MODES, BenchData, Config, run_bench, summarise
 from fsd_local.errors import ConfigError
+from fsd_local.kernels.names import DIVERGENCE_MODES, TYPICAL_EPS_DEFAULT
 
 BUDGETS = ("agreement", "logprob_drop", "acceptance")
 # the largest value each divergence can take (ln 2 for JS, 1 for TV); the unbounded ones get a generous cap
 TAU_CEILING = {"js": math.log(2), "topk-js": math.log(2), "tv": 1.0, "topk-tv": 1.0}
 TAU_CEILING_UNBOUNDED = 2.0
+# the target-only rules take every unmasked token at these taus (typical: 1 / (1 - m), m <= eps)
+MODE_TAU_CEILING = {"typical": 1.0 / (1.0 - TYPICAL_EPS_DEFAULT), "cascade": 1.0, "relaxed": 1.0}
+TIMED_KEYS = (
+    "tokens_per_second",
+    "tokens_per_second_spread",
+    "speedup_vs_ar",
+    "speedup_vs_sd",
+    "acceptance_rate",
+    "mean_tokens_per_round",
+    "fuzzy_share",
+    "target_logprob_mean",
+    "agreement",
+    "accuracy",
+)
+
+
+def default_tau_max(mode: str, divergence: str) -> float:
+    """Where the search ends: the tau that accepts (nearly) everything. fsd-entropy's threshold is tau times a
+    factor below 1, so it gets twice the divergence's ceiling."""
+    if mode in MODE_TAU_CEILING:
+        return MODE_TAU_CEILING[mode]
+    ceiling = TAU_CEILING.get(divergence, TAU_CEILING_UNBOUNDED)
+    return 2 * ceiling if mode == "fsd-entropy" else ceiling
 
 
 @dataclass(frozen=True)
@@ -61,6 +89,7 @@ def calibrate(
     budget: Budget,
     divergence: str = "js",
     mode: str = "fsd",
+    modes: list[str] | None = None,
     draft_max: int = 4,
     temperature: float = 0.0,
     tau_max: float | None = None,
@@ -72,8 +101,10 @@ def calibrate(
     ignore_eos: bool = False,
     on_step=None,
 ) -> dict:
-    """Search tau; returns the chosen tau with its measured quality and speed, and every point visited.
-    `on_step(tau, row)` is called after each tau is measured."""
+    """Search tau for `mode` (or each of `modes`); returns the chosen (mode, tau) with its measured quality and
+    speed, every point visited and, with several modes, each mode's own answer (`candidates`, fastest first).
+    `on_step(tau, row)` is called after each tau is measured (row["mode"] says for which mode)."""
+    modes = list(dict.fromkeys(modes)) if modes else [mode]
     if budget.kind == "agreement" and temperature > 0:
         raise ConfigError(
             "--min-agreement compares with the target's greedy output: use it with --temp 0, "
@@ -81,67 +112,82 @@ def calibrate(
         )
     if budget.kind not in BUDGETS:
         raise ConfigError(f"unknown budget {budget.kind!r}")
-    if mode not in TAU_MODES:
-        raise ConfigError(f"calibrate searches tau, which only {' and '.join(TAU_MODES)} use (not {mode!r})")
+    for m in modes:
+        if m not in TAU_MODES:
+            raise ConfigError(f"calibrate searches tau, which only {', '.join(TAU_MODES)} use (not {m!r})")
     if steps < 1:
         raise ConfigError("--steps must be >= 1")
-    tau_max = TAU_CEILING.get(divergence, TAU_CEILING_UNBOUNDED) if tau_max is None else tau_max
-    if tau_max <= 0:
+    if tau_max is not None and tau_max <= 0:
         raise ConfigError("--tau-max must be > 0")
     run: dict[str, Any] = dict(max_tokens=max_tokens, repeats=1, seed=seed, chat=chat, ignore_eos=ignore_eos)
     ar, sd = Config("ar", temperature), Config("sd", temperature, draft_max=draft_max)
     base = run_bench(engine, prompts, [ar, sd], **run)
     sd_row = summarise(base)[1]
-    visited = {}
 
-    def measure(tau: float) -> dict:
-        if tau not in visited:
-            cand = Config(mode, temperature, divergence, tau, draft_max)
-            runs = run_bench(engine, prompts, [cand], **run).runs
-            # judged against the baselines' outputs for the same prompts and seeds
-            row = summarise(BenchData(base.configs + [cand], prompts, 1, base.runs + runs))[-1]
-            visited[tau] = dict(row, meets=budget.meets(row, sd_row), logprob_drop=logprob_drop(row, sd_row))
-            if on_step:
-                on_step(tau, visited[tau])
-        return visited[tau]
+    def config(m: str, tau: float) -> Config:
+        return Config(m, temperature, divergence if m in DIVERGENCE_MODES else None, tau, draft_max)
 
-    if budget.kind == "acceptance":
-        best = _smallest_reaching(measure, tau_max, steps, budget)
-    else:
-        best = _largest_within(measure, tau_max, steps)
-    chosen = Config(mode, temperature, divergence, best, draft_max)
-    timed = summarise(run_bench(engine, prompts, [ar, sd, chosen], **dict(run, repeats=repeats)))[-1]
-    return {
-        "tau": best,
+    searched = {}
+    for m in modes:
+        top = default_tau_max(m, divergence) if tau_max is None else tau_max
+        visited: dict[float, dict] = {}
+
+        def measure(tau: float, m=m, visited=visited) -> dict:
+            if tau not in visited:
+                cand = config(m, tau)
+                runs = run_bench(engine, prompts, [cand], **run).runs
+                # judged against the baselines' outputs for the same prompts and seeds
+                row = summarise(BenchData(base.configs + [cand], prompts, 1, base.runs + runs))[-1]
+                visited[tau] = dict(row, meets=budget.meets(row, sd_row), logprob_drop=logprob_drop(row, sd_row))
+                if on_step:
+                    on_step(tau, visited[tau])
+            return visited[tau]
+
+        if budget.kind == "acceptance":
+            best = _smallest_reaching(measure, top, steps, budget)
+        else:
+            best = _largest_within(measure, top, steps)
+        searched[m] = (best, top, visited)
+    chosen = [config(m, best) for m, (best, _, _) in searched.items()]
+    timed = summarise(run_bench(engine, prompts, [ar, sd, *chosen], **dict(run, repeats=repeats)))[2:]
+    candidates = []
+    for c, row in zip(chosen, timed):
+        best, top, visited = searched[c.mode]
+        candidates.append(
+            {
+                "mode": c.mode,
+                "tau": best,
+                "divergence": c.divergence,
+                "tau_max": top,
+                **{k: row[k] for k in TIMED_KEYS},
+                "visited": [
+                    {
+                        "tau": t,
+                        **{
+                            k: r[k]
+                            for k in ("agreement", "target_logprob_mean", "logprob_drop", "acceptance_rate", "meets")
+                        },
+                    }
+                    for t, r in sorted(visited.items())
+                ],
+            }
+        )
+    candidates.sort(key=lambda r: -(r["tokens_per_second"] or 0.0))
+    pick = candidates[0]
+    result = {
+        "tau": pick["tau"],
         "budget": {budget.kind: budget.value},
-        "mode": mode,
-        "divergence": divergence,
+        "mode": pick["mode"],
+        "divergence": pick["divergence"],
         "draft_max": draft_max,
         "temperature": temperature,
-        "tau_max": tau_max,
-        **{
-            k: timed[k]
-            for k in (
-                "tokens_per_second",
-                "tokens_per_second_spread",
-                "speedup_vs_ar",
-                "speedup_vs_sd",
-                "acceptance_rate",
-                "mean_tokens_per_round",
-                "fuzzy_share",
-                "target_logprob_mean",
-                "agreement",
-                "accuracy",
-            )
-        },
-        "visited": [
-            {
-                "tau": t,
-                **{k: r[k] for k in ("agreement", "target_logprob_mean", "logprob_drop", "acceptance_rate", "meets")},
-            }
-            for t, r in sorted(visited.items())
-        ],
+        "tau_max": pick["tau_max"],
+        **{k: pick[k] for k in TIMED_KEYS},
+        "visited": pick["visited"],
     }
+    if len(modes) > 1:
+        result["candidates"] = candidates
+    return result
 
 
 def _bisect(below, lo: float, hi: float, steps: int) -> tuple[float, float]:
@@ -172,19 +218,45 @@ def _smallest_reaching(measure, tau_max, steps, budget) -> float:
     return _bisect(lambda t: not measure(t)["meets"], 0.0, tau_max, steps)[1]
 
 
-def format_report(result: dict, budget: Budget) -> str:
+def _visited_lines(visited: list[dict]) -> list[str]:
     lines = [f"{'tau':>8}  {'agree':>6}  {'logp/tok':>8}  {'drop':>7}  {'accept':>6}  meets"]
-    for v in result["visited"]:
+    for v in visited:
         agree = "-" if v["agreement"] is None else f"{v['agreement']:.3f}"
         lines.append(
             f"{v['tau']:>8.4f}  {agree:>6}  {v['target_logprob_mean']:>8.3f}  {v['logprob_drop']:>7.3f}  "
             f"{v['acceptance_rate']:>6.0%}  {'yes' if v['meets'] else 'no'}"
         )
+    return lines
+
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def format_report(result: dict, budget: Budget) -> str:
     which = "smallest tau reaching" if budget.kind == "acceptance" else "largest tau within"
+    lines: list[str] = []
+    if "candidates" in result:
+        lines.append(f"each mode's {which} {budget.describe()}, timed side by side (fastest first):")
+        lines.append(
+            f"{'mode':>12}  {'tau':>8}  {'tok/s':>13}  {'x ar':>5}  {'accept':>6}  {'logp/tok':>8}  {'agree':>6}"
+        )
+        for c in result["candidates"]:
+            lines.append(
+                f"{c['mode']:>12}  {c['tau']:>8.4f}  "
+                f"{_f(c['tokens_per_second'], '.1f'):>6} ±{_f(c['tokens_per_second_spread'], '.1f'):<5}  "
+                f"{_f(c['speedup_vs_ar'], '.2f'):>5}  {_f(c['acceptance_rate'], '.0%'):>6}  "
+                f"{_f(c['target_logprob_mean'], '.3f'):>8}  {_f(c['agreement'], '.3f'):>6}"
+            )
+        lines.append("")
+        lines.append(f"visited by {result['mode']}:")
+    lines += _visited_lines(result["visited"])
     r = result
     lines.append("")
+    head = "fastest within the budget: " if "candidates" in r else ""
+    div = f", {r['divergence']}" if r["divergence"] else ""
     lines.append(
-        f"{which} {budget.describe()}: tau = {r['tau']:.4f} ({r['mode']}, {r['divergence']}, "
+        f"{head}{which} {budget.describe()}: tau = {r['tau']:.4f} ({r['mode']}{div}, "
         f"k={r['draft_max']}, temperature {r['temperature']:g})"
     )
     lines.append(

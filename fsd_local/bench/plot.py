@@ -1,15 +1,18 @@
-"""`bench --plot`: tokens/s and quality against tau, one row of panels per temperature.
+"""`bench --plot`: tokens/s and quality against tau, and the speed / quality frontier, one row of panels per
+temperature.
 
 One line per (mode, divergence, draft length) of the tau modes, coloured by draft length; the baselines are
 horizontal lines: `ar` black dashed, `sd` dotted in the colour of its draft length, `draft-only` grey.
 Quality is the target's log-probability per token (every temperature) and, at temperature 0, the agreement
-with the target's greedy output.
+with the target's greedy output. The two frontier panels put every configuration at (quality, tokens/s),
+coloured by mode, and join the frontier's points (bench/frontier.py) with a black line.
 """
 
 from __future__ import annotations
 
 import math
 
+from fsd_local.bench.frontier import QUALITIES, SPEED, mark_frontier
 from fsd_local.bench.runner import TAU_MODES
 from fsd_local.errors import ConfigError
 
@@ -30,6 +33,10 @@ PANELS = (
     ("target_logprob_mean", "target log-prob / token"),
     ("agreement", "agreement with target greedy"),
 )
+FRONTIER_PANELS = (
+    ("target_logprob_mean", "frontier: tokens/s against target log-prob / token"),
+    ("agreement", "frontier: tokens/s against agreement"),
+)
 
 
 def plot(rows: list[dict], path: str, title: str = "") -> None:
@@ -37,7 +44,10 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     temps = sorted({r["temperature"] for r in rows})
-    fig, axes = plt.subplots(len(temps), len(PANELS), figsize=(5 * len(PANELS), 3.6 * len(temps)), squeeze=False)
+    if any("on_frontier" not in r for r in rows):
+        rows = mark_frontier([dict(r) for r in rows])
+    cols = len(PANELS) + len(FRONTIER_PANELS)
+    fig, axes = plt.subplots(len(temps), cols, figsize=(5 * cols, 3.6 * len(temps)), squeeze=False)
     ks = sorted({r["draft_max"] for r in rows if r["draft_max"] is not None})
     colour = {k: f"C{i}" for i, k in enumerate(ks)}
     # (mode, divergence) -> marker, so one divergence looks the same in every panel
@@ -94,6 +104,8 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
                 elif r["mode"] == "draft-only":
                     ax.axhline(r[key], color="grey", linestyle="-.", linewidth=1, label="draft alone")
             ax.grid(alpha=0.3)
+        for fi, (key, label) in enumerate(FRONTIER_PANELS):
+            _frontier_panel(axes[ti][len(PANELS) + fi], at, key, f"{label}, temperature {temp:g}")
     # one legend under the panels, where it hides no data; the first panel holds every line
     handles, labels = axes[0][0].get_legend_handles_labels()
     height = fig.get_size_inches()[1]
@@ -104,3 +116,28 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
     fig.tight_layout(rect=(0, (0.25 * legend_rows + 0.15) / height, 1, 1))
     fig.savefig(path, format="png", dpi=110)
     plt.close(fig)
+
+
+def _frontier_panel(ax, rows: list[dict], quality: str, title: str) -> None:
+    ax.set_title(title, fontsize=9)
+    pts = [r for r in rows if r[quality] is not None and r[SPEED] is not None]
+    if not pts:
+        ax.text(0.5, 0.5, "not defined here", ha="center", va="center", transform=ax.transAxes, color="grey")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    flag = dict((q, f) for f, q in QUALITIES)[quality]
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    for i, mode in enumerate(modes):
+        mine = [r for r in pts if r["mode"] == mode]
+        if mine:
+            ax.scatter([r[quality] for r in mine], [r[SPEED] for r in mine], s=14, color=f"C{i}", label=mode)
+    front = sorted((r for r in pts if r.get(flag)), key=lambda r: r[quality])
+    ax.plot([r[quality] for r in front], [r[SPEED] for r in front], color="black", linewidth=1, marker="o", mfc="none")
+    for r in front:
+        tau = "" if r["tau"] is None else f" {r['tau']:g}"
+        ax.annotate(f"{r['mode']}{tau}", (r[quality], r[SPEED]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(quality.replace("_", " "))
+    ax.set_ylabel("tokens/s")
+    ax.legend(fontsize=7, loc="lower left")
+    ax.grid(alpha=0.3)

@@ -27,7 +27,7 @@ import numpy as np
 
 from fsd_local.bench.prompts import Prompt
 from fsd_local.errors import ConfigError
-from fsd_local.kernels.names import DIVERGENCES, MODES, TAU_MODES
+from fsd_local.kernels.names import DIVERGENCE_MODES, DIVERGENCES, MODES, TAU_MODES
 from fsd_local.settings import Settings
 
 
@@ -46,7 +46,9 @@ class Config:
         if self.draft_max is not None:
             s.update(draft_max=self.draft_max, drafter=self.drafter or "model", draft_policy=self.policy or "fixed")
         if self.tau is not None:
-            s.update(tau=self.tau, divergence=self.divergence)
+            s["tau"] = self.tau
+        if self.divergence is not None:
+            s["divergence"] = self.divergence
         return s
 
 
@@ -81,7 +83,7 @@ def build_configs(
             if m in TAU_MODES:
                 configs += [
                     Config(m, t, d, tau, k, dr, p)
-                    for d in _unique(divergences)
+                    for d in (_unique(divergences) if m in DIVERGENCE_MODES else [None])
                     for tau in _unique(taus)
                     for dr, p, k in drafting
                 ]
@@ -337,8 +339,14 @@ TABLE_COLUMNS = (
     ("agree", 5, lambda r: _f(r["agreement"], ".2f")),
     ("task", 4, lambda r: _f(r["accuracy"], ".0%")),
     ("draft/target/other", 18, lambda r: "/".join(_f(r["time_share"][k], ".0%") for k in ("draft", "target", "other"))),
+    ("front", 5, lambda r: _front(r)),
     ("accept by position", 0, lambda r: " ".join(f"{a:.0%}" for a in r["acceptance_by_position"])),
 )
+
+
+def _front(r) -> str:
+    """* on the speed / log-prob frontier, a on the speed / agreement frontier (bench/frontier.py)."""
+    return ("*" if r.get("on_frontier") else "") + ("a" if r.get("on_frontier_agreement") else "") or "-"
 
 
 def format_table(rows: list[dict]) -> str:

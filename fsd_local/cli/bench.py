@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from fsd_local.kernels.names import DIVERGENCES, DRAFT_POLICIES, DRAFTERS, MODES
+from fsd_local.kernels.names import DIVERGENCES, DRAFT_POLICIES, DRAFTERS, MODES, TAU_MODES
 
 MODEL_KEYS = ("target", "draft", "pair")
 
@@ -77,7 +77,7 @@ def bench_options(f):
             type=CommaList(float, "tau", minimum=0.0),
             default="0,0.1,0.2,0.4",
             show_default=True,
-            help="tau values (fsd and fsd-paper)",
+            help="tau values (every mode with a tau: " + ", ".join(TAU_MODES) + ")",
         ),
         click.option(
             "--divergence",
@@ -221,6 +221,7 @@ def bench_command(
         return _kernels_command(model_kwargs, divergences, vocabs, rows, repeats or 7, as_json, as_csv)
     if vocabs or rows:
         raise click.UsageError("--vocab and --rows only apply to --kernels")
+    from fsd_local.bench.frontier import mark_frontier
     from fsd_local.bench.prompts import load_prompts
     from fsd_local.bench.runner import build_configs, format_table, run_bench, summarise, to_csv, to_json
 
@@ -246,7 +247,7 @@ def bench_command(
                 ignore_eos=ignore_eos,
                 progress=lambda: bar.update(1),
             )
-    rows_out = summarise(data)
+    rows_out = mark_frontier(summarise(data))
     if as_json:
         click.echo(to_json(rows_out))
     elif as_csv:
@@ -294,11 +295,15 @@ def _engine(model_kwargs: dict, needs_draft: bool = True):
 
 
 def calibrate_options(f):
-    from fsd_local.bench.runner import TAU_MODES
-
     opts = [
         click.option("--divergence", type=click.Choice(DIVERGENCES), default="js", show_default=True),
         click.option("--mode", type=click.Choice(TAU_MODES), default="fsd", show_default=True),
+        click.option(
+            "--modes",
+            type=CommaList(str, "mode", TAU_MODES),
+            help="search several modes, comma separated (e.g. fsd,typical,cascade,relaxed) and answer the "
+            "fastest (mode, tau) within the budget; replaces --mode",
+        ),
         click.option(
             "--draft-max", type=click.IntRange(1, 64), default=4, show_default=True, help="tokens drafted per round (k)"
         ),
@@ -321,7 +326,8 @@ def calibrate_options(f):
         click.option(
             "--tau-max",
             type=click.FloatRange(0, min_open=True),
-            help="upper end of the search [default: ln 2 for js, 1 for tv, 2 otherwise]",
+            help="upper end of the search [default: ln 2 for js, 1 for tv, 2 otherwise; twice that for "
+            "fsd-entropy; 1 for cascade and relaxed, 1/(1 - eps) for typical]",
         ),
         click.option(
             "--steps",
@@ -353,6 +359,7 @@ def calibrate_command(
     ignore_eos,
     divergence,
     mode,
+    modes,
     draft_max,
     temperature,
     min_agreement,
@@ -385,16 +392,21 @@ def calibrate_command(
         raise click.UsageError("--min-agreement needs --temp 0 (agreement is with the target's greedy output)")
     prompts = load_prompts(prompts_file)
 
+    if modes and _given("mode"):
+        raise click.UsageError("give --mode or --modes, not both")
+    searched = modes or [mode]
+
     def step(tau, row):
         agree = "" if row["agreement"] is None else f"agreement {row['agreement']:.3f}, "
         _say(
-            f"tau {tau:.4f}: {agree}log-prob drop {row['logprob_drop']:+.3f}, acceptance "
+            f"{row['mode']} tau {tau:.4f}: {agree}log-prob drop {row['logprob_drop']:+.3f}, acceptance "
             f"{row['acceptance_rate']:.0%} -> {'meets' if row['meets'] else 'misses'} the budget"
         )
 
     with _engine(model_kwargs) as engine:
         _say(
-            f"calibrating {mode} {divergence} k={draft_max} at temperature {temperature:g} on "
+            f"calibrating {','.join(searched)} ({divergence} where a divergence applies) k={draft_max} at "
+            f"temperature {temperature:g} on "
             f"{len(prompts)} prompts, {max_tokens} tokens each: {budget.describe()}"
         )
         result = calibrate(
@@ -402,7 +414,7 @@ def calibrate_command(
             prompts,
             budget=budget,
             divergence=divergence,
-            mode=mode,
+            modes=searched,
             draft_max=draft_max,
             temperature=temperature,
             tau_max=tau_max,

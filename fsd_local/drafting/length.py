@@ -36,7 +36,16 @@ class DraftLength:
 
     def start(self, settings) -> None:
         """A new generation: take its policy and bounds; forget acceptance evidence gathered under other rules."""
-        key = (settings.mode, settings.divergence, settings.tau, settings.temperature, settings.divergence_topk)
+        key = (
+            settings.mode,
+            settings.divergence,
+            settings.tau,
+            settings.temperature,
+            settings.divergence_topk,
+            settings.typical_eps,
+            settings.typical_alpha,
+            settings.relaxed_k,
+        )
         if self._acceptance_key is not None and key != self._acceptance_key:
             for cm in self.costs.values():
                 cm.settings_changed()

@@ -3,7 +3,8 @@
 Inputs are the target's k+1 logit rows (a zero-copy view of llama.cpp's buffer), the draft's k raw rows
 (copied as they were produced), the drafted tokens with their draft probabilities and processed-distribution
 stats, and pre-drawn uniforms. Divergences are computed lazily: `fsd` only where the SD test failed,
-`fsd-paper` slot by slot up to the first failure.
+`fsd-paper` slot by slot up to the first failure. The other lossy rules (`typical`, `cascade`, `relaxed`,
+`fsd-entropy`: kernels/rules.py) are, like `fsd`, a rescue after a failed SD test, and nothing at tau = 0.
 """
 
 from typing import NamedTuple
@@ -12,9 +13,25 @@ import numpy as np
 from numba import njit
 
 from fsd_local.kernels.divergence import divergence
-from fsd_local.kernels.names import AR, DIVERGENCES, DRAFT_ONLY, FSD, FSD_PAPER, MODES, SD  # noqa: F401
+from fsd_local.kernels.names import (  # noqa: F401
+    AR,
+    CASCADE,
+    DIVERGENCES,
+    DRAFT_ONLY,
+    FSD,
+    FSD_ENTROPY,
+    FSD_PAPER,
+    MODES,
+    RELAXED,
+    RELAXED_K_DEFAULT,
+    SD,
+    TYPICAL,
+    TYPICAL_ALPHA_DEFAULT,
+    TYPICAL_EPS_DEFAULT,
+)
 from fsd_local.kernels.onehot import divergence_onehot
 from fsd_local.kernels.rows import row_lse
+from fsd_local.kernels.rules import entropy_scaled, target_rule
 from fsd_local.kernels.sampling import argmax, pick, prob, processed, sample_residual
 
 # why a slot was accepted (the core statistic)
@@ -22,12 +39,17 @@ REJECTED, BY_SD, BY_FUZZY = 0, 1, 2
 
 
 class Rule(NamedTuple):
-    """The acceptance rule: mode and divergence codes (kernels/names.py), tau, k of the topk-* divergences."""
+    """The acceptance rule: mode and divergence codes (kernels/names.py), tau, k of the topk-* divergences, and
+    the knobs of the target-only rules (kernels/rules.py): Medusa's eps and a (`typical`), the top-k window of
+    `relaxed`."""
 
     mode: int
     divergence: int
     tau: float
     divergence_topk: int
+    typical_eps: float = TYPICAL_EPS_DEFAULT
+    typical_alpha: float = TYPICAL_ALPHA_DEFAULT
+    relaxed_k: int = RELAXED_K_DEFAULT
 
 
 class Sampling(NamedTuple):
@@ -52,8 +74,9 @@ class Drafts(NamedTuple):
 
 
 class RoundOut(NamedTuple):
-    """Filled by accept_round: why each slot was accepted, its divergence (NaN = not computed), and the
-    target's raw log-probability of every emitted token."""
+    """Filled by accept_round: why each slot was accepted, its divergence (NaN = not computed; for the rules of
+    kernels/rules.py the smallest tau that rescues the slot, of which fsd's divergence is the special case), and
+    the target's raw log-probability of every emitted token."""
 
     reason: np.ndarray
     divergence: np.ndarray
@@ -66,6 +89,9 @@ def rule_of(settings) -> Rule:
         DIVERGENCES.index(settings.divergence),
         float(settings.tau),
         int(settings.divergence_topk),
+        float(settings.typical_eps),
+        float(settings.typical_alpha),
+        int(settings.relaxed_k),
     )
 
 
@@ -106,13 +132,20 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out):
             if mode == SD or not tau > 0.0:  # tau = 0: exactly standard speculative decoding
                 break
         lse_p[i] = row_lse(x, n)
-        if draft.onehot[i]:
-            dv = divergence_onehot(div_kind, x, lse_p[i], d, n, topk_div)
+        if mode == TYPICAL or mode == CASCADE or mode == RELAXED:  # the target's distribution alone
+            ok, dv = target_rule(mode, x, lse_p[i], d, n, tau, rule.typical_eps, rule.typical_alpha, rule.relaxed_k)
         else:
-            y = Q[i]
-            dv = divergence(div_kind, x, lse_p[i], y, row_lse(y, n), n, topk_div)
+            if draft.onehot[i]:
+                dv = divergence_onehot(div_kind, x, lse_p[i], d, n, topk_div)
+            else:
+                y = Q[i]
+                dv = divergence(div_kind, x, lse_p[i], y, row_lse(y, n), n, topk_div)
+            if mode == FSD_ENTROPY:
+                ok, dv = entropy_scaled(dv, x, lse_p[i], n, tau)
+            else:
+                ok = dv <= tau  # NaN compares False: never accepts
         divs[i] = dv
-        if dv <= tau:  # NaN compares False: never accepts
+        if ok:
             reason[i] = BY_FUZZY
             accepted += 1
         else:
@@ -167,6 +200,6 @@ def warm_up() -> None:
             pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], False)
             pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], True)
             emit_one(P[0], n, sampling, 0.5, q_stats[0])
-            for mode in (FSD, FSD_PAPER, SD):
+            for mode in (FSD, FSD_PAPER, SD, TYPICAL, CASCADE, RELAXED, FSD_ENTROPY):
                 accept_round(P, draft, k, n, Rule(mode, 0, 1.0, 50), sampling, np.full(k + 1, 0.5), out)
     _warm = True

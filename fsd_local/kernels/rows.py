@@ -49,3 +49,37 @@ def row_lse(x, n):
         return -np.inf
     s = sum_exp(x, n, m)
     return float(m) + math.log(s) if s == s else np.nan
+
+
+@kernel
+def _entropy_sums(x, n, shift):
+    """(sum of w, sum of w * (x - shift)) over x[:n], w = exp(x - shift), shift float32; -inf entries add 0."""
+    wide()
+    shift = np.float32(shift)
+    s_total = 0.0
+    t_total = 0.0
+    for lo in range(0, n, BLOCK):
+        xb = x[lo : min(lo + BLOCK, n)]  # a slice, as in sum_exp
+        s = np.float32(0.0)
+        t = np.float32(0.0)
+        for i in range(xb.shape[0]):
+            z = xb[i] - shift
+            w = vexp(z)
+            s = radd(s, w)
+            t = radd(t, w * z if w > np.float32(0.0) else np.float32(0.0))  # 0 * -inf would be NaN
+        s_total += float(s)
+        t_total += float(t)
+    return s_total, t_total
+
+
+@njit(cache=True)
+def row_entropy(x, n, lx):
+    """Entropy H(p) in nats of p = softmax(x[:n]), given lx = row_lse(x, n): one vectorised pass. With shift c
+    (lx rounded to float32), S = sum exp(x - c) and T = sum exp(x - c) (x - c), H = log S - T / S exactly, for
+    any c; c = lx keeps every term <= 1. NaN for a NaN or all -inf row (lx NaN or -inf); never negative."""
+    if not lx == lx or lx == -np.inf or lx == np.inf:
+        return np.nan
+    s, t = _entropy_sums(x, n, np.float32(lx))
+    if not (s > 0.0 and t == t):
+        return np.nan
+    return max(math.log(s) - t / s, 0.0)

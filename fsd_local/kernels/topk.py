@@ -27,6 +27,16 @@ def count_at_least(x, n, t):
 
 
 @kernel
+def count_greater(x, n, t):
+    """How many of x[:n] are > t: the rank of a token with logit t, counted in one vectorised pass."""
+    wide()
+    c = np.int32(0)
+    for i in range(n):
+        c += np.int32(1) if x[i] > t else np.int32(0)
+    return c
+
+
+@kernel
 def block_max_keys(x, n, out):
     """out[b] = order key of max(x[b*BLOCK : (b+1)*BLOCK]) for the ceil(n / BLOCK) blocks of x[:n]."""
     wide()

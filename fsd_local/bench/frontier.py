@@ -1,0 +1,45 @@
+"""The speed / quality Pareto frontier of a benchmark (README, "Benchmarks"): which configurations (mode,
+divergence, tau, draft length, ...) no other one beats on both speed and quality.
+
+Within one temperature, configuration A dominates B when A is at least as fast and at least as good, and
+strictly better in one of the two. Speed is the median tokens/s; quality is the target's log-probability per
+token (`on_frontier`, every temperature) or, at temperature 0, the agreement with the target's greedy output
+(`on_frontier_agreement`; null at temperature > 0, where agreement is undefined). Rows without a value (the
+draft alone has no target log-prob) are not on the frontier and block nothing (null). The baselines take part:
+`ar` and `sd` are usually the frontier's quality end.
+"""
+
+from __future__ import annotations
+
+SPEED = "tokens_per_second"
+QUALITIES = (("on_frontier", "target_logprob_mean"), ("on_frontier_agreement", "agreement"))
+
+
+def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] >= b[0] and a[1] >= b[1] and (a[0] > b[0] or a[1] > b[1])
+
+
+def frontier(points: list[tuple[float, float] | None]) -> list[bool | None]:
+    """For each (speed, quality) point, whether no other point dominates it (None where the point is None)."""
+    real = [p for p in points if p is not None]
+    return [None if p is None else not any(dominates(q, p) for q in real) for p in points]
+
+
+def mark_frontier(rows: list[dict]) -> list[dict]:
+    """Adds `on_frontier` and `on_frontier_agreement` to every summary row (in place; returns rows)."""
+    for flag, quality in QUALITIES:
+        for temp in {r["temperature"] for r in rows}:
+            at = [r for r in rows if r["temperature"] == temp]
+            points = [
+                (r[SPEED], r[quality]) if r.get(SPEED) is not None and r.get(quality) is not None else None for r in at
+            ]
+            for r, on in zip(at, frontier(points)):
+                r[flag] = on
+    return rows
+
+
+def frontier_rows(rows: list[dict], temperature: float, quality: str = "target_logprob_mean") -> list[dict]:
+    """The frontier at one temperature, fastest first (quality then rises along it)."""
+    flag = dict((q, f) for f, q in QUALITIES)[quality]
+    on = [r for r in rows if r["temperature"] == temperature and r.get(flag)]
+    return sorted(on, key=lambda r: (-r[SPEED], r[quality]))

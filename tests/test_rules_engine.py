@@ -1,0 +1,62 @@
+"""The lossy rules of kernels/rules.py in the engine, on tiny real llama.cpp models (F32: greedy ids comparable):
+tau = 0 is exactly sd (greedy: token ids equal ar's; sampled: the first token has the target's distribution, a
+chi-square test as for sd), with the draft model and with prompt lookup (no draft model), and a huge tau
+rescues and moves the output."""
+
+import numpy as np
+import pytest
+from test_engine import ALPHA, _chisquare_pvalue, _first_token_counts, _target_first_token_distribution
+
+from fsd_local import Engine
+
+NEW_MODES = ("typical", "cascade", "relaxed", "fsd-entropy")
+PROMPTS = ["the cat sat on the mat", "a", "we ran far away, very far"]
+
+
+@pytest.mark.parametrize("mode", NEW_MODES)
+def test_greedy_tau0_equals_greedy_ar(tiny_engine, mode):
+    for prompt in PROMPTS:
+        ar = tiny_engine.generate(prompt, mode="ar", max_tokens=80)
+        for k in (1, 3, 6):
+            out = tiny_engine.generate(prompt, mode=mode, tau=0.0, draft_max=k, max_tokens=80)
+            assert out.token_ids == ar.token_ids, (mode, k, prompt)
+            assert out.stats["accepted_fuzzy"] == 0
+
+
+@pytest.mark.parametrize("mode", NEW_MODES)
+def test_a_large_tau_rescues_and_records_the_rule(tiny_engine, mode):
+    out = tiny_engine.generate("the cat sat on the mat", mode=mode, tau=5.0, relaxed_k=50, max_tokens=60)
+    st = out.stats
+    assert st["accepted_fuzzy"] > 0 and "fuzzy" in out.origins
+    assert st["divergences_computed"] > 0  # the smallest rescuing tau of each evaluated slot
+
+
+@pytest.fixture(scope="module")
+def target_only(tiny_pair):
+    with Engine(target=tiny_pair[1], n_ctx=512, n_threads=1) as eng:
+        yield eng
+
+
+@pytest.mark.parametrize("mode", NEW_MODES)
+def test_the_rules_work_with_prompt_lookup_and_no_draft_model(target_only, mode):
+    prompt = "the cat. the cat. the cat. the"
+    ar = target_only.generate(prompt, mode="ar", max_tokens=40)
+    exact = target_only.generate(prompt, mode=mode, tau=0.0, drafter="ngram", max_tokens=40)
+    assert exact.token_ids == ar.token_ids and exact.stats["drafted"] > 0
+    loose = target_only.generate(prompt, mode=mode, tau=1e6, drafter="ngram", relaxed_k=300, max_tokens=40)
+    if mode != "fsd-entropy":  # the target rules take any token the target does not mask at a huge tau
+        assert loose.stats["drafted"] > 0 and loose.stats["acceptance_rate"] == 1.0
+
+
+@pytest.mark.parametrize("mode", NEW_MODES)
+def test_sampled_tau0_preserves_the_target_distribution_and_a_huge_tau_shifts_it(small_vocab_pair, mode):
+    draft, target = small_vocab_pair
+    with Engine(target=target, draft=draft, n_ctx=128, n_threads=1) as eng:
+        prompt = eng.tokenize("the sky")
+        p = _target_first_token_distribution(eng, prompt)
+        n = 2000
+        counts = _first_token_counts(eng, prompt, n, mode=mode, tau=0.0)
+        assert _chisquare_pvalue(counts, p) > ALPHA
+        shifted = _first_token_counts(eng, prompt, n, mode=mode, tau=1e6, relaxed_k=36)
+        assert _chisquare_pvalue(shifted, p) < ALPHA, "a huge tau must shift the output to the draft"
+        assert not np.array_equal(counts, shifted)
