@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fsd_local.drafting.proposer import Proposer
-from fsd_local.errors import ConfigError, ContextOverflowError, FSDError
+from fsd_local.errors import FSDError
 from fsd_local.kernels.accept import (
     AR,
     DRAFT_ONLY,
@@ -32,7 +32,7 @@ from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
-from fsd_local.results import CancelToken, Completion, Piece
+from fsd_local.results import CancelToken, Completion, Piece, check_prompt_ids, final_completion
 from fsd_local.settings import Settings
 from fsd_local.stats import Stats
 from fsd_local.stream import TextStream
@@ -117,10 +117,7 @@ class Engine:
     ) -> Completion:
         """Run to completion; returns text, token ids, finish reason and statistics. `settings` replaces the
         engine's defaults for this call; keyword overrides change single fields of whichever applies."""
-        for piece in self.stream(prompt, cancel=cancel, settings=settings, **overrides):
-            if piece.completion is not None:
-                return piece.completion
-        raise AssertionError("unreachable: the stream always ends with a completion")
+        return final_completion(self.stream(prompt, cancel=cancel, settings=settings, **overrides))
 
     def stream(
         self,
@@ -210,21 +207,9 @@ class Engine:
         """The prompt as token ids, checked once for every caller (the loop, the server): ids inside the
         vocabulary, not empty, and short enough for the context of every model that will read it."""
         self._check_open()
-        if isinstance(prompt, str):
-            tokens = self.target.tokenize(prompt)
-        else:
-            tokens = [int(t) for t in prompt]
-            bad = [t for t in tokens if not 0 <= t < self.n_vocab]
-            if bad:
-                raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
-        if not tokens:
-            raise ConfigError("the prompt is empty and the model adds no BOS token: give at least one token")
+        tokens = self.target.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         n_ctx = min(m.n_ctx for m in (models or self._models()))
-        if len(tokens) > n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; shorten the prompt or raise --ctx"
-            )
-        return tokens
+        return check_prompt_ids(tokens, self.n_vocab, n_ctx)
 
     def _run(self, prompt, s: Settings, cancel) -> Generator[Piece, None, None]:
         mode = MODES.index(s.mode)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from fsd_local.errors import ConfigError, ContextOverflowError
 
 
 @dataclass
@@ -44,3 +47,26 @@ class CancelToken(threading.Event):
 
     def cancel(self) -> None:
         self.set()
+
+
+def final_completion(pieces: Iterable[Piece]) -> Completion:
+    """Run a stream to its end and return the Completion its last piece carries (generate = stream + this)."""
+    for piece in pieces:
+        if piece.completion is not None:
+            return piece.completion
+    raise AssertionError("unreachable: a stream always ends with a completion")
+
+
+def check_prompt_ids(tokens: list[int], n_vocab: int, n_ctx: int) -> list[int]:
+    """The prompt checks every caller shares (engine, supervised server): ids inside the vocabulary, not
+    empty, short enough for the context."""
+    bad = [t for t in tokens if not 0 <= t < n_vocab]
+    if bad:
+        raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+    if not tokens:
+        raise ConfigError("the prompt is empty and the model adds no BOS token: give at least one token")
+    if len(tokens) > n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; shorten the prompt or raise --ctx"
+        )
+    return tokens

@@ -34,10 +34,11 @@ from typing import Any
 
 from fsd_local import errors
 from fsd_local.engine import CancelToken, Completion, Piece
-from fsd_local.errors import ConfigError, ContextOverflowError, FSDError, ModelLoadError
+from fsd_local.errors import FSDError, ModelLoadError
 from fsd_local.llama.chat_template import ChatTemplate
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
+from fsd_local.results import check_prompt_ids, final_completion
 from fsd_local.server.process_errors import ModelProcessDied, ModelProcessError, ModelUnavailable, _how, describe_exit  # noqa: F401
 from fsd_local.settings import Settings
 from fsd_local.stats import Stats
@@ -148,18 +149,8 @@ class Supervisor:
     def prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
         """As Engine.prompt_tokens: ids inside the vocabulary, not empty, within both models' contexts."""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        n_vocab = self._vocab.n_vocab
-        bad = [t for t in tokens if not 0 <= t < n_vocab]
-        if bad:
-            raise ConfigError(f"prompt token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
-        if not tokens:
-            raise ConfigError("the prompt is empty and the model adds no BOS token: give at least one token")
         n_ctx = min(o.n_ctx for o in (self._target_opts, self._draft_opts) if o is not None)
-        if len(tokens) > n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}; shorten the prompt or raise --ctx"
-            )
-        return tokens
+        return check_prompt_ids(tokens, self._vocab.n_vocab, n_ctx)
 
     def generate(
         self,
@@ -169,10 +160,7 @@ class Supervisor:
         settings: Settings | None = None,
         **overrides: Any,
     ) -> Completion:
-        for piece in self.stream(prompt, cancel=cancel, settings=settings, **overrides):
-            if piece.completion is not None:
-                return piece.completion
-        raise AssertionError("unreachable: the stream always ends with a completion")
+        return final_completion(self.stream(prompt, cancel=cancel, settings=settings, **overrides))
 
     def stream(
         self,
