@@ -11,7 +11,7 @@ from time import perf_counter
 import numpy as np
 import pytest
 
-from fsd_local.drafting.ngram import NgramDrafter
+from fsd_local.drafting.ngram import MATCH_LENGTH_CAP, NgramDrafter, match_class
 
 # ---------------------------------------------------------------------------------------------- ngram
 
@@ -100,6 +100,28 @@ def test_k_limits_and_periodic_continuation():
     assert NgramDrafter(1, 3, periodic=False).propose(hist, 8) == [3, 4, 5, 6, 1, 2]
     # a repeated token is a period-1 pattern
     assert NgramDrafter(1, 3).propose([4, 9, 9, 9], 3) == [9, 9, 9]
+
+
+def test_match_length_is_how_far_the_text_agrees_before_the_match():
+    #        0  1  2  3  4  5  6  7  8  9
+    hist = [1, 2, 3, 4, 9, 6, 2, 3, 4]
+    d = NgramDrafter(1, 3)
+    assert d.propose(hist, 1) == [9] and d.last_match == (3, 1)
+    assert d.match_length == 3  # hist[0] = 1 differs from hist[5] = 6
+    hist = [1, 2, 3, 4, 9, 1, 2, 3, 4]
+    assert d.propose(hist, 1) == [9] and d.match_length == 4  # agrees back to the start of the text
+    # a copied block: the agreement grows with every copied token, capped
+    block = list(range(100, 150))
+    d.propose(block + [0] + block[:40], 2)
+    assert d.match_length == MATCH_LENGTH_CAP
+    assert d.propose([5, 6], 2) == [] and d.match_length == 0
+    # a periodic run agrees with itself shifted by its period
+    d.propose([7, 7, 7, 7, 7, 7], 2)
+    assert d.match_length == 5
+
+
+def test_match_classes():
+    assert [match_class(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)] == [0, 1, 2, 2, 3, 3, 4, 4, 5, 5]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -595,6 +617,33 @@ def test_acceptance_counts_only_reached_positions():
     cm.observe_acceptance(0, 0)
     cm.observe_acceptance(7, 7)  # more than k_max drafted (the engine's limit changed): grows
     assert len(cm.acceptance()) == 7
+
+
+def test_draft_length_keeps_acceptance_per_source_and_drafts_long_only_where_it_is_earned():
+    """Two sources share the target's costs: long prompt-lookup matches (class 4) that are always accepted and
+    unigram matches (class 0) that never are. The policy learns each apart: long drafts for the first, plain
+    steps for the second, where one pooled rate would draft a middling k for both."""
+    from types import SimpleNamespace
+
+    from fsd_local.drafting.length import DraftLength
+
+    s = SimpleNamespace(
+        mode="sd", divergence="js", tau=0.0, temperature=0.0, divergence_topk=8, typical_eps=0.09,
+        typical_alpha=0.3, relaxed_k=10, draft_policy="auto", draft_min=1, draft_max=8,
+    )  # fmt: skip
+    lengths = DraftLength()
+    lengths.start(s)
+    rng = random.Random(0)
+    good, bad = ("ngram", 4), ("ngram", 0)
+    chosen: dict = {good: [], bad: []}
+    for _ in range(300):
+        source = good if rng.random() < 0.5 else bad
+        k = lengths.choose(source, 64)
+        n_acc = k if source == good else 0
+        lengths.observe(source if k else None, k, n_acc, 0.0, q4_verify(k + 1) * 0.4 + 6 * MS)
+        chosen[source].append(k)
+    assert min(chosen[good][50:]) >= 6, chosen[good][-20:]
+    assert share(chosen[bad][50:], lambda k: k == 0) >= 0.9, chosen[bad][-20:]
 
 
 def test_histogram_and_summary():

@@ -12,14 +12,19 @@ catch-up would cost more than the budget holds is not taken (the round stays a p
 the price of looking for a better k at about PROBE_SHARE of the run.
 
 One `DraftLength` lives as long as its engine: the target's costs are measured on every target decode whatever
-the policy (so every generation can report the measured plain-decoding rate), each drafter (`model`, `ngram`)
-has its own acceptance and drafting costs, and a change of tau, mode, divergence or temperature between calls
+the policy (so every generation can report the measured plain-decoding rate), each source of drafts has its own
+acceptance and drafting costs, and a change of tau, mode, divergence or temperature between calls
 discounts the old acceptance evidence but keeps the costs.
 """
 
 from __future__ import annotations
 
 from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost
+
+# A source of drafts: (drafter, evidence class). The model drafter has one class; prompt lookup has one per match
+# length bucket (ngram.match_class), because how far the text agrees before the match predicts acceptance far
+# better than a pooled rate does: the policy drafts 8+ tokens into a copied block and none on a lone unigram hit.
+Source = tuple[str, int]
 
 K_LIMIT = 64  # settings' largest draft_max
 PROBE_SHARE = 0.02  # of generation time that re-probing a model drafter may cost
@@ -28,7 +33,7 @@ PROBE_SHARE = 0.02  # of generation time that re-probing a model drafter may cos
 class DraftLength:
     def __init__(self) -> None:
         self.verify = VerifyCost(K_LIMIT + 1)
-        self.costs: dict[str, CostModel] = {}
+        self.costs: dict[Source, CostModel] = {}
         self._acceptance_key: tuple | None = None
         self.probe_budget = 0.0  # seconds that re-probing the model drafter may still spend
         self._catch_up_mean, self._catch_up_weight = 0.0, 0.0  # seconds per token the draft model catches up
@@ -54,22 +59,22 @@ class DraftLength:
         self.policy, self.k = settings.draft_policy, settings.draft_max
         self.k_min, self.k_max = settings.draft_min, settings.draft_max
 
-    def cost(self, drafter: str) -> CostModel:
-        cm = self.costs.get(drafter)
+    def cost(self, source: Source) -> CostModel:
+        cm = self.costs.get(source)
         if cm is None:  # prompt lookup costs nothing to draft; the model's cost is learned from the first rounds
-            prior = 0.0 if drafter == "ngram" else MODEL_DRAFT_COST_PRIOR
+            prior = 0.0 if source[0] == "ngram" else MODEL_DRAFT_COST_PRIOR
             cm = CostModel(self.k_max, verify=self.verify, draft_cost_prior=prior)
-            self.costs[drafter] = cm
+            self.costs[source] = cm
         if cm.k_max != self.k_max:
             cm.set_k_max(self.k_max)
         return cm
 
-    def choose(self, drafter: str, limit: int, behind: int = 0) -> int:
+    def choose(self, source: Source, limit: int, behind: int = 0) -> int:
         """The k for this round, at most `limit` (tokens still wanted, room in the context). `behind`: tokens the
         drafter must evaluate before it can draft (the draft model after plain steps)."""
         if self.policy != "auto":
             return max(0, min(self.k, limit))
-        cm = self.cost(drafter)
+        cm = self.cost(source)
         k = cm.choose_k(max(0, limit))
         if cm.probing and behind > 1:
             price = behind * self._catch_up_mean + k * cm.draft_seconds_per_token()
@@ -86,14 +91,14 @@ class DraftLength:
             self._catch_up_mean += (seconds / n_tokens - self._catch_up_mean) / self._catch_up_weight
 
     def observe(
-        self, drafter: str | None, n_drafted: int, n_accepted: int, draft_seconds: float, verify_seconds: float
+        self, source: Source | None, n_drafted: int, n_accepted: int, draft_seconds: float, verify_seconds: float
     ) -> None:
-        """One round: what was drafted and accepted, and what the draft and the verification cost."""
+        """One round: what was drafted (by `source`) and accepted, and what the draft and the verification cost."""
         self.verify.observe(n_drafted + 1, verify_seconds)
         self.probe_budget += PROBE_SHARE * (draft_seconds + verify_seconds)
-        if drafter is None or not n_drafted:
+        if source is None or not n_drafted:
             return
-        cm = self.cost(drafter)
+        cm = self.cost(source)
         cm.observe_draft(n_drafted, draft_seconds)
         cm.observe_acceptance(n_drafted, n_accepted)
         if self.policy == "adaptive":

@@ -15,6 +15,13 @@ dict updates; a proposal costs at most that many dict lookups plus k list reads:
 
 Defaults: n in 1..3, the range of the original prompt-lookup decoding and of vLLM's n-gram speculator
 (llama.cpp's lookup example uses 1..4).
+
+How far a proposal can be trusted. The n-gram only finds the place; how long the text before it agrees with the
+text before the match is the evidence. Measured on the grounded prompts (F16 demo target, greedy): a match whose
+agreement reaches back 9 tokens or more had its next ~10 tokens accepted on average, a bare unigram match
+1.7 with two thirds rejected at once. So every proposal carries `match_length` (the agreement, extended backwards
+past n up to MATCH_LENGTH_CAP tokens: O(length) list reads), and `match_class` buckets it so the draft-length
+policy can keep acceptance statistics per class (drafting/length.py) and draft long only where copying is real.
 """
 
 from __future__ import annotations
@@ -23,6 +30,16 @@ from collections.abc import Sequence
 
 NGRAM_MIN_DEFAULT = 1
 NGRAM_MAX_DEFAULT = 3
+MATCH_LENGTH_CAP = 32
+MATCH_CLASS_BOUNDS = (1, 2, 4, 8, 16)  # class c: match length in (bounds[c-1], bounds[c]]; beyond the last: 5
+
+
+def match_class(length: int) -> int:
+    """The bucket of a match length: 0 for 1 token, 1 for 2, 2 for 3-4, 3 for 5-8, 4 for 9-16, 5 beyond."""
+    for c, bound in enumerate(MATCH_CLASS_BOUNDS):
+        if length <= bound:
+            return c
+    return len(MATCH_CLASS_BOUNDS)
 
 
 class NgramDrafter:
@@ -55,6 +72,7 @@ class NgramDrafter:
         # per n: prev[s] = the start of the previous occurrence of the n-gram starting at s, or -1
         self._prev: dict[int, list[int]] = {n: [] for n in self._sizes}
         self.last_match: tuple[int, int] | None = None  # (n, start) of the latest proposal's match
+        self.match_length = 0  # how many tokens before the latest proposal agree with the text before its match
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -129,6 +147,7 @@ class NgramDrafter:
         """`propose` on the history as indexed now, without the prefix check of `sync`: for a caller that
         keeps the index current itself with `extend` / `truncate` (saves an O(len) list comparison a round)."""
         self.last_match = None
+        self.match_length = 0
         hist = self._tokens
         size = len(hist)
         if k <= 0 or size < 2:
@@ -138,6 +157,11 @@ class NgramDrafter:
             if s is None:
                 continue
             self.last_match = (n, s)
+            length = n  # extend the agreement backwards: hist[s + n - length - 1] vs hist[size - length - 1]
+            top = min(MATCH_LENGTH_CAP, s + n)
+            while length < top and hist[s + n - length - 1] == hist[size - length - 1]:
+                length += 1
+            self.match_length = length
             c = s + n  # first follower; c <= size - 1 because every indexed n-gram has a follower
             if not self.periodic:
                 return hist[c : c + k]

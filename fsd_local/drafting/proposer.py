@@ -7,12 +7,14 @@ from time import perf_counter
 
 import numpy as np
 
-from fsd_local.drafting.length import DraftLength
-from fsd_local.drafting.ngram import NgramDrafter
+from fsd_local.drafting.length import DraftLength, Source
+from fsd_local.drafting.ngram import NgramDrafter, match_class
 from fsd_local.kernels.accept import Drafts, RoundOut
 from fsd_local.kernels.sampling import pick
 from fsd_local.llama.model import Model
 from fsd_local.settings import Settings
+
+MODEL: Source = ("model", 0)
 
 
 class Proposer:
@@ -42,27 +44,33 @@ class Proposer:
         self.out = RoundOut(reason=np.empty(k, np.int8), divergence=np.empty(k), logprob=np.empty(k + 1))
         self._k_alloc = k
 
-    def propose(self, seq, limit: int, s: Settings, rng, stats) -> tuple[int, str | None, int, float]:
+    def propose(self, seq, limit: int, s: Settings, rng, stats) -> tuple[int, Source | None, int, float]:
         """This round's drafts, by the settings' drafter and draft-length policy. Returns (how many were
-        drafted, the drafter that made them, the k chosen, seconds spent drafting)."""
+        drafted, their source for `DraftLength.observe`, the k chosen, seconds spent drafting).
+
+        Prompt lookup goes first when the drafter allows it: the lookup is free, and the match it finds says how
+        far it can be trusted (its class), so k is chosen after it. With `ngram+model` the model drafts when
+        lookup finds nothing or its class is not worth drafting from; with `ngram` such a round is a plain step."""
         if s.drafter != "model":
-            k = self.lengths.choose("ngram", limit)
             t = perf_counter()
             if self.ngram is None or (self.ngram.ngram_min, self.ngram.ngram_max) != (s.ngram_min, s.ngram_max):
                 self.ngram = NgramDrafter(s.ngram_min, s.ngram_max)
-            tokens = self.ngram.propose(seq, k) if k > 0 else []
-            if tokens or s.drafter == "ngram" or k == 0:
+            tokens = self.ngram.propose(seq, min(limit, self.lengths.k_max))
+            source: Source = ("ngram", match_class(self.ngram.match_length))
+            k = self.lengths.choose(source, limit) if tokens else 0
+            del tokens[k:]
+            if tokens or s.drafter == "ngram":
                 self._one_hot(tokens)
                 dt = perf_counter() - t
                 stats.seconds_draft += dt
-                return len(tokens), "ngram" if tokens else None, k, dt
+                return len(tokens), source if tokens else None, k, dt
         assert self.draft is not None, "the model drafter has a draft (Settings.check_draft)"
-        k = self.lengths.choose("model", limit, behind=len(seq) - len(self.draft.tokens))
+        k = self.lengths.choose(MODEL, limit, behind=len(seq) - len(self.draft.tokens))
         before = stats.seconds_draft
         self._catch_up_seconds = 0.0
         n = self._draft(seq, k, s, rng, stats)
         # catching up after plain steps is not the price of drafting these tokens (the budget pays for it)
-        return n, "model", k, stats.seconds_draft - before - self._catch_up_seconds
+        return n, MODEL, k, stats.seconds_draft - before - self._catch_up_seconds
 
     def _one_hot(self, tokens: list[int]) -> None:
         """Prompt-lookup drafts: q is one-hot on each proposed token (FSD.md), so the SD test accepts with
