@@ -41,6 +41,16 @@ def test_prompt_lookup_really_drafts_and_is_accepted_on_a_repeating_text(target_
     assert out.token_ids == ar.token_ids
 
 
+def test_auto_learns_lookup_acceptance_per_match_class(target_only):
+    """On a long repeating text the lookup matches agree far back, so `auto` keeps their acceptance under a high
+    match class (drafting/ngram.py `match_class`), apart from the short matches at the start."""
+    prompt = "one two three four five six seven eight nine ten " * 6
+    out = target_only.generate(prompt, mode="sd", drafter="ngram", draft_policy="auto", max_tokens=40)
+    classes = {c for (drafter, c) in target_only._proposer.lengths.costs if drafter == "ngram"}
+    assert max(classes) >= 4, classes
+    assert out.token_ids == target_only.generate(prompt, mode="ar", max_tokens=40).token_ids
+
+
 @pytest.mark.parametrize("drafter", ["model", "ngram+model"])
 @pytest.mark.parametrize("policy", ["fixed", "auto"])
 def test_every_drafter_and_policy_keeps_greedy_sd_exact(tiny_engine, drafter, policy):
