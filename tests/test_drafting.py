@@ -646,6 +646,70 @@ def test_draft_length_keeps_acceptance_per_source_and_drafts_long_only_where_it_
     assert share(chosen[bad][50:], lambda k: k == 0) >= 0.9, chosen[bad][-20:]
 
 
+def test_declined_lookup_proposals_are_scored_against_the_text_and_bring_drafting_back():
+    """A class the policy stopped drafting from (its matches were rejected) learns from the proposals it
+    declines: each is scored against what the target wrote, so when copying starts the policy drafts again
+    within a few rounds, without waiting for a probe."""
+    from types import SimpleNamespace
+
+    from fsd_local.drafting.length import DraftLength
+
+    s = SimpleNamespace(
+        mode="sd", divergence="js", tau=0.0, temperature=0.0, divergence_topk=8, typical_eps=0.09,
+        typical_alpha=0.3, relaxed_k=10, draft_policy="auto", draft_min=1, draft_max=8,
+    )  # fmt: skip
+    lengths = DraftLength()
+    lengths.start(s)
+    src = ("ngram", 2)
+    for _ in range(30):  # a compute-bound target and matches that are always rejected: plain steps
+        k = lengths.choose(src, 64)
+        lengths.observe(src if k else None, k, 0, 0.0, q4_verify(k + 1) * 0.4 + 6 * MS)
+    assert lengths.choose(src, 64) == 0
+    cm = lengths.cost(src)
+    probes = cm.probes
+    text = list(range(1000, 1100))  # now the target copies: every proposal would have been accepted
+    seq: list[int] = []
+    chosen = []
+    for i in range(12):
+        lengths.score_shadow(seq)
+        k = lengths.choose(src, 64)
+        chosen.append(k)
+        if k == 0:
+            lengths.shadow(src, text[i : i + 8], len(seq))
+        seq.append(text[i])  # a plain step writes one token; the shadow is scored once all 8 are known
+        lengths.observe(src if k else None, k, k, 0.0, q4_verify(k + 1) * 0.4 + 6 * MS)
+        if k:
+            seq.extend(text[i + 1 : i + 1 + k])
+            break
+    assert chosen[-1] > 0, chosen
+    assert cm.probes == probes  # the evidence came from the shadows, not from a probe
+
+
+def test_a_shadow_scores_the_matching_prefix_and_is_dropped_when_the_text_rewinds():
+    from types import SimpleNamespace
+
+    from fsd_local.drafting.length import DraftLength
+
+    s = SimpleNamespace(
+        mode="sd", divergence="js", tau=0.0, temperature=0.0, divergence_topk=8, typical_eps=0.09,
+        typical_alpha=0.3, relaxed_k=10, draft_policy="auto", draft_min=1, draft_max=8,
+    )  # fmt: skip
+    lengths = DraftLength()
+    lengths.start(s)
+    src = ("ngram", 1)
+    cm = lengths.cost(src)
+    lengths.shadow(src, [5, 6, 7, 8], 3)
+    lengths.shadow(src, [9, 9], 4)  # one shadow at a time: ignored
+    lengths.score_shadow([0, 1, 2, 5])  # one token known, it matches: not decided yet
+    assert sum(cm._seen) == 0
+    lengths.score_shadow([0, 1, 2, 5, 6, 4])  # the third differs: positions 1, 2 accepted, 3 rejected
+    assert cm._seen[:4] == [1.0, 1.0, 1.0, 0.0] and cm._acc[:3] == [1.0, 1.0, 0.0]
+    lengths.shadow(src, [5, 6], 3)
+    lengths.score_shadow([0, 1])  # rewound below the proposal
+    lengths.shadow(src, [7], 9)  # a new shadow can open: the old one was dropped
+    assert lengths._shadow == (src, [7], 9)
+
+
 def test_histogram_and_summary():
     cm = CostModel(5, draft_cost_prior=0.0)
     chosen = simulate(cm, 50, f16_verify, 0.0, 0.8)

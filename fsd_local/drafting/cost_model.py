@@ -225,16 +225,19 @@ class CostModel:
             self._round_weight = self._round_weight * self.decay + 1.0
             self._round_mean += (seconds - self._round_mean) / self._round_weight
 
-    def observe_acceptance(self, n_drafted: int, n_accepted: int) -> None:
+    def observe_acceptance(self, n_drafted: int, n_accepted: int, counterfactual: bool = False) -> None:
         """A round drafted n_drafted tokens and accepted the first n_accepted: positions 1..n_accepted passed,
-        position n_accepted + 1 (if drafted) failed, later ones were never reached (no evidence)."""
+        position n_accepted + 1 (if drafted) failed, later ones were never reached (no evidence).
+        counterfactual: the tokens were not drafted but scored afterwards against the text the target wrote
+        (a free drafter's declined proposal, drafting/length.py); it is evidence, not the outcome of a probe."""
         if n_drafted <= 0:
             return
         n_accepted = max(0, min(n_accepted, n_drafted))
         if n_drafted > len(self._acc):
             self.set_k_max(n_drafted)
         # a probe that accepted a larger share than position 1's estimate is news: conditions changed
-        news = self._probing and n_accepted > 0 and n_accepted / n_drafted > self.acceptance()[0]
+        probe = self._probing and not counterfactual
+        news = probe and n_accepted > 0 and n_accepted / n_drafted > self.acceptance()[0]
         g = self.accept_decay
         self._acc = [a * g for a in self._acc]
         self._seen = [s * g for s in self._seen]
@@ -242,7 +245,7 @@ class CostModel:
             self._seen[j] += 1.0
             if j < n_accepted:
                 self._acc[j] += 1.0
-        if self._probing:
+        if probe:
             self._probing = False
             if news:  # drop the back-off and look again soon
                 self._probe_interval = self.probe_every

@@ -11,6 +11,15 @@ cost). So probes are paid from a budget that grows by PROBE_SHARE of the time sp
 catch-up would cost more than the budget holds is not taken (the round stays a plain step), which keeps
 the price of looking for a better k at about PROBE_SHARE of the run.
 
+A free drafter's declined proposal is not wasted: when `auto` takes a plain step although prompt lookup had a
+proposal, the proposal is kept as a shadow and scored against the tokens the target then writes (the leading
+tokens that match). For `sd` that count has exactly the distribution the acceptance would have had: with a
+one-hot q the SD test accepts d with probability p(d), which is the chance the target writes d itself (greedy:
+iff d is the argmax). For the lossy rules it undercounts (a rescue would have accepted more), which errs towards
+plain steps. So a class the policy stopped drafting from keeps learning without paying for probes. One shadow
+is open at a time (proposals of consecutive rounds overlap: scoring them all would count the same tokens many
+times), and a new generation drops it.
+
 One `DraftLength` lives as long as its engine: the target's costs are measured on every target decode whatever
 the policy (so every generation can report the measured plain-decoding rate), each source of drafts has its own
 acceptance and drafting costs, and a change of tau, mode, divergence or temperature between calls
@@ -38,6 +47,7 @@ class DraftLength:
         self.probe_budget = 0.0  # seconds that re-probing the model drafter may still spend
         self._catch_up_mean, self._catch_up_weight = 0.0, 0.0  # seconds per token the draft model catches up
         self.policy, self.k, self.k_min, self.k_max = "fixed", 4, 1, 4
+        self._shadow: tuple[Source, list[int], int] | None = None  # (source, declined proposal, its position)
 
     def start(self, settings) -> None:
         """A new generation: take its policy and bounds; forget acceptance evidence gathered under other rules."""
@@ -56,6 +66,7 @@ class DraftLength:
                 cm.settings_changed()
         self._acceptance_key = key
         self.probe_budget = 0.0  # each generation earns its own probes: one that ran long must not pay for another
+        self._shadow = None
         self.policy, self.k = settings.draft_policy, settings.draft_max
         self.k_min, self.k_max = settings.draft_min, settings.draft_max
 
@@ -83,6 +94,30 @@ class DraftLength:
                 return 0
             self.probe_budget -= price
         return k
+
+    def shadow(self, source: Source, proposal: list[int], position: int) -> None:
+        """A free drafter proposed `proposal` for text position `position` and the round drafted none of it:
+        score it later against the text (`score_shadow`), unless a shadow is already open."""
+        if self._shadow is None and proposal and self.policy == "auto":
+            self._shadow = (source, list(proposal), position)
+
+    def score_shadow(self, seq) -> None:
+        """Score the open shadow against the text so far once its outcome is known: at the first token the
+        target wrote differently, or when every proposed token is matched."""
+        if self._shadow is None:
+            return
+        source, proposal, pos = self._shadow
+        known = len(seq) - pos
+        if known < 1:
+            if known < 0:  # the text was rewound below the proposal: nothing to score
+                self._shadow = None
+            return
+        m = 0
+        while m < len(proposal) and m < known and proposal[m] == seq[pos + m]:
+            m += 1
+        if m < min(known, len(proposal)) or m == len(proposal):
+            self.cost(source).observe_acceptance(len(proposal), m, counterfactual=True)
+            self._shadow = None
 
     def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
         """The draft model evaluated n_tokens it had missed (one batch) in `seconds`."""

@@ -55,9 +55,12 @@ class Proposer:
             t = perf_counter()
             if self.ngram is None or (self.ngram.ngram_min, self.ngram.ngram_max) != (s.ngram_min, s.ngram_max):
                 self.ngram = NgramDrafter(s.ngram_min, s.ngram_max)
+            self.lengths.score_shadow(seq)
             tokens = self.ngram.propose(seq, min(limit, self.lengths.k_max))
             source: Source = ("ngram", match_class(self.ngram.match_length))
             k = self.lengths.choose(source, limit) if tokens else 0
+            if tokens and not k:
+                self.lengths.shadow(source, tokens, len(seq))
             del tokens[k:]
             if tokens or s.drafter == "ngram":
                 self._one_hot(tokens)
