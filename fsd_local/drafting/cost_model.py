@@ -280,18 +280,23 @@ class CostModel:
             return 0.0
         return 1.0 / self.verify.seconds(1)
 
-    def rates(self, k_limit: int | None = None) -> list[float]:
-        """Expected tokens per second (per decode before measuring) of every k in 0..limit."""
+    def rates(self, k_limit: int | None = None, start_seconds: float = 0.0) -> list[float]:
+        """Expected tokens per second (per decode before measuring) of every k in 0..limit; start_seconds: what
+        drafting at all costs this round (a draft model catching up on text it skipped), k > 0 only."""
         kmax = self.k_max if k_limit is None else max(0, min(self.k_max, k_limit))
         return expected_rates(
-            self.acceptance()[:kmax], self.draft_seconds_per_token(), self.verify.curve(kmax + 1), self._round_mean
+            self.acceptance()[:kmax],
+            self.draft_seconds_per_token(),
+            self.verify.curve(kmax + 1),
+            self._round_mean,
+            start_seconds,
         )
 
     # ------------------------------------------------------------------ the choice
-    def choose_k(self, k_limit: int | None = None) -> int:
+    def choose_k(self, k_limit: int | None = None, start_seconds: float = 0.0) -> int:
         """The k for this round (at most k_limit, e.g. the tokens still wanted minus one), re-probing
-        periodically when the best is 0."""
-        rates = self.rates(k_limit)
+        periodically when the best is 0. start_seconds: see `rates`."""
+        rates = self.rates(k_limit, start_seconds)
         k = best_k(rates)
         self.last_rate = rates[k]
         self._probing = False
@@ -338,15 +343,17 @@ class CostModel:
         }
 
 
-def expected_rates(acceptance, draft_seconds_per_token: float, verify_curve, round_seconds: float = 0.0) -> list[float]:
-    """rate(k) = E(k) / (k c_draft + v(k+1) + c_round) for k = 0..len(acceptance);
+def expected_rates(
+    acceptance, draft_seconds_per_token: float, verify_curve, round_seconds: float = 0.0, start_seconds: float = 0.0
+) -> list[float]:
+    """rate(k) = E(k) / (k c_draft + v(k+1) + c_round + c_start [k > 0]) for k = 0..len(acceptance);
     verify_curve[n] = seconds of a batch of n (index 0 unused)."""
     rates = [1.0 / (verify_curve[1] + round_seconds)]
     e, prod = 1.0, 1.0
     for k, a in enumerate(acceptance, start=1):
         prod *= a
         e += prod
-        rates.append(e / (k * draft_seconds_per_token + verify_curve[k + 1] + round_seconds))
+        rates.append(e / (k * draft_seconds_per_token + verify_curve[k + 1] + round_seconds + start_seconds))
     return rates
 
 

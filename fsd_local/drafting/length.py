@@ -37,6 +37,7 @@ Source = tuple[str, int]
 
 K_LIMIT = 64  # settings' largest draft_max
 PROBE_SHARE = 0.02  # of generation time that re-probing a model drafter may cost
+CATCH_UP_PRIOR = 0.5  # a catch-up batch's seconds per token / a drafted token's, before measuring
 
 
 class DraftLength:
@@ -86,9 +87,13 @@ class DraftLength:
         if self.policy != "auto":
             return max(0, min(self.k, limit))
         cm = self.cost(source)
-        k = cm.choose_k(max(0, limit))
-        if cm.probing and behind > 1:
-            price = behind * self._catch_up_mean + k * cm.draft_seconds_per_token()
+        # a draft model that skipped rounds must first evaluate the text it missed: drafting this round costs
+        # that too, so the policy does not flip between plain steps and marginal drafts, paying a catch-up at
+        # every switch (once caught up, a round that drafts again has only its own tokens to evaluate)
+        catch_up = self.catch_up_seconds(behind, cm) if behind > 2 else 0.0
+        k = cm.choose_k(max(0, limit), start_seconds=catch_up)
+        if cm.probing and behind > 2:
+            price = catch_up + k * cm.draft_seconds_per_token()
             if price > self.probe_budget:
                 cm.cancel_probe(k)
                 return 0
@@ -118,6 +123,13 @@ class DraftLength:
         if m < min(known, len(proposal)) or m == len(proposal):
             self.cost(source).observe_acceptance(len(proposal), m, counterfactual=True)
             self._shadow = None
+
+    def catch_up_seconds(self, n_tokens: int, cm: CostModel) -> float:
+        """Estimated seconds for the draft model to evaluate n_tokens it missed, in one batch: measured, or
+        before any catch-up was seen, CATCH_UP_PRIOR of its cost per drafted token (a batch is cheaper per token
+        than one-by-one decoding)."""
+        per_token = self._catch_up_mean if self._catch_up_weight > 0 else CATCH_UP_PRIOR * cm.draft_seconds_per_token()
+        return n_tokens * per_token
 
     def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
         """The draft model evaluated n_tokens it had missed (one batch) in `seconds`."""
