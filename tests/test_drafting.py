@@ -710,6 +710,31 @@ def test_a_shadow_scores_the_matching_prefix_and_is_dropped_when_the_text_rewind
     assert lengths._shadow == (src, [7], 9)
 
 
+def test_a_draft_model_far_behind_the_text_drafts_only_if_it_pays_for_its_catch_up():
+    """Drafting after plain steps first costs the draft model's catch-up on the skipped text: a draft length that
+    pays when the model is current (k > 0) must not be taken when catching up would eat the gain."""
+    from types import SimpleNamespace
+
+    from fsd_local.drafting.length import DraftLength
+    from fsd_local.drafting.proposer import MODEL
+
+    s = SimpleNamespace(
+        mode="sd", divergence="js", tau=0.0, temperature=0.0, divergence_topk=8, typical_eps=0.09,
+        typical_alpha=0.3, relaxed_k=10, draft_policy="auto", draft_min=1, draft_max=8,
+    )  # fmt: skip
+    lengths = DraftLength()
+    lengths.start(s)
+    for i in range(40):  # plain steps 20 ms; k = 1 rounds: 2 ms drafting + 24 ms verifying, half accepted
+        lengths.observe(None, 0, 0, 0.0, 20 * MS)
+        lengths.observe(MODEL, 1, i % 2, 2 * MS, 24 * MS)
+    lengths.observe_catch_up(30, 60 * MS)  # 2 ms a token to evaluate skipped text
+    assert lengths.choose(MODEL, 64, behind=2) >= 1  # current: 1.5 tokens in 26 ms beat 1 in 20 ms
+    cm = lengths.cost(MODEL)
+    probes = cm.probes
+    assert lengths.choose(MODEL, 64, behind=30) == 0  # 60 ms of catch-up first: plain decoding is faster
+    assert cm.probes == probes
+
+
 def test_histogram_and_summary():
     cm = CostModel(5, draft_cost_prior=0.0)
     chosen = simulate(cm, 50, f16_verify, 0.0, 0.8)
