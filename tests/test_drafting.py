@@ -619,20 +619,22 @@ def test_acceptance_counts_only_reached_positions():
     assert len(cm.acceptance()) == 7
 
 
+def auto_lengths(draft_max: int = 8):
+    """A DraftLength started under the `auto` policy with greedy sd settings."""
+    from fsd_local.drafting.length import DraftLength
+    from fsd_local.settings import Settings
+
+    lengths = DraftLength()
+    lengths.start(Settings(mode="sd", draft_policy="auto", draft_max=draft_max))
+    return lengths
+
+
 def test_draft_length_keeps_acceptance_per_source_and_drafts_long_only_where_it_is_earned():
     """Two sources share the target's costs: long prompt-lookup matches (class 4) that are always accepted and
     unigram matches (class 0) that never are. The policy learns each apart: long drafts for the first, plain
     steps for the second, where one pooled rate would draft a middling k for both."""
-    from types import SimpleNamespace
 
-    from fsd_local.drafting.length import DraftLength
-
-    s = SimpleNamespace(
-        mode="sd", divergence="js", tau=0.0, temperature=0.0, divergence_topk=8, typical_eps=0.09,
-        typical_alpha=0.3, relaxed_k=10, draft_policy="auto", draft_min=1, draft_max=8,
-    )  # fmt: skip
-    lengths = DraftLength()
-    lengths.start(s)
+    lengths = auto_lengths()
     rng = random.Random(0)
     good, bad = ("ngram", 4), ("ngram", 0)
     chosen: dict = {good: [], bad: []}
@@ -650,16 +652,8 @@ def test_declined_lookup_proposals_are_scored_against_the_text_and_bring_draftin
     """A class the policy stopped drafting from (its matches were rejected) learns from the proposals it
     declines: each is scored against what the target wrote, so when copying starts the policy drafts again
     within a few rounds, without waiting for a probe."""
-    from types import SimpleNamespace
 
-    from fsd_local.drafting.length import DraftLength
-
-    s = SimpleNamespace(
-        mode="sd", divergence="js", tau=0.0, temperature=0.0, divergence_topk=8, typical_eps=0.09,
-        typical_alpha=0.3, relaxed_k=10, draft_policy="auto", draft_min=1, draft_max=8,
-    )  # fmt: skip
-    lengths = DraftLength()
-    lengths.start(s)
+    lengths = auto_lengths()
     src = ("ngram", 2)
     for _ in range(30):  # a compute-bound target and matches that are always rejected: plain steps
         k = lengths.choose(src, 64)
@@ -686,16 +680,8 @@ def test_declined_lookup_proposals_are_scored_against_the_text_and_bring_draftin
 
 
 def test_a_shadow_scores_the_matching_prefix_and_is_dropped_when_the_text_rewinds():
-    from types import SimpleNamespace
 
-    from fsd_local.drafting.length import DraftLength
-
-    s = SimpleNamespace(
-        mode="sd", divergence="js", tau=0.0, temperature=0.0, divergence_topk=8, typical_eps=0.09,
-        typical_alpha=0.3, relaxed_k=10, draft_policy="auto", draft_min=1, draft_max=8,
-    )  # fmt: skip
-    lengths = DraftLength()
-    lengths.start(s)
+    lengths = auto_lengths()
     src = ("ngram", 1)
     cm = lengths.cost(src)
     lengths.shadow(src, [5, 6, 7, 8], 3)
@@ -713,17 +699,9 @@ def test_a_shadow_scores_the_matching_prefix_and_is_dropped_when_the_text_rewind
 def test_a_draft_model_far_behind_the_text_drafts_only_if_it_pays_for_its_catch_up():
     """Drafting after plain steps first costs the draft model's catch-up on the skipped text: a draft length that
     pays when the model is current (k > 0) must not be taken when catching up would eat the gain."""
-    from types import SimpleNamespace
-
-    from fsd_local.drafting.length import DraftLength
     from fsd_local.drafting.proposer import MODEL
 
-    s = SimpleNamespace(
-        mode="sd", divergence="js", tau=0.0, temperature=0.0, divergence_topk=8, typical_eps=0.09,
-        typical_alpha=0.3, relaxed_k=10, draft_policy="auto", draft_min=1, draft_max=8,
-    )  # fmt: skip
-    lengths = DraftLength()
-    lengths.start(s)
+    lengths = auto_lengths()
     for i in range(40):  # plain steps 20 ms; k = 1 rounds: 2 ms drafting + 24 ms verifying, half accepted
         lengths.observe(None, 0, 0, 0.0, 20 * MS)
         lengths.observe(MODEL, 1, i % 2, 2 * MS, 24 * MS)
