@@ -15,6 +15,7 @@ from pathlib import Path
 import llama_cpp as lc
 import pytest
 from click.testing import CliRunner
+from serving import free_port
 from tinymodels import write_tiny_gguf
 
 from fsd_local.cli import cli
@@ -315,12 +316,6 @@ def test_a_build_without_rpc_says_so(info, tiny_pair):
         Model(ModelOptions(tiny_pair[1], rpc_servers="127.0.0.1:50052"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -334,7 +329,7 @@ def test_an_rpc_server_that_does_not_answer_is_an_error(info):
         )
     # nothing listens there: ggml-rpc itself would abort the process, fsd-local must say so first
     with pytest.raises(ModelLoadError, match=r"RPC server 127\.0\.0\.1:\d+ did not answer"):
-        backend.add_rpc_servers(f"127.0.0.1:{_free_port()}")
+        backend.add_rpc_servers(f"127.0.0.1:{free_port()}")
     assert not backend.rpc_registered()
 
 
@@ -377,7 +372,7 @@ def test_target_over_rpc_on_loopback(info, tiny_pair):
             "rebuild with native/build.sh PROFILE --rpc to run this test"
         )
     server = _rpc_server_binary()
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

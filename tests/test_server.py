@@ -12,15 +12,13 @@ import json
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
+from serving import start_serve
 
 from fsd_local import Engine
 from fsd_local.server import BackgroundServer
@@ -387,36 +385,8 @@ def test_metrics_in_prometheus_text_format(server, client):
 # ---------------------------------------------------------------------------------------------- the command
 def test_fsd_local_serve_command(tiny_pair):
     d, t = tiny_pair
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "fsd_local.cli",
-        "serve",
-        "--target",
-        t,
-        "--draft",
-        d,
-        "--ctx",
-        "256",
-        "--threads",
-        "1",
-        "--port",
-        str(port),
-        "--api-key",
-        "k",
-        "--max-queue",
-        "3",
-        "--tau",
-        "0.25",
-    ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
+    proc, url = start_serve(d, t, "--api-key", "k", "--max-queue", "3", "--tau", "0.25")
     try:
-        url = f"http://127.0.0.1:{port}"
 
         def up():
             assert proc.poll() is None, proc.stdout.read()

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from serving import start_serve
 from tinymodels import write_tiny_gguf
 
 from fsd_local import Engine, ModelOptions, Settings
@@ -330,29 +330,7 @@ def test_fsd_local_serve_restarts_its_child(pair):
     """The command itself: the model process is a direct child of `fsd-local serve`; a SIGKILL costs a restart,
     Ctrl-C ends both."""
     d, t = pair
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "fsd_local.cli",
-        "serve",
-        "--target",
-        t,
-        "--draft",
-        d,
-        "--ctx",
-        "256",
-        "--threads",
-        "1",
-        "--port",
-        str(port),
-    ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_serve(d, t)
     try:
 
         def status():

@@ -1,0 +1,27 @@
+"""Starting `fsd-local serve` as a real process on a free loopback port (the server and supervisor tests)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_serve(draft: str, target: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    """`fsd-local serve` on the tiny pair (context 256, one thread) with `extra` options; returns the process,
+    its stdout and stderr merged and unbuffered, and the server's base URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "fsd_local.cli", "serve", "--target", target, "--draft", draft]
+    cmd += ["--ctx", "256", "--threads", "1", "--port", str(port), *extra]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    return proc, f"http://127.0.0.1:{port}"
