@@ -38,6 +38,9 @@ Source = tuple[str, int]
 K_LIMIT = 64  # settings' largest draft_max
 PROBE_SHARE = 0.02  # of generation time that re-probing a model drafter may cost
 CATCH_UP_PRIOR = 0.5  # a catch-up batch's seconds per token / a drafted token's, before measuring
+# a drafting round leaves the draft model at most this many tokens behind the text (the last draft it did not
+# evaluate and the target's token); more means it skipped rounds and must catch up first
+PENDING_MAX = 2
 
 
 class DraftLength:
@@ -90,9 +93,9 @@ class DraftLength:
         # a draft model that skipped rounds must first evaluate the text it missed: drafting this round costs
         # that too, so the policy does not flip between plain steps and marginal drafts, paying a catch-up at
         # every switch (once caught up, a round that drafts again has only its own tokens to evaluate)
-        catch_up = self.catch_up_seconds(behind, cm) if behind > 2 else 0.0
+        catch_up = self.catch_up_seconds(behind, cm) if behind > PENDING_MAX else 0.0
         k = cm.choose_k(max(0, limit), start_seconds=catch_up)
-        if cm.probing and behind > 2:
+        if cm.probing and behind > PENDING_MAX:
             price = catch_up + k * cm.draft_seconds_per_token()
             if price > self.probe_budget:
                 cm.cancel_probe(k)
@@ -113,14 +116,13 @@ class DraftLength:
             return
         source, proposal, pos = self._shadow
         known = len(seq) - pos
-        if known < 1:
-            if known < 0:  # the text was rewound below the proposal: nothing to score
-                self._shadow = None
+        if known < 0:  # the text was rewound below the proposal: nothing to score
+            self._shadow = None
             return
         m = 0
         while m < len(proposal) and m < known and proposal[m] == seq[pos + m]:
             m += 1
-        if m < min(known, len(proposal)) or m == len(proposal):
+        if m == len(proposal) or m < known:  # all matched, or the target wrote seq[pos + m] instead
             self.cost(source).observe_acceptance(len(proposal), m, counterfactual=True)
             self._shadow = None
 

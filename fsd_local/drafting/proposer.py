@@ -7,7 +7,7 @@ from time import perf_counter
 
 import numpy as np
 
-from fsd_local.drafting.length import DraftLength, Source
+from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
 from fsd_local.kernels.accept import Drafts, RoundOut
 from fsd_local.kernels.sampling import pick
@@ -100,7 +100,7 @@ class Proposer:
         dt = perf_counter() - t
         stats.seconds_draft += dt
         self._catch_up_seconds = 0.0
-        if len(behind) > 2:  # more than the round's own pending tokens: it skipped rounds (plain steps)
+        if len(behind) > PENDING_MAX:  # more than the round's own pending tokens: it skipped rounds (plain steps)
             self._catch_up_seconds = dt
             self.lengths.observe_catch_up(len(behind), dt)
         n = 0
