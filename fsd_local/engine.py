@@ -28,6 +28,7 @@ from fsd_local.kernels.accept import (
     sampling_of,
     warm_up,
 )
+from fsd_local.kernels.budget import Budgets
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
@@ -96,6 +97,7 @@ class Engine:
         self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft else self.target.n_vocab
         self._proposer = Proposer(self.draft, self.n_vocab, self.defaults.draft_max)
         self._lengths = self._proposer.lengths
+        self._budgets = Budgets()  # the thresholds a quality budget settled on, for the next reply
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
 
     # ------------------------------------------------------------------ public API
@@ -228,6 +230,7 @@ class Engine:
             self._proposer.reserve(s.draft_max)
             rng = np.random.default_rng(s.seed)
             stats = Stats(prompt_tokens=len(seq))
+            stats.budget = self._budgets.start(s, self._proposer.drafts.tokens.shape[0])
             text = TextStream(s.stop)
             out_tokens: list[int] = []
             out_origins: list[str] = []
@@ -296,7 +299,7 @@ class Engine:
                 origins=out_origins,
             )
             if mode == DRAFT_ONLY:
-                completion.stats["target_logprob_mean"] = None
+                completion.stats["target_logprob_mean"] = completion.stats["loss_per_token"] = None
             plain = self._lengths.plain_tokens_per_second_est
             completion.stats["plain_tokens_per_second_est"] = plain
             completion.stats["speedup_vs_plain_est"] = completion.stats["tokens_per_second"] / plain if plain else None
@@ -324,8 +327,9 @@ class Engine:
         p = tgt.logits(n_drafts + 1)
         us = rng.random(n_drafts + 1) if sampling.temperature > 0 else np.zeros(n_drafts + 1)
         out = self._proposer.out
-        accepted, nxt = accept_round(p, self._proposer.drafts, n_drafts, self.n_vocab, rule, sampling, us, out)
-        stats.record_round(n_drafts, out.reason, out.divergence, out.logprob, accepted + 1)
+        drafts_in, budget = self._proposer.drafts, stats.budget
+        accepted, nxt = accept_round(p, drafts_in, n_drafts, self.n_vocab, rule, sampling, us, out, budget)
+        stats.record_round(n_drafts, out.reason, out.divergence, out.logprob, accepted + 1, budget.loss)
         return drafts[:accepted] + [int(nxt)], out.reason[:accepted].tolist()
 
     def _plain_step(self, m: Model, seq, sampling, rng, stats, mode):

@@ -20,6 +20,7 @@ from fsd_local.kernels.names import (
     MODES,
     RELAXED_K_DEFAULT,
     SPECULATIVE_MODES,
+    TAU_MODES,
     TOPK_DEFAULT,
     TYPICAL_ALPHA_DEFAULT,
     TYPICAL_EPS_DEFAULT,
@@ -36,6 +37,12 @@ MODE_HELP = (
     "Other rescues after a failed SD test (tau = 0: exactly sd): typical (Medusa: p(d) > 1 - tau (1 - "
     "min(eps, a exp(-H)))), cascade (p(d) >= (1 - tau) max p), relaxed (d in the target's top k and p(d) >= "
     "max p - tau), fsd-entropy (divergence <= tau (1 - exp(-H)), H the target's entropy)"
+)
+BUDGET_HELP = (
+    "quality budget B instead of tau: nats of the target's log-probability given up per emitted token, averaged "
+    "over the reply (greedy: log p(target's top) - log p(emitted); sampled: README 'Quality budget'). The engine "
+    "moves the mode's threshold online and refuses any rescue that would take the reply above B, at every "
+    "length. 0 = exactly sd; 'off' (none) = use tau"
 )
 DIVERGENCE_HELP = (
     "js (Jensen-Shannon, <= ln2), kl KL(target||draft), rkl KL(draft||target), tv total variation, "
@@ -58,6 +65,7 @@ class Spec:
     http: bool = True  # a field of the OpenAI API's request body
     chat: str | None = None  # the slash command that sets it in `fsd-local chat`
     metavar: str | None = None
+    kind: type | None = None  # the type of a setting whose default is None (None = off)
 
     def range_text(self) -> str:
         lo = "" if self.lo is None else f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
@@ -82,6 +90,9 @@ class Settings:
     """Everything that may change between two calls on the same loaded pair (see each field's help)."""
 
     tau: float = setting(0.0, TAU_HELP, lo=0, cli="--tau", chat="tau")
+    quality_budget: float | None = setting(
+        None, BUDGET_HELP, lo=0, cli="--quality-budget", chat="budget", kind=float, metavar="B"
+    )
     mode: str = setting("fsd", MODE_HELP, choices=MODES, cli="--mode", chat="mode")
     divergence: str = setting("js", DIVERGENCE_HELP, choices=DIVERGENCES, cli="--divergence", chat="divergence")
     divergence_topk: int = setting(
@@ -167,7 +178,7 @@ class Settings:
         hi_open=True,
         cli="--min-p",
     )
-    seed: int | None = setting(None, "makes sampled runs reproducible", lo=0, cli="--seed")
+    seed: int | None = setting(None, "makes sampled runs reproducible", lo=0, cli="--seed", kind=int)
     max_tokens: int = setting(256, "most tokens to generate", lo=0, cli="--max-tokens")
     stop: tuple[str, ...] = setting((), "stop string (repeatable)", cli="--stop")
     ignore_eos: bool = setting(
@@ -189,6 +200,17 @@ class Settings:
         if self.adaptive and self.draft_policy == "fixed":  # the old flag is an alias of the policy
             object.__setattr__(self, "draft_policy", "adaptive")
         object.__setattr__(self, "adaptive", self.draft_policy == "adaptive")
+        if self.quality_budget is not None:
+            if self.tau > 0:
+                raise ConfigError(
+                    f"tau={self.tau:g} and quality_budget={self.quality_budget:g} are both set: the budget moves "
+                    "the threshold itself; set one of them (tau 0, or quality_budget off)"
+                )
+            if self.mode not in TAU_MODES:
+                raise ConfigError(
+                    f"quality_budget needs a lossy mode ({', '.join(TAU_MODES)}); mode {self.mode!r} has no "
+                    "threshold to move (sd is quality_budget 0)"
+                )
 
     # ---------------------------------------------------------------- derived
     @property
@@ -202,12 +224,13 @@ class Settings:
 
     # ---------------------------------------------------------------- changes
     def with_(self, **changes: Any) -> Settings:
-        """A copy with some fields changed (None leaves a field as it is, except seed); validated."""
+        """A copy with some fields changed (None leaves a field as it is, except for the settings whose None means
+        off: seed, quality_budget); validated."""
         changes = _aliases(changes)
         unknown = set(changes) - NAMES
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(NAMES))}")
-        return replace(self, **{k: v for k, v in changes.items() if v is not None or k == "seed"})
+        return replace(self, **{k: v for k, v in changes.items() if v is not None or k in OPTIONAL})
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -234,9 +257,8 @@ def field_type(f: Field) -> type:
         factory = f.default_factory
         assert callable(factory), f"setting {f.name} has neither a default nor a default factory"
         default = factory()
-    if f.name == "seed":
-        return int
-    return type(default)
+    kind = spec(f).kind
+    return kind if kind is not None else type(default)
 
 
 def _check(f: Field, value: Any) -> None:
@@ -245,7 +267,7 @@ def _check(f: Field, value: Any) -> None:
     def bad(why: str) -> None:
         raise ConfigError(f"{name}={value!r} {why}")
 
-    if value is None and f.name == "seed":
+    if value is None and f.name in OPTIONAL:
         return
     if kind is bool:
         if not isinstance(value, bool):
@@ -275,3 +297,4 @@ def _check(f: Field, value: Any) -> None:
 
 FIELDS: tuple[Field, ...] = fields(Settings)
 NAMES = frozenset(f.name for f in FIELDS)
+OPTIONAL = frozenset(f.name for f in FIELDS if spec(f).kind is not None)  # None = off

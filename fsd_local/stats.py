@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+# the budget's state vector (kernels/budget.py; not imported: stats must not load numba)
+_LOSS, _TOKENS, _TAU, _TAU_SUM, _TAU_MIN, _TAU_MAX, _ROUNDS, _REFUSED = range(8)
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 
@@ -29,14 +33,17 @@ class Stats:
     by_position_accepted: list = field(default_factory=list)
     divergences: list = field(default_factory=list)
     k_histogram: list = field(default_factory=list)  # rounds by the draft length chosen (0 = a plain step)
+    loss_sum: float = 0.0  # target log-probability given up (kernels/budget.py), over the emitted tokens
+    not_chosen: int = 0  # emitted tokens with a positive loss: the target would not have chosen them
+    budget: Any = None  # the reply's kernels.budget.Budget (its bound is < 0 when there is no budget)
 
     def record_k(self, k: int) -> None:
         if k >= len(self.k_histogram):
             self.k_histogram.extend([0] * (k + 1 - len(self.k_histogram)))
         self.k_histogram[k] += 1
 
-    def record_round(self, n_drafts, reasons, divs, logprobs, emitted):
-        """One round: reasons/divs are the kernel's per-slot arrays, logprobs the emitted tokens' rows."""
+    def record_round(self, n_drafts, reasons, divs, logprobs, emitted, losses):
+        """One round: reasons/divs are the kernel's per-slot arrays, logprobs and losses the emitted tokens'."""
         self.rounds += 1
         self.target_calls += 1
         self.drafted += n_drafts
@@ -58,12 +65,38 @@ class Stats:
                 self.divergences.append(float(d))
         for j in range(emitted):
             self.logprob_sum += float(logprobs[j])
+            self.loss_sum += float(losses[j])
+            self.not_chosen += bool(losses[j] > 0.0)
         self.logprob_count += emitted
         self.tokens += emitted
 
     @property
     def accepted(self) -> int:
         return self.accepted_sd + self.accepted_fuzzy
+
+    def budget_dict(self) -> dict:
+        """The budget B (None: none), the loss spent per token, the share of tokens the target would not have
+        chosen, and how the budget's threshold moved (None without a budget)."""
+        n = self.logprob_count
+        b = self.budget
+        on = b is not None and b.bound >= 0.0
+        st = b.state if on else None
+        rounds = st[_ROUNDS] if st is not None else 0.0
+        return {
+            "quality_budget": float(b.bound) if on else None,
+            "loss_per_token": self.loss_sum / n if n else 0.0,
+            "loss_sum": self.loss_sum,
+            "not_chosen_share": self.not_chosen / n if n else 0.0,
+            "threshold": {
+                "mean": float(st[_TAU_SUM] / rounds),
+                "min": float(st[_TAU_MIN]),
+                "max": float(st[_TAU_MAX]),
+                "last": float(st[_TAU]),
+            }
+            if st is not None and rounds
+            else None,
+            "rescues_refused": int(st[_REFUSED]) if st is not None else 0,
+        }
 
     def to_dict(self) -> dict:
         other = max(0.0, self.seconds_total - self.seconds_draft - self.seconds_target)
@@ -97,4 +130,5 @@ class Stats:
             "prompt_evaluated": self.prompt_evaluated,
             "prompt_seconds": self.prompt_seconds,
             "tokens_per_second": self.tokens / self.seconds_total if self.seconds_total > 0 else 0.0,
+            **self.budget_dict(),
         }

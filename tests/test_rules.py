@@ -11,6 +11,7 @@ import pytest
 from fsd_local.kernels import reference_rules as ref
 from fsd_local.kernels import sampling as S
 from fsd_local.kernels.accept import BY_FUZZY, BY_SD, REJECTED, Drafts, RoundOut, Rule, Sampling, accept_round
+from fsd_local.kernels.budget import new_budget
 from fsd_local.kernels.divergence import DIVERGENCES, compute
 from fsd_local.kernels.names import CASCADE, FSD_ENTROPY, MODES, RELAXED, SD, TARGET_RULES, TAU_MODES, TYPICAL
 from fsd_local.kernels.rows import row_entropy, row_lse
@@ -184,7 +185,9 @@ def run_accept(P, Q, drafts, mode, tau, temperature=0.0, uniforms=None, div="js"
     us = np.zeros(k + 1) if uniforms is None else uniforms
     draft = Drafts(Q, np.asarray(drafts, np.int32), q_prob, q_stats, np.full(k, int(onehot), np.uint8))
     rule = Rule(MODES.index(mode), DIVERGENCES.index(div), float(tau), 50, **knobs)
-    acc, nxt = accept_round(P, draft, k, n, rule, Sampling(float(temperature), 0, 1.0, 0.0), us, out)
+    acc, nxt = accept_round(
+        P, draft, k, n, rule, Sampling(float(temperature), 0, 1.0, 0.0), us, out, new_budget(None, k)
+    )
     return acc, nxt, out.reason.copy(), out.divergence.copy()
 
 

@@ -9,6 +9,7 @@ from scipy import stats as sps
 
 from fsd_local.kernels import sampling as S
 from fsd_local.kernels.accept import BY_FUZZY, BY_SD, FSD, FSD_PAPER, SD, Drafts, RoundOut, Rule, Sampling, accept_round
+from fsd_local.kernels.budget import new_budget
 from fsd_local.kernels.divergence import DIVERGENCES
 
 ALPHA = 1e-3  # false-alarm rate of every statistical test in this file
@@ -118,6 +119,7 @@ def run_accept(P, Q, drafts, mode, div, tau, temperature=0.0, uniforms=None):
         Sampling(float(temperature), 0, 1.0, 0.0),
         us,
         out,
+        new_budget(None, k),
     )
     return acc, nxt, out.reason.copy(), out.divergence.copy(), out.logprob.copy()
 

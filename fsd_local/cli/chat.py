@@ -25,7 +25,7 @@ from fsd_local.cli.options import summary_line
 from fsd_local.engine import CancelToken, Completion, Engine, Piece
 from fsd_local.errors import ConfigError, FSDError
 from fsd_local.llama.chat_template import ChatTemplate
-from fsd_local.settings import FIELDS, Settings, field_type, spec
+from fsd_local.settings import FIELDS, OPTIONAL, Settings, field_type, spec
 
 # command -> (Settings field, parser), from the settings that declare a chat command; a parser's ValueError
 # becomes a usage hint
@@ -142,7 +142,7 @@ class ChatSession:
             if cmd.arg is None:
                 return f"{cmd.name} = {getattr(self.settings, key)}"
             try:
-                value = parse(cmd.arg)
+                value = None if key in OPTIONAL and cmd.arg.lower() in ("off", "none") else parse(cmd.arg)
             except ValueError:
                 raise ConfigError(f"/{cmd.name} needs a number, e.g. /{cmd.name} 0.3; got {cmd.arg!r}") from None
             changed = self.settings.with_(**{key: value})  # validates
@@ -162,7 +162,8 @@ class ChatSession:
     def stats_text(self) -> str:
         s = self.settings
         lines = [
-            f"settings: tau {s.tau:g}, mode {s.mode}, divergence {s.divergence}, temp {s.temperature:g}, "
+            f"settings: {'tau ' + format(s.tau, 'g') if s.quality_budget is None else f'budget {s.quality_budget:g}'}, "
+            f"mode {s.mode}, divergence {s.divergence}, temp {s.temperature:g}, "
             f"draft-max {s.draft_max}{' (adaptive)' if s.adaptive else ''}, max-tokens {s.max_tokens}",
             self.totals.line(),
         ]

@@ -29,10 +29,12 @@ def summary_line(stats: dict, finish: str | None) -> str:
     rate: what plain decoding would do here), acceptance, and what the prefix cache saved."""
     vs_plain = stats.get("speedup_vs_plain_est")
     plain = f"{vs_plain:.2f}x plain decoding, " if vs_plain else ""
+    b = stats.get("quality_budget")
+    budget = f"budget spent {stats['loss_per_token']:.3f} of {b:g} nats/token, " if b is not None else ""
     return (
         f"[{finish}] {stats['tokens']} tokens, {stats['tokens_per_second']:.1f} tok/s, "
         f"acceptance {stats['acceptance_rate']:.0%}, {stats['mean_tokens_per_round']:.2f} tokens/round, "
-        f"fuzzy {stats['fuzzy_share']:.0%}, {plain}prompt {stats['prompt_evaluated']}/{stats['prompt_tokens']} "
+        f"fuzzy {stats['fuzzy_share']:.0%}, {budget}{plain}prompt {stats['prompt_evaluated']}/{stats['prompt_tokens']} "
         "tokens evaluated"
     )
 

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from fsd_local.kernels.budget import TAU, afford, end_round, greedy_loss, new_budget, sampled_loss
 from fsd_local.kernels.divergence import divergence
 from fsd_local.kernels.names import (  # noqa: F401
     AR,
@@ -100,11 +101,14 @@ def sampling_of(settings) -> Sampling:
 
 
 @njit(cache=True)
-def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out):
-    """Returns (n_accepted, next_token); fills out.reason[:n_drafts], out.divergence[:n_drafts] and
-    out.logprob[:n_accepted + 1]. P: the target's n_drafts + 1 logit rows."""
+def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, budget):
+    """Returns (n_accepted, next_token); fills out.reason[:n_drafts], out.divergence[:n_drafts],
+    out.logprob[:n_accepted + 1] and budget.loss[:n_accepted + 1] (kernels/budget.py). P: the target's n_drafts + 1
+    logit rows. Under a budget (budget.bound >= 0) the rule uses the budget's threshold instead of rule.tau, and a
+    rescue must also be affordable."""
     Q, drafts, q_prob, q_stats = draft.rows, draft.tokens, draft.prob, draft.stats
-    mode, div_kind, tau, topk_div = rule.mode, rule.divergence, rule.tau, rule.divergence_topk
+    mode, div_kind, topk_div = rule.mode, rule.divergence, rule.divergence_topk
+    tau = rule.tau if budget.bound < 0.0 else budget.state[TAU]
     temperature, top_k, top_p, min_p = sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
     reason, divs, logprobs = out.reason, out.divergence, out.logprob
     greedy = temperature <= 0.0
@@ -112,25 +116,32 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out):
     lse_p = np.full(n_drafts + 1, np.nan)
     stats_p = np.zeros(3, np.float32)
     accepted = 0
+    loss = budget.loss
     for i in range(n_drafts):
         reason[i] = REJECTED
         divs[i] = np.nan
+    for i in range(n_drafts + 1):
+        loss[i] = 0.0
     for i in range(n_drafts):
         x = P[i]
         d = drafts[i]
+        mx, cut, lz = np.float32(0.0), np.float32(0.0), 0.0
+        if not greedy:
+            mx, cut, lz = processed(x, n, temperature, top_k, top_p, min_p)
         if mode != FSD_PAPER:
             if greedy:
                 ok = argmax(x, n) == d
             else:
-                mx, cut, lz = processed(x, n, temperature, top_k, top_p, min_p)
                 # accept with probability min(1, p~(d) / q~(d))
                 ok = uniforms[i] * q_prob[i] < prob(x, d, temperature, mx, cut, lz)
             if ok:
                 reason[i] = BY_SD
                 accepted += 1
                 continue
-            if mode == SD or not tau > 0.0:  # tau = 0: exactly standard speculative decoding
+            if mode == SD or not tau > 0.0 or budget.bound == 0.0:  # tau = 0 or B = 0: exactly sd
                 break
+        elif budget.bound == 0.0:
+            break
         lse_p[i] = row_lse(x, n)
         if mode == TYPICAL or mode == CASCADE or mode == RELAXED:  # the target's distribution alone
             ok, dv = target_rule(mode, x, lse_p[i], d, n, tau, rule.typical_eps, rule.typical_alpha, rule.relaxed_k)
@@ -145,6 +156,18 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out):
             else:
                 ok = dv <= tau  # NaN compares False: never accepts
         divs[i] = dv
+        if ok:  # what the rescue costs (kernels/budget.py), known before accepting it
+            if greedy:
+                cost = greedy_loss(x, n, d)
+            else:
+                stats_p[0], stats_p[1], stats_p[2] = mx, cut, lz
+                cost = sampled_loss(
+                    mode, x, lse_p[i], Q[i], draft.onehot[i], d, n, temperature, stats_p, q_stats[i], tau,
+                    rule.relaxed_k, rule.typical_eps, rule.typical_alpha,
+                )  # fmt: skip
+            ok = afford(budget, cost, i)
+            if ok and not greedy:
+                loss[i] = cost
         if ok:
             reason[i] = BY_FUZZY
             accepted += 1
@@ -166,6 +189,9 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out):
             lse_p[j] = row_lse(P[j], n)
         tok = drafts[j] if j < accepted else nxt
         logprobs[j] = float(P[j][tok]) - lse_p[j]
+        if greedy:
+            loss[j] = greedy_loss(P[j], n, tok)
+    end_round(budget, accepted + 1)
     return accepted, nxt
 
 
@@ -195,11 +221,13 @@ def warm_up() -> None:
     for onehot in (0, 1):
         draft = Drafts(Q, drafts, q_prob, q_stats, np.full(k, onehot, np.uint8))
         out = RoundOut(np.zeros(k, np.int8), np.zeros(k), np.zeros(k + 1))
+        budgets = (new_budget(None, k), new_budget(0.1, k))
         for temperature in (0.0, 1.0):
             sampling = Sampling(temperature, 0, 1.0, 0.0)
             pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], False)
             pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], True)
             emit_one(P[0], n, sampling, 0.5, q_stats[0])
             for mode in (FSD, FSD_PAPER, SD, TYPICAL, CASCADE, RELAXED, FSD_ENTROPY):
-                accept_round(P, draft, k, n, Rule(mode, 0, 1.0, 50), sampling, np.full(k + 1, 0.5), out)
+                for budget in budgets:
+                    accept_round(P, draft, k, n, Rule(mode, 0, 1.0, 50), sampling, np.full(k + 1, 0.5), out, budget)
     _warm = True

@@ -1,0 +1,198 @@
+"""The quality budget (FSD.md "Quality budget", README "Quality budget"), jitted.
+
+B is nats of target log-probability given up per emitted token, averaged over the reply. The loss of an emitted
+token is known when the acceptance rule looks at it:
+
+- greedy: log p(target's top token) - log p(emitted) = max x - x[t] on the target's raw logit row x (softmax at
+  temperature 1): 0 for every token the target would choose itself;
+- sampled: only a rescue costs (SD-accepted tokens, replacements and bonus tokens are drawn as `sd` would draw
+  them). A slot where rescues are allowed emits from r, a mix of the draft's and the target's processed
+  distributions, instead of the target's p~; the rescue is charged KL(r || p~) / P(rescue at this slot), so
+  the expected charge of the slot is exactly KL(r || p~), and it is +inf where r puts mass on a token p~ never
+  emits (such a rescue is never affordable).
+
+The hard cap: a rescue is allowed only when the reply's running loss, with it, stays <= B x (tokens emitted so far,
+this one included). Every other token adds nothing, so every prefix of every reply keeps its budget.
+
+The controller moves the mode's threshold (tau of its own rule) online: after each round, multiplicatively up
+when the unspent budget (B x tokens - loss) is above a reserve of RESERVE_TOKENS tokens' worth, down when below,
+so the budget is spent at its rate on the rescues the mode ranks best, and the reserve leaves room for them when
+they come. The threshold a pair and budget settle on is kept for the next reply (`Budgets`).
+"""
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
+from fsd_local.kernels.names import CASCADE, FSD_PAPER, RELAXED, TYPICAL
+from fsd_local.kernels.rows import row_entropy, row_max
+from fsd_local.kernels.topk import top_indices
+
+# the state vector of one reply's budget
+LOSS, TOKENS, TAU, TAU_SUM, TAU_MIN, TAU_MAX, ROUNDS, REFUSED = range(8)
+N_STATE = 8
+TAU_START, TAU_LO, TAU_HI = 0.1, 1e-3, 4.0  # the threshold's first value and its range (every rule's tau scale)
+RESERVE_TOKENS = 8.0  # the controller keeps this many tokens' worth of budget unspent for the next rescue
+GAIN = 0.25  # log-change of the threshold per round at full deviation from the reserve
+
+
+class Budget(NamedTuple):
+    """One reply's budget: the bound B (< 0: no budget, the rule's own tau), the state (LOSS ... REFUSED above),
+    and `loss`, filled by accept_round with the loss of every emitted token of the round (also with no budget)."""
+
+    bound: float
+    state: np.ndarray
+    loss: np.ndarray
+
+
+def new_budget(bound: float | None, k: int, tau: float = TAU_START) -> Budget:
+    """A budget for a reply with up to k drafts a round; bound None = no budget (losses are still measured)."""
+    state = np.zeros(N_STATE)
+    state[TAU], state[TAU_MIN], state[TAU_MAX] = tau, np.inf, -np.inf
+    return Budget(-1.0 if bound is None else float(bound), state, np.zeros(k + 1))
+
+
+@njit(cache=True)
+def greedy_loss(x, n, t):
+    """log p(top) - log p(t) of the softmax of x[:n]: max x - x[t] (+inf for a masked token, NaN on NaN)."""
+    return float(row_max(x, n)) - float(x[t])
+
+
+@njit(cache=True)
+def _p(v, mx, cut, lz, inv_t):
+    """A processed probability (kernels/sampling.py's three numbers), float64."""
+    return math.exp((float(v) - mx) * inv_t - lz) if v >= cut else 0.0
+
+
+@njit(cache=True)
+def _row_constants(mode, x, lx, n, relaxed_k, eps, alpha):
+    """What the target rules' critical tau of any token needs: (log max p, kth largest logit, m of typical)."""
+    xmax = float(row_max(x, n))
+    kth = -np.inf
+    if mode == RELAXED:
+        top = top_indices(x, n, relaxed_k)
+        kth = float(x[top[top.shape[0] - 1]]) if top.shape[0] > 0 else -np.inf
+    m = 0.0
+    if mode == TYPICAL:
+        h = row_entropy(x, n, lx)
+        m = min(eps, alpha * math.exp(-h)) if h == h else np.nan
+    return xmax - lx, kth, m
+
+
+@njit(cache=True)
+def _rescuable(mode, xv, lx, lpmax, kth, m, tau):
+    """Whether the target rule (kernels/rules.py) rescues a token with raw logit xv at threshold tau."""
+    if not xv > -np.inf:
+        return False
+    p = math.exp(min(float(xv) - lx, 0.0))
+    if mode == TYPICAL:
+        return (1.0 - p) / (1.0 - m) <= tau
+    if mode == CASCADE:
+        return 1.0 - math.exp(min(float(xv) - lx - lpmax, 0.0)) <= tau
+    if mode == RELAXED:
+        return xv >= kth and math.exp(lpmax) - p <= tau
+    return True  # the divergence rules rescue whatever was drafted at a slot whose divergence passed
+
+
+@njit(cache=True)
+def sampled_loss(mode, x, lx, y, onehot, d, n, temperature, p_stats, q_stats, tau, relaxed_k, eps, alpha):
+    """KL(r || p~) / P(rescue) of a slot where the rule may rescue (module docstring). x, y: the target's and the
+    draft's raw rows, lx = row_lse(x); p_stats, q_stats: (max, cutoff, log-normaliser) of p~ and q~; a one-hot
+    draft row (prompt lookup) is q~ = the drafted token d."""
+    inv_t = 1.0 / temperature
+    pmx, pcut, plz = float(p_stats[0]), float(p_stats[1]), float(p_stats[2])
+    qmx, qcut, qlz = float(q_stats[0]), float(q_stats[1]), float(q_stats[2])
+    lpmax, kth, m = _row_constants(mode, x, lx, n, relaxed_k, eps, alpha)
+    if not m == m:
+        return np.nan
+    # pass 1: the mass the rule rescues, and the rejected mass the residual replaces
+    rescued = 0.0
+    rejected = 0.0
+    residual = 0.0
+    for t in range(n):
+        p = _p(x[t], pmx, pcut, plz, inv_t)
+        q = (1.0 if t == d else 0.0) if onehot else _p(y[t], qmx, qcut, qlz, inv_t)
+        if q > p:
+            if mode == FSD_PAPER or _rescuable(mode, x[t], lx, lpmax, kth, m, tau):
+                rescued += q - p
+            else:
+                rejected += q - p
+        else:
+            residual += p - q
+    if mode == FSD_PAPER:  # no SD test: every token accepted at the slot is a rescue
+        rescued, rejected = 1.0, 0.0
+    if not rescued > 0.0:
+        return 0.0
+    # pass 2: KL(r || p~), r = min(p, q) + rescued part of (q - p)+ + rejected mass spread as the residual
+    kl = 0.0
+    for t in range(n):
+        p = _p(x[t], pmx, pcut, plz, inv_t)
+        q = (1.0 if t == d else 0.0) if onehot else _p(y[t], qmx, qcut, qlz, inv_t)
+        if mode == FSD_PAPER:
+            r = q
+        elif q > p:
+            r = q if _rescuable(mode, x[t], lx, lpmax, kth, m, tau) else p
+        else:
+            r = q + (rejected * (p - q) / residual if residual > 0.0 else 0.0)
+        if r > 0.0:
+            if not p > 0.0:
+                return np.inf
+            kl += r * math.log(r / p)
+    return max(kl, 0.0) / rescued
+
+
+@njit(cache=True)
+def afford(budget, cost, slot):
+    """Whether a rescue of this cost at this slot of the round keeps the reply within its budget (always, with no
+    budget); charges it if so, counts a refusal if not."""
+    if budget.bound < 0.0:
+        return True
+    s = budget.state
+    if budget.bound > 0.0 and cost == cost and s[LOSS] + cost <= budget.bound * (s[TOKENS] + slot + 1.0):
+        s[LOSS] += cost
+        return True
+    s[REFUSED] += 1.0
+    return False
+
+
+@njit(cache=True)
+def end_round(budget, emitted):
+    """Count the round's tokens, record the threshold it used, and move the threshold for the next round."""
+    if budget.bound < 0.0:
+        return
+    s = budget.state
+    s[TOKENS] += emitted
+    s[ROUNDS] += 1.0
+    s[TAU_SUM] += s[TAU]
+    s[TAU_MIN] = min(s[TAU_MIN], s[TAU])
+    s[TAU_MAX] = max(s[TAU_MAX], s[TAU])
+    if budget.bound > 0.0:
+        reserve = budget.bound * RESERVE_TOKENS
+        unspent = budget.bound * s[TOKENS] - s[LOSS]
+        step = min(max((unspent - reserve) / reserve, -1.0), 1.0)
+        s[TAU] = min(max(s[TAU] * math.exp(GAIN * step), TAU_LO), TAU_HI)
+
+
+def threshold(budget: Budget) -> float:
+    """The threshold the rule uses this round."""
+    return float(budget.state[TAU])
+
+
+class Budgets:
+    """The thresholds the controller settled on, per (mode, divergence, greedy or not, B): the next reply of the
+    same kind starts from there instead of from TAU_START."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple, np.ndarray] = {}
+
+    def start(self, s, k: int) -> Budget:
+        if s.quality_budget is None:
+            return new_budget(None, k)
+        key = (s.mode, s.divergence, s.temperature > 0, float(s.quality_budget))
+        prev = self._last.get(key)
+        budget = new_budget(s.quality_budget, k, TAU_START if prev is None else float(prev[TAU]))
+        self._last[key] = budget.state
+        return budget
