@@ -1,0 +1,329 @@
+"""The quality budget (kernels/budget.py): the per-token loss against float64 references (greedy on the target's
+recorded logits, sampled on fixed rows, and the sampled emission distribution it is defined on), the hard cap
+under a forced sequence of expensive rescues and on real replies of every length, B = 0 is exactly `sd`, the
+controller moves the threshold, and the setting's surfaces (Python, CLI, chat, HTTP) with the tau + budget error."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from scipy import stats as sps
+
+from fsd_local import ConfigError, Engine, Settings
+from fsd_local.kernels import sampling as S
+from fsd_local.kernels.accept import (
+    CASCADE,
+    FSD,
+    FSD_PAPER,
+    RELAXED,
+    TYPICAL,
+    Drafts,
+    RoundOut,
+    Rule,
+    Sampling,
+    accept_round,
+)
+from fsd_local.kernels.budget import LOSS, TAU, TAU_HI, TAU_START, TOKENS, new_budget, sampled_loss
+from fsd_local.llama.model import Model, ModelOptions
+
+ALPHA = 1e-3
+PROMPTS = ["the cat sat on the mat", "we ran far away, very far", "a b c", "über € é!"]
+LOSSY = ("fsd", "fsd-entropy", "typical", "cascade", "relaxed", "fsd-paper")
+
+
+# ------------------------------------------------------------------ greedy loss on recorded logits
+def _reference_losses(path, prompt_ids, out_ids):
+    """log p(top) - log p(emitted) in float64, from a fresh evaluation of prompt + reply in one batch."""
+    m = Model(ModelOptions(path, n_ctx=512, n_threads=1))
+    try:
+        seq = list(prompt_ids) + list(out_ids)
+        m.decode(seq, f"from:{len(prompt_ids) - 1}")
+        rows = m.logits(len(out_ids) + 1)[: len(out_ids)].astype(np.float64)
+    finally:
+        m.close()
+    lp = rows - rows.max(axis=1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(axis=1, keepdims=True))
+    return lp.max(axis=1) - lp[np.arange(len(out_ids)), out_ids]
+
+
+@pytest.mark.parametrize("settings", [{"tau": 0.4}, {"quality_budget": 0.3}, {"mode": "typical", "tau": 1.0}])
+def test_greedy_loss_equals_the_float64_reference_on_the_targets_logits(tiny_engine, tiny_pair, settings):
+    prompt = tiny_engine.tokenize("the cat sat on the mat")
+    out = tiny_engine.generate(prompt, max_tokens=40, ignore_eos=True, **settings)
+    ref = _reference_losses(tiny_pair[1], prompt, out.token_ids)
+    st = out.stats
+    assert st["accepted_fuzzy"] > 0 and st["loss_sum"] > 0
+    assert st["loss_sum"] == pytest.approx(ref.sum(), abs=2e-2)  # batch shapes differ: ~1e-3 per token
+    assert st["loss_per_token"] == pytest.approx(ref.mean(), abs=1e-3)
+    assert st["not_chosen_share"] == pytest.approx(np.mean(ref > 1e-3), abs=0.03)
+
+
+# ------------------------------------------------------------------ sampled loss
+def _processed_ref(x, t, top_k):
+    z = x.astype(np.float64) / t
+    if top_k:
+        z = np.where(z >= np.sort(z)[-top_k], z, -np.inf)
+    p = np.exp(z - z.max())
+    return p / p.sum()
+
+
+def _rescue_set(mode, x, tau, eps, alpha, k):
+    praw = np.exp(x.astype(np.float64) - x.max())
+    praw /= praw.sum()
+    if mode == TYPICAL:
+        h = -np.sum(praw * np.log(praw))
+        return (1 - praw) / (1 - min(eps, alpha * math.exp(-h))) <= tau
+    if mode == CASCADE:
+        return 1 - praw / praw.max() <= tau
+    if mode == RELAXED:
+        rank = np.array([(x > v).sum() for v in x])
+        return (rank < k) & (praw.max() - praw <= tau)
+    return np.ones(len(x), bool)
+
+
+def _reference_sampled_loss(mode, x, y, t, top_k, tau, eps=0.09, alpha=0.3, k=3):
+    """KL(r || p~) / P(rescue), r the distribution the rule emits from at the slot, in float64."""
+    p, q = _processed_ref(x, t, top_k), _processed_ref(y, t, top_k)
+    if mode == FSD_PAPER:
+        r, rescued = q, 1.0
+    else:
+        a = _rescue_set(mode, x, tau, eps, alpha, k)
+        over = np.maximum(q - p, 0)
+        rescued = over[a].sum()
+        rejected = over[~a].sum()
+        under = np.maximum(p - q, 0)
+        r = np.minimum(p, q) + np.where(a, over, 0) + rejected * under / under.sum()
+    if rescued == 0:  # the rule rescues nothing here: nothing to charge
+        return 0.0, r, rescued
+    nz = r > 0
+    with np.errstate(divide="ignore"):  # r > 0 where p = 0: +inf, never affordable
+        return np.sum(r[nz] * np.log(r[nz] / p[nz])) / rescued, r, rescued
+
+
+def _kernel_sampled_loss(mode, x, y, t, top_k, tau, k=3):
+    n = len(x)
+    ps = np.array(S.processed(x, n, t, top_k, 1.0, 0.0), np.float32)
+    qs = np.array(S.processed(y, n, t, top_k, 1.0, 0.0), np.float32)
+    lx = float(np.logaddexp.reduce(x.astype(np.float64)))
+    return sampled_loss(mode, x, lx, y, False, 0, n, t, ps, qs, tau, k, 0.09, 0.3)
+
+
+@pytest.mark.parametrize("mode", [FSD, FSD_PAPER, TYPICAL, CASCADE, RELAXED])
+@pytest.mark.parametrize("t,top_k", [(1.0, 0), (0.7, 0), (1.5, 0), (1.0, 6)])
+def test_sampled_loss_equals_the_float64_reference(mode, t, top_k):
+    rng = np.random.default_rng(mode * 10 + int(t * 10) + top_k)
+    for trial in range(5):
+        x = (rng.standard_normal(12) * 1.5).astype(np.float32)
+        y = (x + rng.standard_normal(12) * 0.8).astype(np.float32)
+        tau = 0.4 if mode != TYPICAL else 0.9
+        ref, _, _ = _reference_sampled_loss(mode, x, y, t, top_k, tau)
+        got = _kernel_sampled_loss(mode, x, y, t, top_k, tau)
+        if math.isinf(ref):  # the draft's top-k holds a token outside the target's: never affordable
+            assert got == math.inf
+        else:
+            assert got == pytest.approx(ref, rel=2e-3, abs=1e-6), trial  # float32 normalisers
+
+
+@pytest.mark.parametrize("mode,tau", [(TYPICAL, 0.9), (CASCADE, 0.5), (FSD, 1.0)])
+def test_sampled_loss_is_defined_on_the_distribution_the_rule_really_emits(mode, tau):
+    """Drafts drawn from q~, one slot through accept_round: the first emitted token follows r, the distribution
+    the loss is the KL of (and the rule rescues with the probability the loss divides by)."""
+    n, t = 8, 1.0
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(n) * 1.5).astype(np.float32)
+    y = (x + rng.standard_normal(n)).astype(np.float32)
+    _, r, rescued = _reference_sampled_loss(mode, x, y, t, 0, tau)
+    q = _processed_ref(y, t, 0)
+    P, Q = np.stack([x, x]), y[None, :].copy()
+    mx, cut, lz = S.processed(y, n, t, 0, 1.0, 0.0)
+    stats = np.array([[mx, cut, lz], [0, 0, 0]], np.float32)
+    out = RoundOut(np.zeros(1, np.int8), np.zeros(1), np.zeros(2))
+    rule, sampling, budget = Rule(mode, 0, tau, 50), Sampling(t, 0, 1.0, 0.0), new_budget(None, 1)
+    counts, fuzzy = np.zeros(n), 0
+    draws = 20000
+    for d, u0, u1 in zip(rng.choice(n, draws, p=q), rng.random(draws), rng.random(draws)):
+        drafts = Drafts(Q, np.array([d], np.int32), np.array([q[d]]), stats, np.zeros(1, np.uint8))
+        acc, nxt = accept_round(P, drafts, 1, n, rule, sampling, np.array([u0, u1]), out, budget)
+        counts[d if acc else nxt] += 1
+        fuzzy += out.reason[0] == 2
+    assert sps.chisquare(counts[r > 0], r[r > 0] * draws).pvalue > ALPHA
+    assert fuzzy / draws == pytest.approx(rescued, abs=4 * math.sqrt(rescued / draws) + 1e-3)
+
+
+# ------------------------------------------------------------------ the hard cap
+def test_a_forced_sequence_of_expensive_rescues_is_refused_once_it_would_pass_the_budget():
+    """Every draft is one the rule rescues (the threshold is held at its top); rescues cost 0.02 .. 0.9 nats.
+    The kernel must accept exactly the rescues a running-loss reference affords, and every prefix keeps B."""
+    n, k, bound = 16, 4, 0.1
+    rng = np.random.default_rng(0)
+    budget = new_budget(bound, k)
+    out = RoundOut(np.zeros(k, np.int8), np.zeros(k), np.zeros(k + 1))
+    rule, sampling = Rule(CASCADE, 0, 0.0, 50), Sampling(0.0, 0, 1.0, 0.0)
+    loss_ref, tokens_ref, per_token, refused = 0.0, 0, [], 0
+    for _ in range(200):
+        costs = rng.choice([0.02, 0.05, 0.3, 0.9], size=k)
+        P = np.full((k + 1, n), -5.0, np.float32)
+        P[:, 0] = 5.0  # the target's choice everywhere; the draft proposes token 1, costs below its top
+        P[:k, 1] = 5.0 - costs
+        costs = P[:k, 0].astype(np.float64) - P[:k, 1]  # what the rows say, float32 rounding included
+        q_stats = np.zeros((k + 1, 3), np.float32)
+        drafts = Drafts(np.zeros((k, n), np.float32), np.ones(k, np.int32), np.ones(k), q_stats, np.zeros(k, np.uint8))
+        budget.state[TAU] = TAU_HI  # cascade rescues any cost below -log(1 - TAU_HI): all of these
+        acc, nxt = accept_round(P, drafts, k, n, rule, sampling, np.zeros(k + 1), out, budget)
+        expected = 0
+        for i in range(k):  # the reference: afford it with this token counted, or stop the round here
+            if loss_ref + costs[i] <= bound * (tokens_ref + i + 1):
+                loss_ref += costs[i]
+                expected += 1
+            else:
+                refused += 1
+                break
+        assert (acc, nxt) == (expected, 0)
+        tokens_ref += acc + 1
+        per_token.extend(budget.loss[: acc + 1])
+        assert budget.state[LOSS] == pytest.approx(loss_ref) and budget.state[TOKENS] == tokens_ref
+    cum = np.cumsum(per_token)
+    assert np.all(cum <= bound * np.arange(1, len(cum) + 1) + 1e-12)  # every prefix of the reply
+    assert refused > 50 and cum[-1] > 0.8 * bound * len(cum)  # the cap bound, and the budget was spent
+
+
+@pytest.mark.parametrize("mode", ["fsd", "typical", "cascade", "relaxed", "fsd-entropy"])
+@pytest.mark.parametrize("bound", [0.05, 0.3, 1.0])
+def test_no_reply_exceeds_its_budget_at_any_length(tiny_engine, mode, bound):
+    rescued = 0
+    for prompt in PROMPTS[:2]:
+        for max_tokens in (1, 5, 33):
+            out = tiny_engine.generate(prompt, mode=mode, quality_budget=bound, max_tokens=max_tokens, draft_max=5)
+            st = out.stats
+            assert st["loss_sum"] <= bound * st["tokens"] + 1e-9, (prompt, max_tokens)
+            assert st["quality_budget"] == bound
+            rescued += st["accepted_fuzzy"]
+    assert rescued > 0  # the budget is spent, not merely kept
+    cut = tiny_engine.generate(PROMPTS[0], mode=mode, quality_budget=bound, max_tokens=40, stop=["e"])
+    assert cut.finish_reason in ("stop", "length")
+    assert cut.stats["loss_sum"] <= bound * cut.stats["tokens"] + 1e-9
+
+
+# ------------------------------------------------------------------ B = 0 is sd
+@pytest.mark.parametrize("mode", LOSSY)
+def test_greedy_budget_zero_is_exactly_sd(tiny_engine, mode):
+    for prompt in PROMPTS:
+        sd = tiny_engine.generate(prompt, mode="sd", max_tokens=48, draft_max=4)
+        zero = tiny_engine.generate(prompt, mode=mode, quality_budget=0.0, max_tokens=48, draft_max=4)
+        assert zero.token_ids == sd.token_ids, prompt
+        assert zero.stats["accepted_fuzzy"] == 0 and zero.stats["loss_sum"] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["fsd", "typical", "cascade"])
+def test_sampled_budget_zero_draws_what_sd_draws(tiny_engine, mode):
+    for seed in range(4):
+        sd = tiny_engine.generate(PROMPTS[0], mode="sd", temperature=0.9, seed=seed, max_tokens=30)
+        zero = tiny_engine.generate(
+            PROMPTS[0], mode=mode, quality_budget=0.0, temperature=0.9, seed=seed, max_tokens=30
+        )
+        assert zero.token_ids == sd.token_ids
+
+
+def test_sampled_budget_zero_keeps_the_targets_distribution(small_vocab_pair):
+    draft, target = small_vocab_pair
+    with Engine(target=target, draft=draft, n_ctx=128, n_threads=1) as eng:
+        prompt = eng.tokenize("the sky")
+        m = Model(ModelOptions(target, n_ctx=128, n_threads=1))
+        try:
+            m.decode(prompt, "last")
+            row = m.logits(1)[0].astype(np.float64)
+        finally:
+            m.close()
+        p = np.exp(row - row.max())
+        p /= p.sum()
+        counts = np.zeros(eng.n_vocab)
+        for seed in range(2000):
+            out = eng.generate(prompt, max_tokens=4, seed=seed, temperature=1.0, draft_max=3, quality_budget=0.0)
+            counts[out.token_ids[0]] += 1
+        expected = p[: eng.n_vocab] * counts.sum()
+        big = expected >= 5
+        obs, exp = np.append(counts[big], counts[~big].sum()), np.append(expected[big], expected[~big].sum())
+        assert sps.chisquare(obs[exp > 0], exp[exp > 0]).pvalue > ALPHA
+
+
+# ------------------------------------------------------------------ the controller and the statistics
+def test_the_threshold_moves_with_the_budget_and_is_reported(tiny_engine):
+    rich = tiny_engine.generate(PROMPTS[1], quality_budget=3.0, max_tokens=60, ignore_eos=True)
+    poor = tiny_engine.generate(PROMPTS[1], quality_budget=0.002, max_tokens=60, ignore_eos=True)
+    th_rich, th_poor = rich.stats["threshold"], poor.stats["threshold"]
+    assert th_rich["max"] > TAU_START and th_poor["min"] < TAU_START
+    assert th_poor["min"] <= th_poor["mean"] <= th_poor["max"]
+    assert rich.stats["accepted_fuzzy"] > poor.stats["accepted_fuzzy"]
+    assert rich.stats["loss_per_token"] > poor.stats["loss_per_token"]
+    # the next reply of the same kind starts where this one left the threshold
+    again = tiny_engine.generate(PROMPTS[1], quality_budget=3.0, max_tokens=1)  # one round: the first threshold
+    assert again.stats["threshold"]["min"] == pytest.approx(th_rich["last"])
+    plain = tiny_engine.generate(PROMPTS[1], tau=0.3, max_tokens=20)
+    assert plain.stats["quality_budget"] is None and plain.stats["threshold"] is None
+    assert plain.stats["loss_per_token"] >= 0 and 0 <= plain.stats["not_chosen_share"] <= 1
+
+
+# ------------------------------------------------------------------ the setting's surfaces
+def test_tau_and_budget_together_and_other_bad_values_are_clear_errors():
+    with pytest.raises(ConfigError, match="both set"):
+        Settings(tau=0.2, quality_budget=0.1)
+    with pytest.raises(ConfigError, match="both set"):
+        Settings(tau=0.2).with_(quality_budget=0.1)
+    with pytest.raises(ConfigError, match="lossy mode"):
+        Settings(mode="sd", quality_budget=0.1)
+    with pytest.raises(ConfigError, match="quality_budget=-0.1 must be >= 0"):
+        Settings(quality_budget=-0.1)
+    s = Settings(quality_budget=0.1)
+    assert s.with_(quality_budget=None).quality_budget is None  # None turns it off
+    assert s.with_(tau=None).quality_budget == 0.1
+
+
+def test_cli_flag(tiny_pair):
+    from fsd_local.cli.main import cli
+
+    d, t = tiny_pair
+    runner = CliRunner()
+    assert "--quality-budget" in runner.invoke(cli, ["generate", "--help"]).output
+    base = ["generate", "--target", t, "--draft", d, "--max-tokens", "12", "--threads", "1", "the cat"]
+    ok = runner.invoke(cli, [*base, "--quality-budget", "0.2"])
+    assert ok.exit_code == 0, ok.output
+    assert "budget spent" in ok.output
+    bad = runner.invoke(cli, [*base, "--quality-budget", "0.2", "--tau", "0.3"])
+    assert bad.exit_code != 0 and "both set" in bad.output and "Traceback" not in bad.output
+
+
+def test_chat_budget_command_and_summary_line(tiny_engine):
+    from fsd_local.cli.chat import ChatSession, parse_command
+    from fsd_local.cli.options import summary_line
+
+    session = ChatSession(tiny_engine, Settings(max_tokens=12))
+    assert session.apply(parse_command("/budget 0.2")) == "budget = 0.2"
+    for _ in session.reply("hello"):
+        pass
+    assert session.last is not None
+    line = summary_line(session.last.stats, session.last.finish_reason)
+    assert f"budget spent {session.last.stats['loss_per_token']:.3f} of 0.2 nats/token" in line
+    assert "budget 0.2" in session.stats_text()
+    with pytest.raises(ConfigError, match="both set"):
+        session.apply(parse_command("/tau 0.3"))
+    assert session.apply(parse_command("/budget off")) == "budget = None"
+    assert session.apply(parse_command("/tau 0.3")) == "tau = 0.3"
+
+
+def test_server_field(tiny_engine):
+    import httpx
+
+    from fsd_local.server import BackgroundServer
+
+    with BackgroundServer(tiny_engine, model_name="tiny-pair") as srv:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+        r = httpx.post(srv.url + "/v1/chat/completions", json={**body, "quality_budget": 0.2}, timeout=30)
+        assert r.status_code == 200, r.text
+        fsd = r.json()["fsd"]
+        assert fsd["quality_budget"] == 0.2 and fsd["settings"]["quality_budget"] == 0.2
+        assert fsd["loss_sum"] <= 0.2 * fsd["tokens"] + 1e-9
+        bad = httpx.post(srv.url + "/v1/chat/completions", json={**body, "quality_budget": 0.2, "tau": 0.3}, timeout=30)
+        assert bad.status_code == 400 and "both set" in bad.json()["error"]["message"]
