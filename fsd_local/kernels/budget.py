@@ -34,7 +34,9 @@ from fsd_local.kernels.topk import top_indices
 # the state vector of one reply's budget
 LOSS, TOKENS, TAU, TAU_SUM, TAU_MIN, TAU_MAX, ROUNDS, REFUSED = range(8)
 N_STATE = 8
-TAU_START, TAU_LO, TAU_HI = 0.1, 1e-3, 4.0  # the threshold's first value and its range (every rule's tau scale)
+TAU_LO, TAU_HI = 1e-3, 4.0  # the threshold's range (wide enough for every rule's tau scale)
+TAU_START = 0.1  # the threshold's first value, unless the mode's own scale says otherwise:
+MODE_TAU_START = {"fsd-entropy": 0.2, "typical": 0.9, "cascade": 0.5, "relaxed": 0.3}
 RESERVE_TOKENS = 8.0  # the controller keeps this many tokens' worth of budget unspent for the next rescue
 GAIN = 0.25  # log-change of the threshold per round at full deviation from the reserve
 
@@ -193,6 +195,7 @@ class Budgets:
             return new_budget(None, k)
         key = (s.mode, s.divergence, s.temperature > 0, float(s.quality_budget))
         prev = self._last.get(key)
-        budget = new_budget(s.quality_budget, k, TAU_START if prev is None else float(prev[TAU]))
+        start = MODE_TAU_START.get(s.mode, TAU_START) if prev is None else float(prev[TAU])
+        budget = new_budget(s.quality_budget, k, start)
         self._last[key] = budget.state
         return budget
