@@ -26,7 +26,7 @@ from fsd_local.kernels.accept import (
     Sampling,
     accept_round,
 )
-from fsd_local.kernels.budget import LOSS, TAU, TAU_HI, TAU_START, TOKENS, new_budget, sampled_loss
+from fsd_local.kernels.budget import G_HI, LOSS, TAU, TAU_HI, TAU_START, TOKENS, G, new_budget, sampled_loss
 from fsd_local.llama.model import Model, ModelOptions
 
 ALPHA = 1e-3
@@ -171,7 +171,8 @@ def test_a_forced_sequence_of_expensive_rescues_is_refused_once_it_would_pass_th
         costs = P[:k, 0].astype(np.float64) - P[:k, 1]  # what the rows say, float32 rounding included
         q_stats = np.zeros((k + 1, 3), np.float32)
         drafts = Drafts(np.zeros((k, n), np.float32), np.ones(k, np.int32), np.ones(k), q_stats, np.zeros(k, np.uint8))
-        budget.state[TAU] = TAU_HI  # cascade rescues any cost below -log(1 - TAU_HI): all of these
+        budget.state[TAU] = TAU_HI  # cascade rescues any cost below -log(1 - TAU_HI): all of these,
+        budget.state[G] = G_HI  # and every one of them is worth its loss: only the cap refuses
         acc, nxt = accept_round(P, drafts, k, n, rule, sampling, np.zeros(k + 1), out, budget)
         expected = 0
         for i in range(k):  # the reference: afford it with this token counted, or stop the round here

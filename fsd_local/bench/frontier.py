@@ -3,7 +3,8 @@ divergence, tau, draft length, ...) no other one beats on both speed and quality
 
 Within one temperature, configuration A dominates B when A is at least as fast and at least as good, and
 strictly better in one of the two. Speed is the median tokens/s; quality is the target's log-probability per
-token (`on_frontier`, every temperature) or, at temperature 0, the agreement with the target's greedy output
+token (`on_frontier`, every temperature), the loss per token of the quality budget (`on_frontier_loss`, lower is
+better) or, at temperature 0, the agreement with the target's greedy output
 (`on_frontier_agreement`; null at temperature > 0, where agreement is undefined). Rows without a value (the
 draft alone has no target log-prob) are not on the frontier and block nothing (null). The baselines take part:
 `ar` and `sd` are usually the frontier's quality end.
@@ -12,7 +13,12 @@ draft alone has no target log-prob) are not on the frontier and block nothing (n
 from __future__ import annotations
 
 SPEED = "tokens_per_second"
-QUALITIES = (("on_frontier", "target_logprob_mean"), ("on_frontier_agreement", "agreement"))
+QUALITIES = (
+    ("on_frontier", "target_logprob_mean"),
+    ("on_frontier_agreement", "agreement"),
+    ("on_frontier_loss", "loss_per_token"),
+)
+LOWER_IS_BETTER = frozenset({"loss_per_token"})  # quality = minus the loss the budget counts
 
 
 def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -30,8 +36,10 @@ def mark_frontier(rows: list[dict]) -> list[dict]:
     for flag, quality in QUALITIES:
         for temp in {r["temperature"] for r in rows}:
             at = [r for r in rows if r["temperature"] == temp]
+            sign = -1.0 if quality in LOWER_IS_BETTER else 1.0
             points = [
-                (r[SPEED], r[quality]) if r.get(SPEED) is not None and r.get(quality) is not None else None for r in at
+                (r[SPEED], sign * r[quality]) if r.get(SPEED) is not None and r.get(quality) is not None else None
+                for r in at
             ]
             for r, on in zip(at, frontier(points)):
                 r[flag] = on
@@ -42,4 +50,5 @@ def frontier_rows(rows: list[dict], temperature: float, quality: str = "target_l
     """The frontier at one temperature, fastest first (quality then rises along it)."""
     flag = dict((q, f) for f, q in QUALITIES)[quality]
     on = [r for r in rows if r["temperature"] == temperature and r.get(flag)]
-    return sorted(on, key=lambda r: (-r[SPEED], r[quality]))
+    sign = -1.0 if quality in LOWER_IS_BETTER else 1.0
+    return sorted(on, key=lambda r: (-r[SPEED], sign * r[quality]))

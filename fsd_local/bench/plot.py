@@ -5,7 +5,9 @@ One line per (mode, divergence, draft length) of the tau modes, coloured by draf
 horizontal lines: `ar` black dashed, `sd` dotted in the colour of its draft length, `draft-only` grey.
 Quality is the target's log-probability per token (every temperature) and, at temperature 0, the agreement
 with the target's greedy output. The two frontier panels put every configuration at (quality, tokens/s),
-coloured by mode, and join the frontier's points (bench/frontier.py) with a black line.
+coloured by mode, and join the frontier's points (bench/frontier.py) with a black line. With quality budgets
+(`--budgets`) one more panel puts every lossy mode at (loss per token, tokens/s): its fixed taus joined by a solid
+line, its budgets by a dashed one, each budget labelled and its worst reply's loss marked by a bar.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
     temps = sorted({r["temperature"] for r in rows})
     if any("on_frontier" not in r for r in rows):
         rows = mark_frontier([dict(r) for r in rows])
-    cols = len(PANELS) + len(FRONTIER_PANELS)
+    budgets = any(r.get("quality_budget") is not None for r in rows)
+    cols = len(PANELS) + len(FRONTIER_PANELS) + budgets
     fig, axes = plt.subplots(len(temps), cols, figsize=(5 * cols, 3.6 * len(temps)), squeeze=False)
     ks = sorted({r["draft_max"] for r in rows if r["draft_max"] is not None})
     colour = {k: f"C{i}" for i, k in enumerate(ks)}
@@ -75,7 +78,7 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
                 continue
             curves: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
             for r in at:
-                if r["mode"] in TAU_MODES and r[key] is not None:
+                if r["mode"] in TAU_MODES and r[key] is not None and r["tau"] is not None:
                     curves.setdefault((r["mode"], r["divergence"], r["draft_max"]), []).append((r["tau"], r[key]))
             for (mode, div, k), pts in sorted(curves.items()):
                 pts.sort()
@@ -106,6 +109,8 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
             ax.grid(alpha=0.3)
         for fi, (key, label) in enumerate(FRONTIER_PANELS):
             _frontier_panel(axes[ti][len(PANELS) + fi], at, key, f"{label}, temperature {temp:g}")
+        if budgets:
+            _budget_panel(axes[ti][-1], at, f"tokens/s against loss per token (budget), temperature {temp:g}")
     # one legend under the panels, where it hides no data; the first panel holds every line
     handles, labels = axes[0][0].get_legend_handles_labels()
     height = fig.get_size_inches()[1]
@@ -140,4 +145,39 @@ def _frontier_panel(ax, rows: list[dict], quality: str, title: str) -> None:
     ax.set_xlabel(quality.replace("_", " "))
     ax.set_ylabel("tokens/s")
     ax.legend(fontsize=7, loc="lower left")
+    ax.grid(alpha=0.3)
+
+
+def _budget_panel(ax, rows: list[dict], title: str) -> None:
+    """Budgeted runs beside fixed-tau runs of the same mode, on (loss per token, tokens/s)."""
+    ax.set_title(title, fontsize=9)
+    modes = list(dict.fromkeys(r["mode"] for r in rows if r["mode"] in TAU_MODES))
+    for i, mode in enumerate(modes):
+        fixed = sorted((r for r in rows if r["mode"] == mode and r["tau"] is not None), key=lambda r: r["tau"])
+        budgeted = sorted(
+            (r for r in rows if r["mode"] == mode and r.get("quality_budget") is not None),
+            key=lambda r: r["quality_budget"],
+        )
+        for group, style, marker, label in ((fixed, "-", "o", "tau"), (budgeted, "--", "s", "budget")):
+            pts = [r for r in group if r.get("loss_per_token") is not None and r[SPEED] is not None]
+            if pts:
+                xs, ys = [r["loss_per_token"] for r in pts], [r[SPEED] for r in pts]
+                ax.plot(xs, ys, linestyle=style, marker=marker, color=f"C{i}", label=f"{mode} {label}")
+        for r in budgeted:
+            if r.get("loss_per_token") is None or r[SPEED] is None:
+                continue
+            ax.annotate(
+                f"B {r['quality_budget']:g}", (r["loss_per_token"], r[SPEED]), fontsize=6, xytext=(3, -8),
+                textcoords="offset points",
+            )  # fmt: skip
+            worst = r.get("loss_worst_reply")
+            if worst is not None:
+                ax.plot([r["loss_per_token"], worst], [r[SPEED]] * 2, color=f"C{i}", linewidth=0.6, alpha=0.6)
+    for r in rows:
+        if r["mode"] in ("ar", "sd") and r[SPEED] is not None:
+            ax.scatter([0.0], [r[SPEED]], s=18, color="black", marker="x" if r["mode"] == "ar" else "+")
+            ax.annotate(r["mode"], (0.0, r[SPEED]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("loss per token (nats of target log-prob given up)")
+    ax.set_ylabel("tokens/s")
+    ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3)

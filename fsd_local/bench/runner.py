@@ -40,6 +40,7 @@ class Config:
     draft_max: int | None = None
     drafter: str | None = None  # speculative modes only: model | ngram | ngram+model
     policy: str | None = None  # speculative modes only: fixed | adaptive | auto
+    budget: float | None = None  # a quality budget instead of tau (the lossy modes)
 
     def settings(self, max_tokens: int, seed: int) -> dict:
         s = {"mode": self.mode, "temperature": self.temperature, "max_tokens": max_tokens, "seed": seed}
@@ -47,16 +48,19 @@ class Config:
             s.update(draft_max=self.draft_max, drafter=self.drafter or "model", draft_policy=self.policy or "fixed")
         if self.tau is not None:
             s["tau"] = self.tau
+        if self.budget is not None:
+            s["quality_budget"] = self.budget
         if self.divergence is not None:
             s["divergence"] = self.divergence
         return s
 
 
 def build_configs(
-    modes, divergences, taus, draft_maxes, temperatures, drafters=("model",), policies=("fixed",)
+    modes, divergences, taus, draft_maxes, temperatures, drafters=("model",), policies=("fixed",), budgets=()
 ) -> list[Config]:
     """Every combination the axes make, without multiplying modes over axes they ignore; the ar and sd
-    baselines come first at each temperature whether listed or not (sd once per drafter, policy and k)."""
+    baselines come first at each temperature whether listed or not (sd once per drafter, policy and k). Each
+    lossy mode runs at every tau and, in place of tau, at every quality budget."""
     for m in modes:
         if m not in MODES:
             raise ConfigError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
@@ -72,7 +76,7 @@ def build_configs(
         ("--drafter", drafters),
         ("--draft-policy", policies),
     ):
-        if not values:
+        if not values and not (name == "--taus" and budgets):
             raise ConfigError(f"{name} is empty")
     configs = []
     for t in _unique(temperatures):
@@ -81,11 +85,12 @@ def build_configs(
         configs += [Config("sd", t, draft_max=k, drafter=dr, policy=p) for dr, p, k in drafting]
         for m in _unique(modes):
             if m in TAU_MODES:
+                divs = _unique(divergences) if m in DIVERGENCE_MODES else [None]
                 configs += [
-                    Config(m, t, d, tau, k, dr, p)
-                    for d in (_unique(divergences) if m in DIVERGENCE_MODES else [None])
-                    for tau in _unique(taus)
-                    for dr, p, k in drafting
+                    Config(m, t, d, tau, k, dr, p) for d in divs for tau in _unique(taus) for dr, p, k in drafting
+                ]
+                configs += [
+                    Config(m, t, d, None, k, dr, p, b) for d in divs for b in _unique(budgets) for dr, p, k in drafting
                 ]
             elif m == "draft-only":
                 configs.append(Config(m, t))
@@ -267,6 +272,7 @@ def summarise(data: BenchData) -> list[dict]:
             "target_logprob_mean": (
                 _div(sum(run.stats["target_logprob_sum"] for run in runs), tokens) if c.mode != "draft-only" else None
             ),
+            **_budget_columns(c, runs, tokens),
             "agreement": None,
             "agreement_positionwise": None,
             "accuracy": None,
@@ -289,6 +295,25 @@ def summarise(data: BenchData) -> list[dict]:
             row["accuracy"] = sum(graded) / len(graded)
         rows.append(row)
     return rows
+
+
+def _budget_columns(c: Config, runs: list[Run], tokens: int) -> dict:
+    """The quality budget (None: a fixed tau or none), the loss per token over all replies and the worst reply's,
+    the share of tokens the target would not have chosen, tokens per target call, and the budget's threshold."""
+    lossless = c.mode == "draft-only"
+    per_reply = [run.stats["loss_per_token"] for run in runs if run.stats["tokens"]]
+    thresholds = [run.stats["threshold"]["mean"] for run in runs if run.stats.get("threshold")]
+    calls = _sum(runs, "target_calls")
+    return {
+        "quality_budget": c.budget,
+        "loss_per_token": None if lossless else _div(_sum(runs, "loss_sum"), tokens),
+        "loss_worst_reply": None if lossless or not per_reply else max(per_reply),
+        "not_chosen_share": None
+        if lossless
+        else _div(sum(r.stats["not_chosen_share"] * r.stats["tokens"] for r in runs), tokens),
+        "tokens_per_target_call": _div(tokens, calls),
+        "threshold_mean": mean(thresholds) if thresholds else None,
+    }
 
 
 def _k_histogram(runs: list[Run]) -> list[int]:
@@ -329,6 +354,7 @@ TABLE_COLUMNS = (
     ("policy", 8, lambda r: r["draft_policy"] or "-"),
     ("k", 2, lambda r: _f(r["draft_max"], "d")),
     ("tau", 5, lambda r: _f(r["tau"], "g")),
+    ("B", 5, lambda r: _f(r["quality_budget"], "g")),
     ("tok/s", 13, lambda r: f"{_f(r['tokens_per_second'], '.1f')} ±{_f(r['tokens_per_second_spread'], '.1f')}"),
     ("x ar", 5, lambda r: _f(r["speedup_vs_ar"], ".2f")),
     ("x sd", 5, lambda r: _f(r["speedup_vs_sd"], ".2f")),
@@ -336,6 +362,10 @@ TABLE_COLUMNS = (
     ("tok/rnd", 7, lambda r: _f(r["mean_tokens_per_round"], ".2f")),
     ("fuzzy", 5, lambda r: _f(r["fuzzy_share"], ".0%")),
     ("logp/tok", 8, lambda r: _f(r["target_logprob_mean"], ".3f")),
+    ("loss/tok", 8, lambda r: _f(r["loss_per_token"], ".4f")),
+    ("worst", 6, lambda r: _f(r["loss_worst_reply"], ".4f")),
+    ("tok/call", 8, lambda r: _f(r["tokens_per_target_call"], ".3f")),
+    ("thr", 5, lambda r: _f(r["threshold_mean"], ".3f")),
     ("agree", 5, lambda r: _f(r["agreement"], ".2f")),
     ("task", 4, lambda r: _f(r["accuracy"], ".0%")),
     ("draft/target/other", 18, lambda r: "/".join(_f(r["time_share"][k], ".0%") for k in ("draft", "target", "other"))),
@@ -345,8 +375,10 @@ TABLE_COLUMNS = (
 
 
 def _front(r) -> str:
-    """* on the speed / log-prob frontier, a on the speed / agreement frontier (bench/frontier.py)."""
-    return ("*" if r.get("on_frontier") else "") + ("a" if r.get("on_frontier_agreement") else "") or "-"
+    """* on the speed / log-prob frontier, a on the speed / agreement frontier, l on the speed / loss frontier
+    (bench/frontier.py)."""
+    marks = ("*" if r.get("on_frontier") else "") + ("a" if r.get("on_frontier_agreement") else "")
+    return marks + ("l" if r.get("on_frontier_loss") else "") or "-"
 
 
 def format_table(rows: list[dict]) -> str:

@@ -80,6 +80,12 @@ def bench_options(f):
             help="tau values (every mode with a tau: " + ", ".join(TAU_MODES) + ")",
         ),
         click.option(
+            "--budgets",
+            type=CommaList(float, "quality budget", minimum=0.0),
+            help="quality budgets B (nats per token, README 'Quality budget'): every mode with a tau also runs at "
+            "each B in place of a tau, side by side with the fixed taus",
+        ),
+        click.option(
             "--divergence",
             "divergences",
             type=CommaList(str, "divergence", DIVERGENCES),
@@ -200,6 +206,7 @@ def bench_command(
     seed,
     ignore_eos,
     taus,
+    budgets,
     divergences,
     modes,
     draft_maxes,
@@ -229,7 +236,7 @@ def bench_command(
         from fsd_local.bench.plot import require_matplotlib
 
         require_matplotlib()  # before the long run, not after it
-    configs = build_configs(modes, divergences, taus, draft_maxes, temperatures, drafters, policies)
+    configs = build_configs(modes, divergences, taus, draft_maxes, temperatures, drafters, policies, budgets or ())
     prompts = load_prompts(prompts_file)
     repeats = repeats or 3
     with _engine(model_kwargs, needs_draft=any(d != "ngram" for d in drafters)) as engine:

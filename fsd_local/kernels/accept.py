@@ -165,7 +165,7 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
                     mode, x, lse_p[i], Q[i], draft.onehot[i], d, n, temperature, stats_p, q_stats[i], tau,
                     rule.relaxed_k, rule.typical_eps, rule.typical_alpha,
                 )  # fmt: skip
-            ok = afford(budget, cost, i)
+            ok = afford(budget, cost, i, n_drafts)
             if ok and not greedy:
                 loss[i] = cost
         if ok:
@@ -191,7 +191,7 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
         logprobs[j] = float(P[j][tok]) - lse_p[j]
         if greedy:
             loss[j] = greedy_loss(P[j], n, tok)
-    end_round(budget, accepted + 1)
+    end_round(budget, accepted + 1, n_drafts, accepted)
     return accepted, nxt
 
 

@@ -14,10 +14,13 @@ token is known when the acceptance rule looks at it:
 The hard cap: a rescue is allowed only when the reply's running loss, with it, stays <= B x (tokens emitted so far,
 this one included). Every other token adds nothing, so every prefix of every reply keeps its budget.
 
-The controller moves the mode's threshold (tau of its own rule) online: after each round, multiplicatively up
-when the unspent budget (B x tokens - loss) is above a reserve of RESERVE_TOKENS tokens' worth, down when below,
-so the budget is spent at its rate on the rescues the mode ranks best, and the reserve leaves room for them when
-they come. The threshold a pair and budget settle on is kept for the next reply (`Budgets`).
+Where the budget is spent: a rescue at slot i of a round of n drafts buys 1 + a + ... + a^(n-1-i) tokens in
+expectation (the token itself lets the round go on: the rest of the drafts, each accepted with the reply's measured
+rate a, or the bonus token), and costs its loss c. A rescue is taken only when c <= g x B x (that value): the
+cheapest tokens per unit of loss first. The mode keeps its rule, at the threshold g x (the mode's starting
+threshold). The one controlled number g moves after each round, multiplicatively up when the unspent budget
+(B x tokens - loss) is above a reserve of RESERVE_TOKENS tokens' worth, down when below, so the budget is spent at
+its rate. The g a pair and budget settle on is kept for the next reply of the same kind (`Budgets`).
 """
 
 import math
@@ -31,14 +34,17 @@ from fsd_local.kernels.names import CASCADE, FSD_PAPER, RELAXED, TYPICAL
 from fsd_local.kernels.rows import row_entropy, row_max
 from fsd_local.kernels.topk import top_indices
 
-# the state vector of one reply's budget
-LOSS, TOKENS, TAU, TAU_SUM, TAU_MIN, TAU_MAX, ROUNDS, REFUSED = range(8)
-N_STATE = 8
-TAU_LO, TAU_HI = 1e-3, 4.0  # the threshold's range (wide enough for every rule's tau scale)
-TAU_START = 0.1  # the threshold's first value, unless the mode's own scale says otherwise:
+# the state vector of one reply's budget (TAU: the threshold the rule uses now, TAU0 x G)
+LOSS, TOKENS, TAU, TAU_SUM, TAU_MIN, TAU_MAX, ROUNDS, REFUSED, G, TAU0, DRAFTED, ACCEPTED = range(12)
+N_STATE = 12
+G_START, G_LO, G_HI = 1.0, 0.01, 40.0  # the controlled gain: first value and range
+TAU_HI = 4.0  # the threshold never goes above this (every rule's tau scale is below it)
+TAU_START = 0.1  # the mode's starting threshold, unless its own scale says otherwise:
 MODE_TAU_START = {"fsd-entropy": 0.2, "typical": 0.9, "cascade": 0.5, "relaxed": 0.3}
-RESERVE_TOKENS = 8.0  # the controller keeps this many tokens' worth of budget unspent for the next rescue
-GAIN = 0.25  # log-change of the threshold per round at full deviation from the reserve
+RESERVE_TOKENS = 2.0  # the controller keeps this many tokens' worth of budget unspent for the next rescue
+STEP = 0.25  # log-change of g per round at full deviation from the reserve
+ACCEPT_PRIOR = 0.7  # the acceptance rate a before the reply has drafted anything (weight: DRAFTS_PRIOR drafts)
+DRAFTS_PRIOR = 8.0
 
 
 class Budget(NamedTuple):
@@ -50,10 +56,13 @@ class Budget(NamedTuple):
     loss: np.ndarray
 
 
-def new_budget(bound: float | None, k: int, tau: float = TAU_START) -> Budget:
-    """A budget for a reply with up to k drafts a round; bound None = no budget (losses are still measured)."""
+def new_budget(bound: float | None, k: int, tau0: float = TAU_START, g: float = G_START) -> Budget:
+    """A budget for a reply with up to k drafts a round; bound None = no budget (losses are still measured).
+    tau0: the mode's starting threshold; g: the controller's gain to start from."""
     state = np.zeros(N_STATE)
-    state[TAU], state[TAU_MIN], state[TAU_MAX] = tau, np.inf, -np.inf
+    state[TAU0], state[G] = tau0, g
+    state[TAU] = min(tau0 * g, TAU_HI)
+    state[TAU_MIN], state[TAU_MAX] = np.inf, -np.inf
     return Budget(-1.0 if bound is None else float(bound), state, np.zeros(k + 1))
 
 
@@ -147,13 +156,26 @@ def sampled_loss(mode, x, lx, y, onehot, d, n, temperature, p_stats, q_stats, ta
 
 
 @njit(cache=True)
-def afford(budget, cost, slot):
-    """Whether a rescue of this cost at this slot of the round keeps the reply within its budget (always, with no
-    budget); charges it if so, counts a refusal if not."""
+def rescue_value(budget, slot, n_drafts):
+    """Expected tokens a rescue at this slot buys: itself (the round goes on) and the drafts after it."""
+    s = budget.state
+    a = (s[ACCEPTED] + ACCEPT_PRIOR * DRAFTS_PRIOR) / (s[DRAFTED] + DRAFTS_PRIOR)
+    v, w = 1.0, 1.0
+    for _ in range(n_drafts - 1 - slot):
+        w *= a
+        v += w
+    return v
+
+
+@njit(cache=True)
+def afford(budget, cost, slot, n_drafts):
+    """Whether a rescue of this cost at this slot of the round is worth its loss and keeps the reply within its
+    budget (always, with no budget); charges it if so, counts a refusal if not."""
     if budget.bound < 0.0:
         return True
-    s = budget.state
-    if budget.bound > 0.0 and cost == cost and s[LOSS] + cost <= budget.bound * (s[TOKENS] + slot + 1.0):
+    s, b = budget.state, budget.bound
+    worth = cost <= s[G] * b * rescue_value(budget, slot, n_drafts)
+    if b > 0.0 and cost == cost and worth and s[LOSS] + cost <= b * (s[TOKENS] + slot + 1.0):
         s[LOSS] += cost
         return True
     s[REFUSED] += 1.0
@@ -161,12 +183,15 @@ def afford(budget, cost, slot):
 
 
 @njit(cache=True)
-def end_round(budget, emitted):
-    """Count the round's tokens, record the threshold it used, and move the threshold for the next round."""
+def end_round(budget, emitted, n_drafts, accepted):
+    """Count the round's tokens and drafts, record the threshold it used, and move g (and with it the threshold)
+    for the next round."""
     if budget.bound < 0.0:
         return
     s = budget.state
     s[TOKENS] += emitted
+    s[DRAFTED] += n_drafts
+    s[ACCEPTED] += accepted
     s[ROUNDS] += 1.0
     s[TAU_SUM] += s[TAU]
     s[TAU_MIN] = min(s[TAU_MIN], s[TAU])
@@ -175,7 +200,8 @@ def end_round(budget, emitted):
         reserve = budget.bound * RESERVE_TOKENS
         unspent = budget.bound * s[TOKENS] - s[LOSS]
         step = min(max((unspent - reserve) / reserve, -1.0), 1.0)
-        s[TAU] = min(max(s[TAU] * math.exp(GAIN * step), TAU_LO), TAU_HI)
+        s[G] = min(max(s[G] * math.exp(STEP * step), G_LO), G_HI)
+        s[TAU] = min(s[TAU0] * s[G], TAU_HI)
 
 
 def threshold(budget: Budget) -> float:
@@ -184,8 +210,8 @@ def threshold(budget: Budget) -> float:
 
 
 class Budgets:
-    """The thresholds the controller settled on, per (mode, divergence, greedy or not, B): the next reply of the
-    same kind starts from there instead of from TAU_START."""
+    """The gain the controller settled on, per (mode, divergence, greedy or not, B): the next reply of the same
+    kind starts from there instead of from G_START."""
 
     def __init__(self) -> None:
         self._last: dict[tuple, np.ndarray] = {}
@@ -195,7 +221,7 @@ class Budgets:
             return new_budget(None, k)
         key = (s.mode, s.divergence, s.temperature > 0, float(s.quality_budget))
         prev = self._last.get(key)
-        start = MODE_TAU_START.get(s.mode, TAU_START) if prev is None else float(prev[TAU])
-        budget = new_budget(s.quality_budget, k, start)
+        tau0 = MODE_TAU_START.get(s.mode, TAU_START)
+        budget = new_budget(s.quality_budget, k, tau0, G_START if prev is None else float(prev[G]))
         self._last[key] = budget.state
         return budget
