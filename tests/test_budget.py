@@ -328,3 +328,50 @@ def test_server_field(tiny_engine):
         assert fsd["loss_sum"] <= 0.2 * fsd["tokens"] + 1e-9
         bad = httpx.post(srv.url + "/v1/chat/completions", json={**body, "quality_budget": 0.2, "tau": 0.3}, timeout=30)
         assert bad.status_code == 400 and "both set" in bad.json()["error"]["message"]
+
+
+# ------------------------------------------------------------------ bench and calibrate
+def test_bench_budgets_axis_runs_beside_fixed_taus_and_reports_the_worst_reply(tiny_engine, tmp_path):
+    from fsd_local.bench.frontier import mark_frontier
+    from fsd_local.bench.plot import plot
+    from fsd_local.bench.prompts import Prompt
+    from fsd_local.bench.runner import build_configs, format_table, run_bench, summarise
+
+    configs = build_configs(["fsd", "typical"], ["js"], [0.3], [4], [0.0], budgets=[0.05, 0.3])
+    budgeted = [c for c in configs if c.budget is not None]
+    assert [(c.mode, c.budget, c.tau) for c in budgeted] == [
+        ("fsd", 0.05, None),
+        ("fsd", 0.3, None),
+        ("typical", 0.05, None),
+        ("typical", 0.3, None),
+    ]
+    assert len(build_configs(["fsd"], ["js"], [], [4], [0.0], budgets=[0.1])) == 3  # ar, sd, the budget
+    prompts = [Prompt(p) for p in PROMPTS[:3]]
+    rows = mark_frontier(summarise(run_bench(tiny_engine, prompts, configs, max_tokens=24, repeats=1)))
+    for r in rows:
+        assert r["tokens_per_target_call"] >= 1.0 and r["loss_per_token"] >= 0.0
+        if r["quality_budget"] is not None:
+            assert r["loss_worst_reply"] <= r["quality_budget"] + 1e-9
+            assert r["loss_per_token"] <= r["loss_worst_reply"] + 1e-12 and r["threshold_mean"] > 0
+    assert any(r["on_frontier_loss"] for r in rows)
+    assert next(r for r in rows if r["mode"] == "ar")["loss_per_token"] == 0.0
+    table = format_table(rows)
+    assert "loss/tok" in table and "worst" in table and "tok/call" in table
+    path = tmp_path / "frontier.png"
+    plot(rows, str(path))
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_calibrate_reports_the_smallest_budget_that_reaches_a_speed(tiny_engine):
+    from fsd_local.bench.calibrate import Budget, calibrate, format_report
+    from fsd_local.bench.prompts import Prompt
+
+    prompts = [Prompt(p) for p in PROMPTS[:2]]
+    goal = Budget("speed", 2.8)
+    result = calibrate(tiny_engine, prompts, budget=goal, max_tokens=24, repeats=1, steps=3)
+    b = result["quality_budget"]
+    assert result["tau"] is None and 0 < b <= 1.0
+    visited = {v["tau"]: v for v in result["visited"]}
+    assert visited[b]["tokens_per_target_call"] >= 2.8 and visited[b]["meets"]
+    assert all(not v["meets"] for x, v in visited.items() if x < b)
+    assert f"smallest B reaching tokens per target call >= 2.8: B = {b:.4f}" in format_report(result, goal)

@@ -10,7 +10,10 @@ is one sample per prompt (fixed seeds), noisy, and the monotone assumption holds
 Budgets:
 - agreement A (temperature 0 only): largest tau whose agreement with `ar` is >= A;
 - logprob drop D: largest tau whose target log-prob per token is at most D below `sd`'s (same k);
-- acceptance R: SMALLEST tau whose acceptance rate is >= R (past it, more tau only costs fidelity).
+- acceptance R: SMALLEST tau whose acceptance rate is >= R (past it, more tau only costs fidelity);
+- speed S (tokens per target call): the SMALLEST quality budget B (README, "Quality budget") whose runs reach S
+  tokens per target call: the search is over B in [0, BUDGET_MAX] instead of tau, B = 0 being `sd`; more budget
+  buys more rescues, so the same monotone assumption applies.
 Quality is measured with one pass over the prompts per tau; the chosen tau is then timed with `repeats`
 passes, interleaved with ar and sd, for its speed.
 
@@ -29,7 +32,8 @@ from fsd_local.bench.runner import TAU_MODES, BenchData, Config, run_bench, summ
 from fsd_local.errors import ConfigError
 from fsd_local.kernels.names import DIVERGENCE_MODES, TYPICAL_EPS_DEFAULT
 
-BUDGETS = ("agreement", "logprob_drop", "acceptance")
+BUDGETS = ("agreement", "logprob_drop", "acceptance", "speed")
+BUDGET_MAX = 1.0  # nats per token: where the search for the quality budget that reaches a speed ends
 # the largest value each divergence can take (ln 2 for JS, 1 for TV); the unbounded ones get a generous cap
 TAU_CEILING = {"js": math.log(2), "topk-js": math.log(2), "tv": 1.0, "topk-tv": 1.0}
 TAU_CEILING_UNBOUNDED = 2.0
@@ -46,7 +50,16 @@ TIMED_KEYS = (
     "target_logprob_mean",
     "agreement",
     "accuracy",
+    "tokens_per_target_call",
+    "loss_per_token",
+    "loss_worst_reply",
 )
+
+
+VISITED_KEYS = (
+    "agreement", "target_logprob_mean", "logprob_drop", "acceptance_rate", "tokens_per_target_call", "loss_per_token",
+    "loss_worst_reply", "meets",
+)  # fmt: skip
 
 
 def default_tau_max(mode: str, divergence: str) -> float:
@@ -68,6 +81,8 @@ class Budget:
             return row["agreement"] >= self.value
         if self.kind == "logprob_drop":
             return logprob_drop(row, sd_row) <= self.value
+        if self.kind == "speed":
+            return row["tokens_per_target_call"] >= self.value
         return row["acceptance_rate"] >= self.value
 
     def describe(self) -> str:
@@ -75,7 +90,13 @@ class Budget:
             "agreement": f"agreement >= {self.value:g}",
             "logprob_drop": f"target log-prob drop <= {self.value:g} per token (vs sd)",
             "acceptance": f"acceptance >= {self.value:g}",
+            "speed": f"tokens per target call >= {self.value:g}",
         }[self.kind]
+
+    @property
+    def knob(self) -> str:
+        """What the search moves: the quality budget for a speed goal, tau otherwise."""
+        return "quality_budget" if self.kind == "speed" else "tau"
 
 
 def logprob_drop(row: dict, sd_row: dict) -> float:
@@ -124,12 +145,15 @@ def calibrate(
     base = run_bench(engine, prompts, [ar, sd], **run)
     sd_row = summarise(base)[1]
 
-    def config(m: str, tau: float) -> Config:
-        return Config(m, temperature, divergence if m in DIVERGENCE_MODES else None, tau, draft_max)
+    def config(m: str, x: float) -> Config:
+        div = divergence if m in DIVERGENCE_MODES else None
+        if budget.kind == "speed":  # x is the quality budget
+            return Config(m, temperature, div, None, draft_max, budget=x)
+        return Config(m, temperature, div, x, draft_max)
 
     searched = {}
     for m in modes:
-        top = default_tau_max(m, divergence) if tau_max is None else tau_max
+        top = (BUDGET_MAX if budget.kind == "speed" else default_tau_max(m, divergence)) if tau_max is None else tau_max
         visited: dict[float, dict] = {}
 
         def measure(tau: float, m=m, visited=visited) -> dict:
@@ -143,7 +167,7 @@ def calibrate(
                     on_step(tau, visited[tau])
             return visited[tau]
 
-        if budget.kind == "acceptance":
+        if budget.kind in ("acceptance", "speed"):
             best = _smallest_reaching(measure, top, steps, budget)
         else:
             best = _largest_within(measure, top, steps)
@@ -156,17 +180,14 @@ def calibrate(
         candidates.append(
             {
                 "mode": c.mode,
-                "tau": best,
+                "tau": best,  # with a speed goal: the quality budget
                 "divergence": c.divergence,
                 "tau_max": top,
                 **{k: row[k] for k in TIMED_KEYS},
                 "visited": [
                     {
                         "tau": t,
-                        **{
-                            k: r[k]
-                            for k in ("agreement", "target_logprob_mean", "logprob_drop", "acceptance_rate", "meets")
-                        },
+                        **{k: r[k] for k in VISITED_KEYS},
                     }
                     for t, r in sorted(visited.items())
                 ],
@@ -175,7 +196,8 @@ def calibrate(
     candidates.sort(key=lambda r: -(r["tokens_per_second"] or 0.0))
     pick = candidates[0]
     result = {
-        "tau": pick["tau"],
+        "tau": pick["tau"] if budget.knob == "tau" else None,
+        "quality_budget": pick["tau"] if budget.knob == "quality_budget" else None,
         "budget": {budget.kind: budget.value},
         "mode": pick["mode"],
         "divergence": pick["divergence"],
@@ -210,21 +232,29 @@ def _smallest_reaching(measure, tau_max, steps, budget) -> float:
         return 0.0
     top = measure(tau_max)
     if not top["meets"]:
+        key, what, flag = (
+            ("tokens_per_target_call", "tokens per target call", "--target-speed")
+            if budget.kind == "speed"
+            else ("acceptance_rate", "acceptance", "--target-acceptance")
+        )
         raise ConfigError(
-            f"acceptance reaches only {top['acceptance_rate']:.2f} at tau = {tau_max:g}, below the "
-            f"target {budget.value:g}: raise --tau-max or lower --target-acceptance"
+            f"{what} reaches only {top[key]:.2f} at {budget.knob} = {tau_max:g}, below the "
+            f"target {budget.value:g}: raise --tau-max or lower {flag}"
         )
     # tau = 0 does not reach the target acceptance, tau_max does
     return _bisect(lambda t: not measure(t)["meets"], 0.0, tau_max, steps)[1]
 
 
-def _visited_lines(visited: list[dict]) -> list[str]:
-    lines = [f"{'tau':>8}  {'agree':>6}  {'logp/tok':>8}  {'drop':>7}  {'accept':>6}  meets"]
+def _visited_lines(visited: list[dict], knob: str = "tau") -> list[str]:
+    lines = [
+        f"{knob:>8}  {'agree':>6}  {'logp/tok':>8}  {'drop':>7}  {'accept':>6}  {'loss/tok':>8}  {'tok/call':>8}  meets"
+    ]
     for v in visited:
         agree = "-" if v["agreement"] is None else f"{v['agreement']:.3f}"
         lines.append(
             f"{v['tau']:>8.4f}  {agree:>6}  {v['target_logprob_mean']:>8.3f}  {v['logprob_drop']:>7.3f}  "
-            f"{v['acceptance_rate']:>6.0%}  {'yes' if v['meets'] else 'no'}"
+            f"{v['acceptance_rate']:>6.0%}  {_f(v['loss_per_token'], '.4f'):>8}  "
+            f"{_f(v['tokens_per_target_call'], '.3f'):>8}  {'yes' if v['meets'] else 'no'}"
         )
     return lines
 
@@ -234,12 +264,13 @@ def _f(v, fmt: str) -> str:
 
 
 def format_report(result: dict, budget: Budget) -> str:
-    which = "smallest tau reaching" if budget.kind == "acceptance" else "largest tau within"
+    knob = "B" if budget.kind == "speed" else "tau"
+    which = f"smallest {knob} reaching" if budget.kind in ("acceptance", "speed") else f"largest {knob} within"
     lines: list[str] = []
     if "candidates" in result:
         lines.append(f"each mode's {which} {budget.describe()}, timed side by side (fastest first):")
         lines.append(
-            f"{'mode':>12}  {'tau':>8}  {'tok/s':>13}  {'x ar':>5}  {'accept':>6}  {'logp/tok':>8}  {'agree':>6}"
+            f"{'mode':>12}  {knob:>8}  {'tok/s':>13}  {'x ar':>5}  {'accept':>6}  {'logp/tok':>8}  {'agree':>6}"
         )
         for c in result["candidates"]:
             lines.append(
@@ -250,13 +281,13 @@ def format_report(result: dict, budget: Budget) -> str:
             )
         lines.append("")
         lines.append(f"visited by {result['mode']}:")
-    lines += _visited_lines(result["visited"])
+    lines += _visited_lines(result["visited"], knob)
     r = result
     lines.append("")
     head = "fastest within the budget: " if "candidates" in r else ""
     div = f", {r['divergence']}" if r["divergence"] else ""
     lines.append(
-        f"{head}{which} {budget.describe()}: tau = {r['tau']:.4f} ({r['mode']}{div}, "
+        f"{head}{which} {budget.describe()}: {knob} = {r[budget.knob]:.4f} ({r['mode']}{div}, "
         f"k={r['draft_max']}, temperature {r['temperature']:g})"
     )
     lines.append(

@@ -331,6 +331,11 @@ def calibrate_options(f):
             help="goal: the smallest tau whose acceptance rate reaches this",
         ),
         click.option(
+            "--target-speed",
+            type=click.FloatRange(1),
+            help="goal: the smallest quality budget B whose runs reach this many tokens per target call",
+        ),
+        click.option(
             "--tau-max",
             type=click.FloatRange(0, min_open=True),
             help="upper end of the search [default: ln 2 for js, 1 for tv, 2 otherwise; twice that for "
@@ -372,6 +377,7 @@ def calibrate_command(
     min_agreement,
     max_logprob_drop,
     target_acceptance,
+    target_speed,
     tau_max,
     steps,
     repeats,
@@ -389,11 +395,14 @@ def calibrate_command(
             ("agreement", min_agreement),
             ("logprob_drop", max_logprob_drop),
             ("acceptance", target_acceptance),
+            ("speed", target_speed),
         )
         if v is not None
     ]
     if len(given) != 1:
-        raise click.UsageError("give exactly one of --min-agreement, --max-logprob-drop, --target-acceptance")
+        raise click.UsageError(
+            "give exactly one of --min-agreement, --max-logprob-drop, --target-acceptance, --target-speed"
+        )
     budget = Budget(*given[0])
     if budget.kind == "agreement" and temperature > 0:  # fail before loading the models
         raise click.UsageError("--min-agreement needs --temp 0 (agreement is with the target's greedy output)")
@@ -406,7 +415,8 @@ def calibrate_command(
     def step(tau, row):
         agree = "" if row["agreement"] is None else f"agreement {row['agreement']:.3f}, "
         _say(
-            f"{row['mode']} tau {tau:.4f}: {agree}log-prob drop {row['logprob_drop']:+.3f}, acceptance "
+            f"{row['mode']} {'B' if budget.kind == 'speed' else 'tau'} {tau:.4f}: {agree}"
+            f"{row['tokens_per_target_call']:.2f} tokens/call, log-prob drop {row['logprob_drop']:+.3f}, acceptance "
             f"{row['acceptance_rate']:.0%} -> {'meets' if row['meets'] else 'misses'} the budget"
         )
 
