@@ -183,11 +183,11 @@ def calibrate(
                 "tau": best,  # with a speed goal: the quality budget
                 "divergence": c.divergence,
                 "tau_max": top,
-                **{k: row[k] for k in TIMED_KEYS},
+                **{k: row.get(k) for k in TIMED_KEYS},
                 "visited": [
                     {
                         "tau": t,
-                        **{k: r[k] for k in VISITED_KEYS},
+                        **{k: r.get(k) for k in VISITED_KEYS},
                     }
                     for t, r in sorted(visited.items())
                 ],

@@ -299,19 +299,18 @@ def summarise(data: BenchData) -> list[dict]:
 
 def _budget_columns(c: Config, runs: list[Run], tokens: int) -> dict:
     """The quality budget (None: a fixed tau or none), the loss per token over all replies and the worst reply's,
-    the share of tokens the target would not have chosen, tokens per target call, and the budget's threshold."""
-    lossless = c.mode == "draft-only"
-    per_reply = [run.stats["loss_per_token"] for run in runs if run.stats["tokens"]]
+    the share of tokens the target would not have chosen, tokens per target call, and the budget's threshold.
+    (Statistics recorded before the budget existed have no losses: those columns are then null.)"""
+    measured = c.mode != "draft-only" and all("loss_sum" in run.stats for run in runs)
+    per_reply = [run.stats["loss_per_token"] for run in runs if measured and run.stats["tokens"]]
     thresholds = [run.stats["threshold"]["mean"] for run in runs if run.stats.get("threshold")]
-    calls = _sum(runs, "target_calls")
+    not_chosen = sum(run.stats["not_chosen_share"] * run.stats["tokens"] for run in runs) if measured else None
     return {
         "quality_budget": c.budget,
-        "loss_per_token": None if lossless else _div(_sum(runs, "loss_sum"), tokens),
-        "loss_worst_reply": None if lossless or not per_reply else max(per_reply),
-        "not_chosen_share": None
-        if lossless
-        else _div(sum(r.stats["not_chosen_share"] * r.stats["tokens"] for r in runs), tokens),
-        "tokens_per_target_call": _div(tokens, calls),
+        "loss_per_token": _div(_sum(runs, "loss_sum"), tokens) if measured else None,
+        "loss_worst_reply": max(per_reply) if per_reply else None,
+        "not_chosen_share": _div(not_chosen, tokens) if measured else None,
+        "tokens_per_target_call": _div(tokens, sum(run.stats.get("target_calls", 0) for run in runs)),
         "threshold_mean": mean(thresholds) if thresholds else None,
     }
 
