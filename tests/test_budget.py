@@ -208,6 +208,19 @@ def test_no_reply_exceeds_its_budget_at_any_length(tiny_engine, mode, bound):
     assert cut.stats["loss_sum"] <= bound * cut.stats["tokens"] + 1e-9
 
 
+@pytest.mark.parametrize("mode", ["fsd", "typical", "cascade", "relaxed", "fsd-paper"])
+def test_sampled_replies_keep_their_budget_and_spend_it(tiny_engine, mode):
+    spent = 0.0
+    for seed in range(6):
+        out = tiny_engine.generate(
+            PROMPTS[seed % 2], mode=mode, quality_budget=0.5, temperature=0.8, seed=seed, max_tokens=30
+        )
+        st = out.stats
+        assert st["loss_sum"] <= 0.5 * st["tokens"] + 1e-9
+        spent += st["loss_sum"]
+    assert spent > 0
+
+
 # ------------------------------------------------------------------ B = 0 is sd
 @pytest.mark.parametrize("mode", LOSSY)
 def test_greedy_budget_zero_is_exactly_sd(tiny_engine, mode):
