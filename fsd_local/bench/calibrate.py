@@ -174,7 +174,7 @@ def calibrate(
         searched[m] = (best, top, visited)
     chosen = [config(m, best) for m, (best, _, _) in searched.items()]
     timed = summarise(run_bench(engine, prompts, [ar, sd, *chosen], **dict(run, repeats=repeats)))[2:]
-    candidates = []
+    candidates: list[dict[str, Any]] = []
     for c, row in zip(chosen, timed):
         best, top, visited = searched[c.mode]
         candidates.append(
