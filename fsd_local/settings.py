@@ -66,6 +66,8 @@ class Spec:
     chat: str | None = None  # the slash command that sets it in `fsd-local chat`
     metavar: str | None = None
     kind: type | None = None  # the type of a setting whose default is None (None = off)
+    # (other setting, its off value, this setting's off value): setting this one on turns the other off (with_)
+    sets_aside: tuple[str, Any, Any] | None = None
 
     def range_text(self) -> str:
         lo = "" if self.lo is None else f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
@@ -89,10 +91,11 @@ def setting(default: Any, help: str, **spec: Any) -> Any:
 class Settings:
     """Everything that may change between two calls on the same loaded pair (see each field's help)."""
 
-    tau: float = setting(0.0, TAU_HELP, lo=0, cli="--tau", chat="tau")
+    tau: float = setting(0.0, TAU_HELP, lo=0, cli="--tau", chat="tau", sets_aside=("quality_budget", None, 0.0))
     quality_budget: float | None = setting(
-        None, BUDGET_HELP, lo=0, cli="--quality-budget", chat="budget", kind=float, metavar="B"
-    )
+        None, BUDGET_HELP, lo=0, cli="--quality-budget", chat="budget", kind=float, metavar="B",
+        sets_aside=("tau", 0.0, None),
+    )  # fmt: skip
     mode: str = setting("fsd", MODE_HELP, choices=MODES, cli="--mode", chat="mode")
     divergence: str = setting("js", DIVERGENCE_HELP, choices=DIVERGENCES, cli="--divergence", chat="divergence")
     divergence_topk: int = setting(
@@ -230,7 +233,14 @@ class Settings:
         unknown = set(changes) - NAMES
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(NAMES))}")
-        return replace(self, **{k: v for k, v in changes.items() if v is not None or k in OPTIONAL})
+        changes = {k: v for k, v in changes.items() if v is not None or k in OPTIONAL}
+        # two settings that exclude each other (tau, quality_budget): turning one on sets the other aside, unless
+        # the same change sets both (then __post_init__ says they are both set)
+        for name, value in list(changes.items()):
+            aside = spec(FIELD[name]).sets_aside
+            if aside is not None and value != aside[2] and aside[0] not in changes:
+                changes[aside[0]] = aside[1]
+        return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -297,4 +307,5 @@ def _check(f: Field, value: Any) -> None:
 
 FIELDS: tuple[Field, ...] = fields(Settings)
 NAMES = frozenset(f.name for f in FIELDS)
+FIELD = {f.name: f for f in FIELDS}
 OPTIONAL = frozenset(f.name for f in FIELDS if spec(f).kind is not None)  # None = off

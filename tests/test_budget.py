@@ -285,7 +285,11 @@ def test_tau_and_budget_together_and_other_bad_values_are_clear_errors():
     with pytest.raises(ConfigError, match="both set"):
         Settings(tau=0.2, quality_budget=0.1)
     with pytest.raises(ConfigError, match="both set"):
-        Settings(tau=0.2).with_(quality_budget=0.1)
+        Settings().with_(tau=0.2, quality_budget=0.1)  # one request that sets both
+    # a request that sets one over defaults that set the other: the request's knob wins, the other is set aside
+    assert Settings(tau=0.2).with_(quality_budget=0.1).tau == 0.0
+    assert Settings(quality_budget=0.1).with_(tau=0.3).quality_budget is None
+    assert Settings(quality_budget=0.1).with_(tau=0.0).quality_budget == 0.1
     with pytest.raises(ConfigError, match="lossy mode"):
         Settings(mode="sd", quality_budget=0.1)
     with pytest.raises(ConfigError, match="quality_budget=-0.1 must be >= 0"):
@@ -321,10 +325,10 @@ def test_chat_budget_command_and_summary_line(tiny_engine):
     line = summary_line(session.last.stats, session.last.finish_reason)
     assert f"budget spent {session.last.stats['loss_per_token']:.3f} of 0.2 nats/token" in line
     assert "budget 0.2" in session.stats_text()
-    with pytest.raises(ConfigError, match="both set"):
-        session.apply(parse_command("/tau 0.3"))
+    assert session.apply(parse_command("/tau 0.3")) == "tau = 0.3"  # sets the budget aside
+    assert session.settings.quality_budget is None
+    assert session.apply(parse_command("/budget 0.1")) == "budget = 0.1" and session.settings.tau == 0.0
     assert session.apply(parse_command("/budget off")) == "budget = None"
-    assert session.apply(parse_command("/tau 0.3")) == "tau = 0.3"
 
 
 def test_server_field(tiny_engine):
@@ -339,6 +343,13 @@ def test_server_field(tiny_engine):
         fsd = r.json()["fsd"]
         assert fsd["quality_budget"] == 0.2 and fsd["settings"]["quality_budget"] == 0.2
         assert fsd["loss_sum"] <= 0.2 * fsd["tokens"] + 1e-9
+        srv_tau = tiny_engine.defaults
+        tiny_engine.defaults = srv_tau.with_(tau=0.3)  # a server started with --tau: a request's budget wins
+        try:
+            r = httpx.post(srv.url + "/v1/chat/completions", json={**body, "quality_budget": 0.2}, timeout=30)
+            assert r.status_code == 200 and r.json()["fsd"]["settings"]["tau"] == 0.0
+        finally:
+            tiny_engine.defaults = srv_tau
         bad = httpx.post(srv.url + "/v1/chat/completions", json={**body, "quality_budget": 0.2, "tau": 0.3}, timeout=30)
         assert bad.status_code == 400 and "both set" in bad.json()["error"]["message"]
 
