@@ -399,3 +399,16 @@ def test_calibrate_reports_the_smallest_budget_that_reaches_a_speed(tiny_engine)
     assert visited[b]["tokens_per_target_call"] >= 2.8 and visited[b]["meets"]
     assert all(not v["meets"] for x, v in visited.items() if x < b)
     assert f"smallest B reaching tokens per target call >= 2.8: B = {b:.4f}" in format_report(result, goal)
+
+
+# ------------------------------------------------------------------ the real pair
+def test_on_the_real_f16_pair_budgets_hold_and_zero_is_sd(real_engine_f16, real_pair_f16):
+    eng = real_engine_f16
+    prompt = eng.chat_prompt([{"role": "user", "content": "Explain to a ten-year-old what a computer program is."}])
+    sd = eng.generate(prompt, mode="sd", max_tokens=40, draft_max=6)
+    assert eng.generate(prompt, quality_budget=0.0, max_tokens=40, draft_max=6).token_ids == sd.token_ids
+    out = eng.generate(prompt, quality_budget=0.2, max_tokens=40, draft_max=6, ignore_eos=True)
+    st = out.stats
+    assert 0 < st["loss_sum"] <= 0.2 * st["tokens"] + 1e-9 and st["accepted_fuzzy"] > 0
+    ref = _reference_losses(real_pair_f16[1], prompt, out.token_ids)
+    assert st["loss_sum"] == pytest.approx(ref.sum(), abs=0.05)  # F16 batch shapes: <= ~0.04 per logit
