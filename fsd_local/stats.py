@@ -35,6 +35,7 @@ class Stats:
     k_histogram: list = field(default_factory=list)  # rounds by the draft length chosen (0 = a plain step)
     loss_sum: float = 0.0  # target log-probability given up (kernels/budget.py), over the emitted tokens
     not_chosen: int = 0  # emitted tokens with a positive loss: the target would not have chosen them
+    loss_unknown: bool = False  # a sampled rescue without a budget: its loss is not computed (kernels/budget.py)
     budget: Any = None  # the reply's kernels.budget.Budget (its bound is < 0 when there is no budget)
 
     def record_k(self, k: int) -> None:
@@ -65,8 +66,12 @@ class Stats:
                 self.divergences.append(float(d))
         for j in range(emitted):
             self.logprob_sum += float(logprobs[j])
-            self.loss_sum += float(losses[j])
-            self.not_chosen += bool(losses[j] > 0.0)
+            loss = float(losses[j])
+            if loss == loss:
+                self.loss_sum += loss
+            else:
+                self.loss_unknown = True
+            self.not_chosen += not loss <= 0.0  # NaN: a rescue, not the target's choice
         self.logprob_count += emitted
         self.tokens += emitted
 
@@ -84,8 +89,8 @@ class Stats:
         rounds = st[_ROUNDS] if st is not None else 0.0
         return {
             "quality_budget": float(b.bound) if on else None,
-            "loss_per_token": self.loss_sum / n if n else 0.0,
-            "loss_sum": self.loss_sum,
+            "loss_per_token": None if self.loss_unknown else (self.loss_sum / n if n else 0.0),
+            "loss_sum": None if self.loss_unknown else self.loss_sum,
             "not_chosen_share": self.not_chosen / n if n else 0.0,
             "threshold": {
                 "mean": float(st[_TAU_SUM] / rounds),

@@ -278,6 +278,10 @@ def test_the_threshold_moves_with_the_budget_and_is_reported(tiny_engine):
     plain = tiny_engine.generate(PROMPTS[1], tau=0.3, max_tokens=20)
     assert plain.stats["quality_budget"] is None and plain.stats["threshold"] is None
     assert plain.stats["loss_per_token"] >= 0 and 0 <= plain.stats["not_chosen_share"] <= 1
+    # sampled without a budget the loss of a rescue is not computed (it costs two passes over the row): null
+    sampled = tiny_engine.generate(PROMPTS[1], tau=0.5, temperature=0.9, seed=1, max_tokens=30)
+    assert sampled.stats["accepted_fuzzy"] > 0 and sampled.stats["loss_per_token"] is None
+    assert sampled.stats["not_chosen_share"] > 0
 
 
 # ------------------------------------------------------------------ the setting's surfaces

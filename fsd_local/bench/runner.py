@@ -301,7 +301,7 @@ def _budget_columns(c: Config, runs: list[Run], tokens: int) -> dict:
     """The quality budget (None: a fixed tau or none), the loss per token over all replies and the worst reply's,
     the share of tokens the target would not have chosen, tokens per target call, and the budget's threshold.
     (Statistics recorded before the budget existed have no losses: those columns are then null.)"""
-    measured = c.mode != "draft-only" and all("loss_sum" in run.stats for run in runs)
+    measured = c.mode != "draft-only" and all(run.stats.get("loss_sum") is not None for run in runs)
     per_reply = [run.stats["loss_per_token"] for run in runs if measured and run.stats["tokens"]]
     thresholds = [run.stats["threshold"]["mean"] for run in runs if run.stats.get("threshold")]
     not_chosen = sum(run.stats["not_chosen_share"] * run.stats["tokens"] for run in runs) if measured else None

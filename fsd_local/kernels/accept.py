@@ -159,6 +159,8 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
         if ok:  # what the rescue costs (kernels/budget.py), known before accepting it
             if greedy:
                 cost = greedy_loss(x, n, d)
+            elif budget.bound < 0.0:
+                cost = np.nan  # sampled: measured under a budget only (two scalar passes over the row)
             else:
                 stats_p[0], stats_p[1], stats_p[2] = mx, cut, lz
                 cost = sampled_loss(
