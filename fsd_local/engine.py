@@ -20,6 +20,7 @@ from fsd_local.drafting.proposer import Proposer
 from fsd_local.errors import FSDError
 from fsd_local.kernels.accept import (
     AR,
+    BY_FUZZY,
     DRAFT_ONLY,
     MODES,
     accept_round,
@@ -106,6 +107,10 @@ class Engine:
     def detokenize(self, tokens: Sequence[int]) -> str:
         self._check_open()
         return self.target.detokenize(tokens)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token renders to (a stream's text is these bytes, decoded)."""
+        return self.target.piece(token)
 
     def generate(
         self,
@@ -250,12 +255,13 @@ class Engine:
                     if remaining <= 0 or len(seq) > n_ctx:
                         finish = "length"
                         break
+                    n_drafts, rescues = 0, []  # what a plain step drafts and rescues
                     if speculative:
                         n_drafts, source, k, t_draft = self._proposer.propose(
                             seq, min(remaining - 1, n_ctx - len(seq)), s, rng, stats
                         )
                         t_target = stats.seconds_target
-                        new, reasons = self._verify(seq, n_drafts, rule, sampling, rng, stats)
+                        new, reasons, rescues = self._verify(seq, n_drafts, rule, sampling, rng, stats)
                         lengths.observe(source, n_drafts, len(new) - 1, t_draft, stats.seconds_target - t_target)
                         stats.record_k(k)
                         origins = [ORIGINS[r] for r in reasons] + ["target"]
@@ -279,7 +285,7 @@ class Engine:
                         finish = "stop"
                     stats.seconds_total = perf_counter() - t_start
                     if released or shown:
-                        yield Piece(released, shown, origins[: len(shown)])
+                        yield Piece(released, shown, origins[: len(shown)], None, n_drafts, rescues[: len(shown)])
                 stats.seconds_total = perf_counter() - t_start
             finally:
                 for m in models if not self._closed else ():  # close() from this thread while a stream was paused
@@ -326,7 +332,13 @@ class Engine:
         out = self._proposer.out
         accepted, nxt = accept_round(p, self._proposer.drafts, n_drafts, self.n_vocab, rule, sampling, us, out)
         stats.record_round(n_drafts, out.reason, out.divergence, out.logprob, accepted + 1)
-        return drafts[:accepted] + [int(nxt)], out.reason[:accepted].tolist()
+        reasons = out.reason[:accepted].tolist()
+        # a rescued token's divergence and log-probability gap (the target's top token's log-prob minus its own)
+        rescues = [
+            (float(out.divergence[i]), float(p[i, : self.n_vocab].max() - p[i, drafts[i]])) if r == BY_FUZZY else None
+            for i, r in enumerate(reasons)
+        ]
+        return drafts[:accepted] + [int(nxt)], reasons, rescues
 
     def _plain_step(self, m: Model, seq, sampling, rng, stats, mode):
         """The baselines: one token from one model (target for ar, draft for draft-only)."""

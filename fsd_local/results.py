@@ -13,12 +13,15 @@ from fsd_local.errors import ConfigError, ContextOverflowError
 class Piece:
     """A streamed chunk: the text released now and the tokens that produced it, with their origins
     ('sd' = draft token that passed the SD test, 'fuzzy' = draft token rescued by tau, 'target' = the
-    target's own token, 'draft' = draft-only baseline)."""
+    target's own token, 'draft' = draft-only baseline), the number of tokens the round drafted, and per token
+    (divergence, log-probability gap) when tau rescued it, else None (the server streams them, README)."""
 
     text: str
     token_ids: list[int]
     origins: list[str]
     completion: Completion | None = None  # set on the final piece only
+    drafted: int = 0
+    rescues: list[tuple[float, float] | None] = field(default_factory=list)
 
 
 @dataclass

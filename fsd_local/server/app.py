@@ -40,6 +40,7 @@ from fsd_local.llama.options import ModelOptions
 from fsd_local.server.metrics import Metrics
 from fsd_local.server.openai_schema import APIError, Reply, parse, prompt_tokens, settings_for
 from fsd_local.server.supervisor import ModelProcessError, Supervisor
+from fsd_local.server.web import TokenTrail, install
 from fsd_local.settings import Settings
 
 log = logging.getLogger("fsd_local.server")
@@ -196,7 +197,7 @@ def create_app(
             worker.submit(stream_job, cancel)
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                _events(reply, pieces, cancel, include_usage),
+                _events(reply, pieces, cancel, include_usage, TokenTrail(engine.token_bytes)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -218,6 +219,7 @@ def create_app(
             return Response(status_code=499)
         return JSONResponse(reply.full(_result(done)))
 
+    install(app, engine, guarded, name)  # the chat page at / and the settings it may send
     _install_error_handlers(app)
     app.add_middleware(_CountResponses, metrics=metrics)
     return app
@@ -256,8 +258,11 @@ def _as_api_error(exc: BaseException) -> APIError:
     return APIError(500, f"generation failed: {exc}", type="server_error", code="internal_error")
 
 
-async def _events(reply: Reply, pieces: asyncio.Queue, cancel: CancelToken, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
+async def _events(
+    reply: Reply, pieces: asyncio.Queue, cancel: CancelToken, include_usage: bool, trail: TokenTrail
+) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`; each chunk with new tokens
+    carries them in the `fsd_delta` extension field (web.py)."""
     try:
         if reply.kind == "chat":
             yield _sse(reply.chunk(role=True))
@@ -266,8 +271,8 @@ async def _events(reply: Reply, pieces: asyncio.Queue, cancel: CancelToken, incl
             if isinstance(item, BaseException):
                 yield _sse(_as_api_error(item).body())  # the openai client raises on an error event
                 return
-            if item.text:
-                yield _sse(reply.chunk(item.text))
+            if item.text or item.token_ids:
+                yield _sse({**reply.chunk(item.text), "fsd_delta": trail.delta(item)})
             if item.completion is not None:
                 yield _sse(reply.last_chunk(item.completion))
                 if include_usage:
