@@ -6,8 +6,10 @@
 
 // the settings offered on the page, in this order, when the server accepts them (GET /v1/fsd/settings)
 const CONTROLS = ["mode", "tau", "quality_budget", "drafter", "draft_policy", "temperature", "max_tokens"];
-// slider ranges for settings the declarations leave open above (tau: js is at most ln 2)
-const SLIDERS = { tau: [0, 1, 0.01], quality_budget: [0, 1, 0.01], temperature: [0, 2, 0.05] };
+// the settings shown as sliders, with the range where the declarations leave one open (tau: js is at most ln 2);
+// other numbers get a number box
+const SLIDERS = { tau: [0, 1, 0.01], quality_budget: [0, 1, 0.01] };
+const STEPS = { temperature: 0.1 };
 const KEY_STORE = "fsd-local.api-key";
 
 const $ = (id) => document.getElementById(id);
@@ -85,8 +87,8 @@ function buildControls(declared) {
     if (d.choices) {
       input = document.createElement("select");
       for (const c of d.choices) input.append(new Option(c, c, false, c === d.default));
-    } else if (d.type === "number" || (d.type === "integer" && d.max !== null)) {
-      const [lo, hi, step] = SLIDERS[name] || [d.min ?? 0, d.max ?? 1, d.type === "integer" ? 1 : 0.01];
+    } else if (SLIDERS[name] || (d.min !== null && d.max !== null)) {
+      const [lo, hi, step] = SLIDERS[name] || [d.min, d.max, d.type === "integer" ? 1 : 0.01];
       input = document.createElement("input");
       input.type = "range";
       input.min = d.min ?? lo;
@@ -103,6 +105,7 @@ function buildControls(declared) {
     } else {
       input = document.createElement("input");
       input.type = "number";
+      input.step = STEPS[name] || (d.type === "integer" ? 1 : "any");
       if (d.min !== null) input.min = d.min;
       if (d.max !== null) input.max = d.max;
       input.value = d.default ?? "";
@@ -266,7 +269,7 @@ function drawChart(rates) {
   const svg = $("chart");
   const ns = "http://www.w3.org/2000/svg";
   svg.replaceChildren();
-  const W = 240, H = 90, left = 26, bottom = 14, top = 4;
+  const W = 240, H = 80, left = 30, bottom = 14, top = 5;
   const el = (tag, attrs, text) => {
     const e = document.createElementNS(ns, tag);
     for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
@@ -305,6 +308,7 @@ async function reply() {
   state.abort = controller;
   setBusy(true);
   showError("");
+  $("stats-state").textContent = "waiting…";
   let final = null;
   let failed = null;
   try {
