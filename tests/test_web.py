@@ -52,6 +52,22 @@ def stream_chunks(url, body, headers=None):
 
 
 # ---------------------------------------------------------------------------------------------- the server side
+def test_the_page_ships_in_the_package():
+    """A non-editable install has the page: pyproject's package-data covers every static file."""
+    import fnmatch
+    from pathlib import Path
+
+    from fsd_local.pairs.registry import tomllib  # tomllib, or tomli before Python 3.11
+    from fsd_local.server.web import STATIC
+
+    package = STATIC.parent.parent
+    patterns = tomllib.loads((package.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    files = [p.relative_to(package).as_posix() for p in Path(STATIC).iterdir()]
+    assert {"server/static/index.html", "server/static/app.js", "server/static/style.css"} <= set(files)
+    for f in files:
+        assert any(fnmatch.fnmatch(f, pat) for pat in patterns["fsd_local"]), f
+
+
 def test_page_and_its_files_are_served(server):
     page = httpx.get(server.url + "/", timeout=TIMEOUT)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")

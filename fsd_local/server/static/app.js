@@ -73,6 +73,8 @@ function buildControls(declared) {
   const byName = Object.fromEntries(declared.map((d) => [d.name, d]));
   const box = $("controls");
   box.replaceChildren();
+  state.settings = {};
+  state.changed.clear();
   for (const name of CONTROLS) {
     const d = byName[name];
     if (!d) continue;  // this server does not know the setting (yet)
@@ -188,7 +190,7 @@ class ReplyView {
   newSpan(index, token) {
     const span = document.createElement("span");
     span.className = "tok";
-    span.dataset.origin = token && token.origin !== "draft" ? token.origin : "target";
+    span.dataset.origin = token ? token.origin : "target";  // "draft": the draft-only baseline's tokens
     if (token && token.origin === "fuzzy") {
       if (token.divergence !== null && token.divergence !== undefined) span.dataset.divergence = token.divergence;
       span.dataset.logprobGap = token.logprob_gap;
