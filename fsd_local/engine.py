@@ -109,7 +109,8 @@ class Engine:
         return self.target.detokenize(tokens)
 
     def token_bytes(self, token: int) -> bytes:
-        """The bytes one token renders to (a stream's text is these bytes, decoded)."""
+        """The bytes one token renders to (special tokens: none), as the text of a reply is made of them."""
+        self._check_open()
         return self.target.piece(token)
 
     def generate(
@@ -285,7 +286,9 @@ class Engine:
                         finish = "stop"
                     stats.seconds_total = perf_counter() - t_start
                     if released or shown:
-                        yield Piece(released, shown, origins[: len(shown)], None, n_drafts, rescues[: len(shown)])
+                        yield Piece(
+                            released, shown, origins[: len(shown)], drafted=n_drafts, rescues=rescues[: len(shown)]
+                        )
                 stats.seconds_total = perf_counter() - t_start
             finally:
                 for m in models if not self._closed else ():  # close() from this thread while a stream was paused

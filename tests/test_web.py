@@ -355,3 +355,31 @@ def _up(url):
         return httpx.get(url + "/health", timeout=1).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_a_new_setting_appears_on_the_page_by_itself(server, tmp_path):
+    """The controls come from the server's declarations: a slider-worthy setting this server does not know yet
+    (the quality budget, off by default) gets its slider with no change to the page, and moving it sets tau
+    aside (the budget moves the threshold itself), as moving tau sets the budget back to off."""
+    browser = _browser(tmp_path, 800, 700)
+    try:
+        browser.get(server.url + "/")
+        _wait(lambda: browser.find_elements("id", "set-tau"), "the controls")
+        assert not browser.find_elements("id", "set-quality_budget")
+        browser.execute_script(
+            "fetch('/v1/fsd/settings').then(r => r.json()).then(info => buildControls(info.settings.concat([{"
+            "name: 'quality_budget', type: 'number', default: null, min: 0, max: null, min_open: false,"
+            "max_open: false, choices: null, help: 'nats per token'}])));"
+        )
+        _wait(lambda: browser.find_elements("id", "set-quality_budget"), "the budget slider")
+        budget = browser.find_element("id", "set-quality_budget")
+        assert budget.get_attribute("type") == "range" and _text(browser, "set-quality_budget-value") == "off"
+        assert browser.find_element("css selector", "label[for='set-quality_budget']").text.startswith("quality budget")
+        assert browser.execute_script("return requestSettings()") == {}  # nothing moved: the server's defaults
+        _set_slider(browser, "quality_budget", 0.2)
+        assert browser.execute_script("return requestSettings()") == {"quality_budget": 0.2, "tau": 0}
+        _set_slider(browser, "tau", 0.3)
+        assert browser.execute_script("return requestSettings()") == {"tau": 0.3}
+        assert _text(browser, "set-quality_budget-value") == "off"
+    finally:
+        browser.quit()

@@ -125,7 +125,7 @@ class Model:
             )
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
-        self._pieces: dict[int, bytes] = {}  # piece() works on a vocabulary-only model too
+        self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
         if opts.vocab_only:
             return

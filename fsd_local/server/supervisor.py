@@ -136,6 +136,7 @@ class Supervisor:
             return self._vocab.detokenize(tokens)
 
     def token_bytes(self, token: int) -> bytes:
+        """As Engine.token_bytes."""
         with self._vocab_lock:
             self._check_open()
             return self._vocab.piece(token)
@@ -240,7 +241,7 @@ class Supervisor:
                             continue
                         msg = child.conn.recv()
                         if msg[0] == "piece":
-                            yield Piece(msg[1], msg[2], msg[3], None, msg[4], msg[5])
+                            yield Piece(**msg[1])
                         elif msg[0] == "done":
                             ended = child.healthy = True
                             last = Piece(msg[1], [], [], Completion(**msg[2]))

@@ -10,6 +10,8 @@ const CONTROLS = ["mode", "tau", "quality_budget", "drafter", "draft_policy", "t
 // other numbers get a number box
 const SLIDERS = { tau: [0, 1, 0.01], quality_budget: [0, 1, 0.01] };
 const STEPS = { temperature: 0.1 };
+// moving one of these sets the other aside: the quality budget moves the threshold itself (tau 0), tau means no budget
+const EXCLUSIVE = { quality_budget: ["tau", 0], tau: ["quality_budget", null] };
 const KEY_STORE = "fsd-local.api-key";
 
 const $ = (id) => document.getElementById(id);
@@ -100,7 +102,7 @@ function buildControls(declared) {
       const out = document.createElement("output");
       out.htmlFor = id;
       out.id = id + "-value";
-      out.textContent = formatValue(Number(input.value));
+      out.textContent = d.default === null ? "off" : formatValue(Number(input.value));  // null: off until moved
       input.addEventListener("input", () => { out.textContent = formatValue(Number(input.value)); });
       label.append(out);
       field.classList.add("wide");
@@ -115,11 +117,28 @@ function buildControls(declared) {
     input.id = id;
     input.name = name;
     input.setAttribute("aria-label", labelText(name));
-    input.addEventListener("input", () => state.changed.add(name));
-    input.addEventListener("change", () => state.changed.add(name));
+    input.addEventListener("input", () => moved(name));
+    input.addEventListener("change", () => moved(name));
     state.settings[name] = { decl: d, input };
     field.append(label, input);
     box.append(field);
+  }
+}
+
+function moved(name) {
+  state.changed.add(name);
+  const [other, value] = EXCLUSIVE[name] || [];
+  const control = other && state.settings[other];
+  if (!control) return;
+  if (value === null) {  // back to off: not sent
+    state.changed.delete(other);
+    const out = document.getElementById(control.input.id + "-value");
+    if (out) out.textContent = "off";
+  } else if (Number(control.input.value) !== value || !state.changed.has(other)) {
+    control.input.value = value;
+    const out = document.getElementById(control.input.id + "-value");
+    if (out) out.textContent = formatValue(value);
+    state.changed.add(other);
   }
 }
 
