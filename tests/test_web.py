@@ -174,6 +174,15 @@ def test_chat_web_serves_the_page_and_opens_the_browser(tiny_pair, tmp_path):
     assert "the chat page is at http://127.0.0.1:" in out and proc.returncode == 130, out
 
 
+def test_chat_web_refuses_the_terminal_only_options():
+    from click.testing import CliRunner
+
+    from fsd_local.cli import cli
+
+    r = CliRunner().invoke(cli, ["chat", "--web", "--json"])
+    assert r.exit_code == 2 and "--web opens the chat page" in r.output
+
+
 # ---------------------------------------------------------------------------------------------- in a browser
 def _browser(tmp_path, width=1280, height=900):
     """Headless Debian chromium through chromium-driver from PATH; selenium's manager never downloads anything."""

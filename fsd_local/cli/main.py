@@ -215,6 +215,8 @@ def chat(system, color, as_json, web, **kwargs):
 
     settings = pop_settings(kwargs)
     if web:
+        if as_json or color or system:
+            raise click.UsageError("--web opens the chat page: --json, --color and --system apply to the terminal chat")
         open_page = _server_part("web").open_page
         with load_engine(**kwargs, settings=settings, say=say) as engine:
             open_page(engine, say)
