@@ -19,6 +19,8 @@ class Piece:
     token_ids: list[int]
     origins: list[str]
     completion: Completion | None = None  # set on the final piece only
+    logprobs: list[float] | None = None  # with Settings.logprobs: the target's log-probability of each token
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # with Settings.top_logprobs: (id, log-prob) pairs
 
 
 @dataclass
@@ -30,16 +32,25 @@ class Completion:
     settings: dict
     prompt_tokens: int
     origins: list[str] = field(default_factory=list)
+    logprobs: list[float] | None = None  # as Piece, for the whole reply
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_detail: str | None = None  # why 'length': max_tokens | context_full (the context window is full)
+    dropped_messages: int = 0  # chat: the oldest messages left out so that the conversation fits the context
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
+            "finish_detail": self.finish_detail,
+            "dropped_messages": self.dropped_messages,
             "prompt_tokens": self.prompt_tokens,
             "stats": self.stats,
             "settings": self.settings,
         }
+        if self.logprobs is not None:
+            out.update(origins=self.origins, logprobs=self.logprobs, top_logprobs=self.top_logprobs)
+        return out
 
 
 class CancelToken(threading.Event):

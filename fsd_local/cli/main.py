@@ -9,6 +9,7 @@ import click
 
 from fsd_local.cli import bench as bench_cli
 from fsd_local.cli.options import (
+    chat_settings_options,
     load_engine,
     model_options,
     pop_settings,
@@ -76,7 +77,7 @@ def generate(prompt, as_json, **kwargs):
                 click.echo(piece.text, nl=False)
             completion = piece.completion or completion
         click.echo()
-        say(summary_line(completion.stats, completion.finish_reason))
+        say(summary_line(completion.stats, completion.finish_reason, completion.finish_detail))
 
 
 @cli.command()
@@ -178,7 +179,7 @@ Examples:
 
 @cli.command(epilog=CHAT_EXAMPLES)
 @model_options
-@settings_options
+@chat_settings_options
 @click.option("--system", help="system prompt for the conversation")
 @click.option(
     "--color",
