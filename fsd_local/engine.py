@@ -108,6 +108,11 @@ class Engine:
         self._check_open()
         return self.target.detokenize(tokens)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token renders to (special tokens: none), as the text of a reply is made of them."""
+        self._check_open()
+        return self.target.piece(token)
+
     def generate(
         self,
         prompt: str | Sequence[int],

@@ -299,6 +299,10 @@ def _check(f: Field, value: Any) -> None:
         bad(f"must be {s.range_text()}{hint}")
 
 
+# `fsd-local serve`: requests that may wait behind the running one before more get 503 (README, "The server
+# under load"): a desktop app with many tabs or agents queues dozens; Ollama's default holds 512
+SERVER_MAX_QUEUE = 512
+
 FIELDS: tuple[Field, ...] = fields(Settings)
 NAMES = frozenset(f.name for f in FIELDS)
 # `fsd-local chat` samples like other runtimes' chat defaults (llama.cpp's temperature, top-k, top-p, min-p);

@@ -19,7 +19,7 @@ from fsd_local.cli.options import (
     summary_line,
 )
 from fsd_local.errors import FSDError
-from fsd_local.settings import DIVERGENCE_HELP, MODE_HELP, TAU_HELP
+from fsd_local.settings import DIVERGENCE_HELP, MODE_HELP, SERVER_MAX_QUEUE, TAU_HELP
 
 EXAMPLES = """
 \b
@@ -123,9 +123,9 @@ def doctor(target, draft, pair, n_ctx, as_json):
 @click.option(
     "--max-queue",
     type=click.IntRange(0),
-    default=16,
+    default=SERVER_MAX_QUEUE,
     show_default=True,
-    help="requests that may wait behind the running one; more get 503",
+    help="requests that may wait behind the running one; more get 503 with Retry-After",
 )
 @click.option(
     "--model-name", help="model id reported by /v1/models (default: the pair's name or the target's file name)"

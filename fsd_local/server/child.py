@@ -12,7 +12,7 @@ multiprocessing.connection:
                       ("generate", prompt, settings)                one at a time
                       ("cancel",)                                    stop the running generation at its next round
     child -> parent   ("ready", info) | ("failed", reason)           after loading
-                      ("piece", text, token_ids, origins) ...        as tokens are accepted
+                      ("piece", text, ids, origins, logprobs, top) as tokens are accepted
                       ("done", tail_text, completion_dict) | ("error", class_name, message)
 
 The parent closing its end (or dying) is the signal to exit: the reader thread sees EOF and ends the process.
@@ -62,7 +62,7 @@ def main(fd: int) -> None:
         try:
             for piece in engine.stream(prompt, cancel=cancel, settings=settings):
                 if piece.completion is None:
-                    conn.send(("piece", piece.text, piece.token_ids, piece.origins))
+                    conn.send(("piece", piece.text, piece.token_ids, piece.origins, piece.logprobs, piece.top_logprobs))
                 else:
                     conn.send(("done", piece.text, dataclasses.asdict(piece.completion)))
         except Exception as exc:  # a failed generation, not a dead process: the parent answers it, we go on
