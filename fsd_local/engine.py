@@ -167,7 +167,7 @@ class Engine:
         """Reply to a list of {'role', 'content'} messages. Earlier turns stay in both KV caches, so the next
         call only evaluates what is new. When the conversation and room for the reply (max_tokens, at most half
         the context) do not fit, the oldest turns are left out (never the system message, never the newest
-        message): `dropped_messages` says how many, and the caches keep what follows them."""
+        message; conversation.py): `dropped_messages` says how many."""
         return final_completion(self.chat_stream(messages, cancel=cancel, settings=settings, **overrides))
 
     def chat_stream(
@@ -180,7 +180,8 @@ class Engine:
     ) -> Generator[Piece, None, None]:
         s = self._settings(settings, overrides)
         n_ctx = min(m.n_ctx for m in self._models())
-        tokens, dropped = fit_conversation(self.chat_prompt, messages, n_ctx, reply_room(s.max_tokens, n_ctx))
+        room = reply_room(s.max_tokens, n_ctx)
+        tokens, dropped = fit_conversation(self.chat_prompt, messages, n_ctx, room, self.target.tokens)
         return self._run(tokens, s, cancel, dropped)
 
     def cancel(self) -> None:
@@ -251,7 +252,7 @@ class Engine:
             try:
                 t0 = perf_counter()
                 for m in models:
-                    evaluated = self._prefill(m, seq, cancel, cut=dropped > 0)
+                    evaluated = self._prefill(m, seq, cancel, cut=dropped > 0 and s.context_shift)
                     if m is models[0]:
                         stats.prompt_evaluated = evaluated
                 stats.prompt_seconds = perf_counter() - t0
@@ -327,8 +328,8 @@ class Engine:
             yield Piece(tail, [], [], completion)
 
     def _prefill(self, m: Model, seq: list[int], cancel, cut: bool = False) -> int:
-        """Make the cache hold seq[:-1], reusing the common prefix (and, after a chat dropped its oldest turns,
-        what followed them); the last token goes into the first round."""
+        """Make the cache hold seq[:-1], reusing the common prefix (and with `cut`, after a chat dropped its oldest
+        turns under context_shift, what followed them); the last token goes into the first round."""
         if cut:
             m.reuse_after_cut(seq)
         keep = m.keep_common_prefix(seq)

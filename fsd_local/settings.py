@@ -190,6 +190,14 @@ class Settings:
         cli="--top-logprobs",
         http=False,
     )
+    context_shift: bool = setting(
+        False,
+        "chat: when the conversation outgrows the context and the oldest turns are dropped, cut them out of both "
+        "KV caches instead of evaluating the kept turns again (faster; as llama.cpp's context shift, the kept "
+        "entries were computed with the dropped turns present, so the reply can differ from a fresh evaluation)",
+        cli="--context-shift",
+        http=False,  # the server does not drop turns: a request that does not fit gets 400
+    )
     ignore_eos: bool = setting(
         False, "keep going past end-of-generation tokens (benchmarks of a fixed length)", cli="--ignore-eos", http=False
     )
