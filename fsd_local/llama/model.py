@@ -125,6 +125,8 @@ class Model:
             )
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
         if opts.vocab_only:
             return
 
@@ -150,8 +152,6 @@ class Model:
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._row_bytes = self.n_vocab * 4
         self.tokens: list[int] = []
-        self._pieces: dict[int, bytes] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
         self.n_outputs = 0
 
     # ---------------------------------------------------------------- metadata

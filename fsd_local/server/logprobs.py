@@ -21,9 +21,18 @@ def _lp(x: float) -> float:
     return x if math.isfinite(x) else FLOOR
 
 
+def token_text(b: bytes) -> str:
+    """A token's text; a token that is not whole UTF-8 (part of a character) is written as OpenAI does,
+    'bytes:\\xe2\\x80', so that distinct tokens never share a string."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{c:02x}" for c in b)
+
+
 def _token(token_bytes: TokenBytes, t: int) -> dict[str, Any]:
     b = token_bytes(t)
-    return {"token": b.decode("utf-8", "replace"), "bytes": list(b)}
+    return {"token": token_text(b), "bytes": list(b)}
 
 
 def chat_logprobs(
@@ -57,17 +66,15 @@ def text_logprobs(
     """A completion choice's (or chunk's) `logprobs`; text_offset counts characters from `offset`."""
     if lps is None:
         return None
-    tokens = [token_bytes(t).decode("utf-8", "replace") for t in ids]
+    pieces = [token_bytes(t) for t in ids]
     offsets = []
-    for s in tokens:
+    for b in pieces:  # characters of the text before each token (a partial character counts as one, U+FFFD)
         offsets.append(offset)
-        offset += len(s)
+        offset += len(b.decode("utf-8", "replace"))
     return {
-        "tokens": tokens,
+        "tokens": [token_text(b) for b in pieces],
         "token_logprobs": [_lp(x) for x in lps],
-        "top_logprobs": None
-        if tops is None
-        else [{token_bytes(a).decode("utf-8", "replace"): _lp(v) for a, v in top} for top in tops],
+        "top_logprobs": None if tops is None else [{token_text(token_bytes(a)): _lp(v) for a, v in t} for t in tops],
         "text_offset": offsets,
         "origins": list(origins),
     }

@@ -311,8 +311,8 @@ class Reply:
         if self.kind == "chat":
             return chat_logprobs(self.token_bytes, ids, origins, lps, tops)
         out = text_logprobs(self.token_bytes, ids, origins, lps, tops, self._offset)
-        if out is not None and out["tokens"]:
-            self._offset = out["text_offset"][-1] + len(out["tokens"][-1])
+        if out is not None and ids:
+            self._offset = out["text_offset"][-1] + len(self.token_bytes(ids[-1]).decode("utf-8", "replace"))
         return out
 
     def last_chunk(self, c: Completion) -> dict[str, Any]:
