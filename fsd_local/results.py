@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fsd_local.errors import ConfigError, ContextOverflowError
 
@@ -38,7 +39,7 @@ class Completion:
     dropped_messages: int = 0  # chat: the oldest messages left out so that the conversation fits the context
 
     def to_dict(self) -> dict:
-        out = {
+        out: dict[str, Any] = {
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,

@@ -189,7 +189,7 @@ def test_chat_session_forgets_the_dropped_turns(small_ctx_engine):
 
 def chat_cli(args, lines, timeout=600):
     return subprocess.run(
-        [sys.executable, "-m", "fsd_local.cli", "chat", "--threads", "2", *args],
+        [sys.executable, "-m", "fsd_local.cli", "chat", "--threads", "1", *args],
         input="\n".join(lines) + "\n",
         capture_output=True,
         text=True,

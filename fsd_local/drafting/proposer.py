@@ -9,7 +9,7 @@ import numpy as np
 
 from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
-from fsd_local.kernels.accept import Drafts, round_out
+from fsd_local.kernels.accept import Drafts, RoundOut, round_out
 from fsd_local.kernels.sampling import pick
 from fsd_local.llama.model import Model
 from fsd_local.settings import Settings
@@ -26,6 +26,7 @@ class Proposer:
         self.ngram: NgramDrafter | None = None
         self._catch_up_seconds = 0.0
         self._k_alloc = 0
+        self.out: RoundOut
         self.reserve(k)
 
     def reserve(self, k: int, n_top: int = 0) -> None:
