@@ -33,7 +33,14 @@ from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
-from fsd_local.results import CancelToken, Completion, Piece, check_prompt_ids, final_completion
+from fsd_local.results import (
+    CancelToken,
+    Completion,
+    Piece,
+    check_prompt_ids,
+    final_completion,
+    length_detail,
+)
 from fsd_local.settings import Settings
 from fsd_local.stats import Stats
 from fsd_local.stream import TextStream
@@ -312,11 +319,7 @@ class Engine:
                 settings=s.to_dict(),
                 prompt_tokens=stats.prompt_tokens,
                 origins=out_origins,
-                finish_detail=None
-                if finish != "length"
-                else "max_tokens"
-                if stats.tokens >= s.max_tokens
-                else "context_full",
+                finish_detail=length_detail(finish, stats.tokens, s.max_tokens),
                 dropped_messages=dropped,
             )
             completion.logprobs, completion.top_logprobs = _logprobs(s, out_lps, out_tops)

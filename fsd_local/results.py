@@ -69,6 +69,13 @@ def final_completion(pieces: Iterable[Piece]) -> Completion:
     raise AssertionError("unreachable: a stream always ends with a completion")
 
 
+def length_detail(finish: str | None, tokens: int, max_tokens: int) -> str | None:
+    """Why a generation stopped at 'length': it reached max_tokens, or else the context window was full."""
+    if finish != "length":
+        return None
+    return "max_tokens" if tokens >= max_tokens else "context_full"
+
+
 def check_prompt_ids(tokens: list[int], n_vocab: int, n_ctx: int) -> list[int]:
     """The prompt checks every caller shares (engine, supervised server): ids inside the vocabulary, not
     empty, short enough for the context."""

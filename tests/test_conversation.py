@@ -187,7 +187,7 @@ def test_chat_session_forgets_the_dropped_turns(small_ctx_engine):
     assert dropped > 0 and len(session.messages) == 1 + 2 * 8 - dropped
 
 
-def chat_cli(args, lines, timeout=600):
+def chat_cli(args, lines, timeout=1800):
     return subprocess.run(
         [sys.executable, "-m", "fsd_local.cli", "chat", "--threads", "1", *args],
         input="\n".join(lines) + "\n",
@@ -238,6 +238,7 @@ def test_twenty_messages_through_a_pipe_on_the_demo_pair_with_a_small_context():
     assert after
     for r in after:
         assert r["stats"]["prompt_evaluated"] * 3 < r["stats"]["prompt_tokens"], r["stats"]
+    print(run.stderr)
     print(
         "\n".join(
             f"{r['dropped_messages']} dropped, {r['stats']['prompt_evaluated']}/{r['stats']['prompt_tokens']}"
