@@ -198,6 +198,24 @@ def chat_cli(args, lines, timeout=1800):
     )
 
 
+@pytest.mark.parametrize("as_json", [True, False])
+def test_chat_through_a_pipe_says_when_it_drops_turns(tiny_pair, as_json):
+    draft, target = tiny_pair
+    lines = [f"message {i}: where does the fox go at night?" for i in range(12)]
+    args = ["--target", target, "--draft", draft, "--ctx", "256", "--max-tokens", "24", "--system", "be brief"]
+    run = chat_cli([*args, *(["--json"] if as_json else [])], lines, timeout=300)
+    assert run.returncode == 0, run.stderr
+    notices = [ln for ln in run.stderr.splitlines() if ln.startswith("note: the conversation outgrew the context")]
+    assert len(notices) >= 2 and all("(the system message stays)" in n for n in notices)
+    assert "error:" not in run.stderr and "Traceback" not in run.stderr
+    if as_json:
+        replies = [json.loads(line) for line in run.stdout.splitlines()]
+        assert len(replies) == 12 and sum(r["dropped_messages"] > 0 for r in replies) == len(notices)
+        assert {r["finish_detail"] for r in replies} <= {"max_tokens", None}
+    else:
+        assert len([ln for ln in run.stderr.splitlines() if ln.startswith("[")]) == 12  # a summary per reply
+
+
 MESSAGES = [
     "Hi! Who are you?",
     "What is the capital of France?",

@@ -321,15 +321,16 @@ def _answer(session: ChatSession, text: str, color: bool, as_json: bool, say) ->
                 click.echo(shown, nl=False)
     completion = session.last
     assert completion is not None  # the stream ran to its end: the engine's last piece carries the completion
-    if as_json:
-        keys = ("text", "finish_reason", "finish_detail", "dropped_messages", "stats")
-        click.echo(json.dumps({k: v for k, v in completion.to_dict().items() if k in keys}))
-        return
-    click.echo()
-    notes = NOTES.get(completion.finish_detail or "", "")
-    if completion.dropped_messages:
+    if not as_json:
+        click.echo()
+    if completion.dropped_messages:  # on standard error in every output mode
         say(
             f"note: the conversation outgrew the context ({session.engine.target.n_ctx} tokens): left out its "
             f"{completion.dropped_messages} oldest messages{' (the system message stays)' if session.system else ''}"
         )
+    if as_json:
+        keys = ("text", "finish_reason", "finish_detail", "dropped_messages", "stats")
+        click.echo(json.dumps({k: v for k, v in completion.to_dict().items() if k in keys}))
+        return
+    notes = NOTES.get(completion.finish_detail or "", "")
     say(summary_line(completion.stats, completion.finish_reason, completion.finish_detail) + notes)
