@@ -246,7 +246,8 @@ class Model:
         """When seq is the cached text with a span cut out after their common prefix (a conversation that
         dropped its oldest turns), remove that span from the cache and shift what follows back, so it need
         not be evaluated again. Returns how many cached tokens now match seq (then keep_common_prefix trims
-        the rest). Nothing changes when less than `min_reuse` tokens would be saved or the cache cannot shift."""
+        the rest). Nothing changes when less than `min_reuse` tokens would be saved or the cache cannot shift.
+        An approximation (the kept entries were computed with the span present), hence opt-in: context_shift."""
         toks = np.asarray(self.tokens, dtype=np.int64)
         want = np.asarray(seq[:-1], dtype=np.int64)
         n = min(len(toks), len(want))
