@@ -9,6 +9,7 @@ import click
 
 from fsd_local.cli import bench as bench_cli
 from fsd_local.cli.options import (
+    chat_settings_options,
     load_engine,
     model_options,
     pop_settings,
@@ -18,7 +19,7 @@ from fsd_local.cli.options import (
     summary_line,
 )
 from fsd_local.errors import FSDError
-from fsd_local.settings import DIVERGENCE_HELP, MODE_HELP, TAU_HELP
+from fsd_local.settings import DIVERGENCE_HELP, MODE_HELP, SERVER_MAX_QUEUE, TAU_HELP
 
 EXAMPLES = """
 \b
@@ -76,7 +77,7 @@ def generate(prompt, as_json, **kwargs):
                 click.echo(piece.text, nl=False)
             completion = piece.completion or completion
         click.echo()
-        say(summary_line(completion.stats, completion.finish_reason))
+        say(summary_line(completion.stats, completion.finish_reason, completion.finish_detail))
 
 
 @cli.command()
@@ -122,9 +123,9 @@ def doctor(target, draft, pair, n_ctx, as_json):
 @click.option(
     "--max-queue",
     type=click.IntRange(0),
-    default=16,
+    default=SERVER_MAX_QUEUE,
     show_default=True,
-    help="requests that may wait behind the running one; more get 503",
+    help="requests that may wait behind the running one; more get 503 with Retry-After",
 )
 @click.option(
     "--model-name", help="model id reported by /v1/models (default: the pair's name or the target's file name)"
@@ -185,7 +186,7 @@ Examples:
 
 @cli.command(epilog=CHAT_EXAMPLES)
 @model_options
-@settings_options
+@chat_settings_options
 @click.option("--system", help="system prompt for the conversation")
 @click.option(
     "--color",
