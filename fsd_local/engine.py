@@ -16,10 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from fsd_local.conversation import fit_conversation, reply_room
 from fsd_local.drafting.proposer import Proposer
 from fsd_local.errors import FSDError
 from fsd_local.kernels.accept import (
     AR,
+    BY_FUZZY,
     DRAFT_ONLY,
     MODES,
     accept_round,
@@ -33,7 +35,14 @@ from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
-from fsd_local.results import CancelToken, Completion, Piece, check_prompt_ids, final_completion
+from fsd_local.results import (
+    CancelToken,
+    Completion,
+    Piece,
+    check_prompt_ids,
+    final_completion,
+    length_detail,
+)
 from fsd_local.settings import Settings
 from fsd_local.stats import Stats
 from fsd_local.stream import TextStream
@@ -109,6 +118,11 @@ class Engine:
         self._check_open()
         return self.target.detokenize(tokens)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token renders to (special tokens: none), as the text of a reply is made of them."""
+        self._check_open()
+        return self.target.piece(token)
+
     def generate(
         self,
         prompt: str | Sequence[int],
@@ -131,11 +145,14 @@ class Engine:
     ) -> Generator[Piece, None, None]:
         """Yield pieces as tokens are accepted; the last piece carries `.completion`. The engine's lock is held
         from the first piece until the stream ends or is closed: iterate it in one thread, to the end or close()."""
+        return self._run(prompt, self._settings(settings, overrides), cancel)
+
+    def _settings(self, settings: Settings | None, overrides: Mapping[str, Any]) -> Settings:
         s = settings or self.defaults
         if overrides:
             s = s.with_(**overrides)
         s.check_draft(self.draft is not None)
-        return self._run(prompt, s, cancel)
+        return s
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids of a conversation rendered with the target's chat template, ready for the reply."""
@@ -158,8 +175,10 @@ class Engine:
         **overrides: Any,
     ) -> Completion:
         """Reply to a list of {'role', 'content'} messages. Earlier turns stay in both KV caches, so the next
-        call only evaluates what is new."""
-        return self.generate(self.chat_prompt(messages), cancel=cancel, settings=settings, **overrides)
+        call only evaluates what is new. When the conversation and room for the reply (max_tokens, at most half
+        the context) do not fit, the oldest turns are left out (never the system message, never the newest
+        message; conversation.py): `dropped_messages` says how many."""
+        return final_completion(self.chat_stream(messages, cancel=cancel, settings=settings, **overrides))
 
     def chat_stream(
         self,
@@ -169,7 +188,11 @@ class Engine:
         settings: Settings | None = None,
         **overrides: Any,
     ) -> Generator[Piece, None, None]:
-        return self.stream(self.chat_prompt(messages), cancel=cancel, settings=settings, **overrides)
+        s = self._settings(settings, overrides)
+        n_ctx = min(m.n_ctx for m in self._models())
+        room = reply_room(s.max_tokens, n_ctx)
+        tokens, dropped = fit_conversation(self.chat_prompt, messages, n_ctx, room, self.target.tokens)
+        return self._run(tokens, s, cancel, dropped)
 
     def cancel(self) -> None:
         """Stop the generation that is running now (if any) at its next round."""
@@ -213,7 +236,7 @@ class Engine:
         n_ctx = min(m.n_ctx for m in (models or self._models()))
         return check_prompt_ids(tokens, self.n_vocab, n_ctx)
 
-    def _run(self, prompt, s: Settings, cancel) -> Generator[Piece, None, None]:
+    def _run(self, prompt, s: Settings, cancel, dropped: int = 0) -> Generator[Piece, None, None]:
         mode = MODES.index(s.mode)
         speculative = s.mode in SPECULATIVE_MODES
         rule, sampling = rule_of(s), sampling_of(s)  # the kernels' view of the settings, once per call
@@ -227,18 +250,20 @@ class Engine:
                 models = [self.target]
             seq = self.prompt_tokens(prompt, models)
             n_ctx = min(m.n_ctx for m in models)
-            self._proposer.reserve(s.draft_max)
+            self._proposer.reserve(s.draft_max, s.top_logprobs)
             rng = np.random.default_rng(s.seed)
             stats = Stats(prompt_tokens=len(seq))
             stats.budget = self._budgets.start(s, self._proposer.drafts.tokens.shape[0])
             text = TextStream(s.stop)
             out_tokens: list[int] = []
             out_origins: list[str] = []
+            out_lps: list[float] = []
+            out_tops: list[list[tuple[int, float]]] = []
             finish = None
             try:
                 t0 = perf_counter()
                 for m in models:
-                    evaluated = self._prefill(m, seq, cancel)
+                    evaluated = self._prefill(m, seq, cancel, cut=dropped > 0 and s.context_shift)
                     if m is models[0]:
                         stats.prompt_evaluated = evaluated
                 stats.prompt_seconds = perf_counter() - t0
@@ -253,18 +278,17 @@ class Engine:
                     if remaining <= 0 or len(seq) > n_ctx:
                         finish = "length"
                         break
+                    n_drafts = 0  # what a plain step drafts
                     if speculative:
                         n_drafts, source, k, t_draft = self._proposer.propose(
                             seq, min(remaining - 1, n_ctx - len(seq)), s, rng, stats
                         )
                         t_target = stats.seconds_target
-                        new, reasons = self._verify(seq, n_drafts, rule, sampling, rng, stats)
+                        new, origins, lps, tops, rescues = self._verify(seq, n_drafts, rule, sampling, rng, stats)
                         lengths.observe(source, n_drafts, len(new) - 1, t_draft, stats.seconds_target - t_target)
                         stats.record_k(k)
-                        origins = [ORIGINS[r] for r in reasons] + ["target"]
                     else:
-                        new = self._plain_step(models[0], seq, sampling, rng, stats, mode)
-                        origins = ["draft" if mode == DRAFT_ONLY else "target"]
+                        new, origins, lps, tops, rescues = self._plain_step(models[0], seq, sampling, rng, stats, mode)
                     start = len(seq)
                     seq.extend(new)
                     for m in models:  # trim: each cache keeps its longest common prefix with the accepted text
@@ -275,14 +299,18 @@ class Engine:
                             finish = "stop"
                             break
                         shown.append(t)
+                    n = len(shown)
                     out_tokens.extend(shown)
-                    out_origins.extend(origins[: len(shown)])
+                    out_origins.extend(origins[:n])
+                    out_lps.extend(lps[:n])
+                    out_tops.extend(tops[:n])
                     released = text.push(b"".join(self.target.piece(t) for t in shown))
                     if text.stopped:
                         finish = "stop"
                     stats.seconds_total = perf_counter() - t_start
                     if released or shown:
-                        yield Piece(released, shown, origins[: len(shown)])
+                        logprobs, top = _logprobs(s, lps[:n], tops[:n])
+                        yield Piece(released, shown, origins[:n], None, logprobs, top, n_drafts, rescues[:n])
                 stats.seconds_total = perf_counter() - t_start
             finally:
                 for m in models if not self._closed else ():  # close() from this thread while a stream was paused
@@ -297,7 +325,10 @@ class Engine:
                 settings=s.to_dict(),
                 prompt_tokens=stats.prompt_tokens,
                 origins=out_origins,
+                finish_detail=length_detail(finish, stats.tokens, s.max_tokens),
+                dropped_messages=dropped,
             )
+            completion.logprobs, completion.top_logprobs = _logprobs(s, out_lps, out_tops)
             if mode == DRAFT_ONLY:
                 completion.stats["target_logprob_mean"] = completion.stats["loss_per_token"] = None
             plain = self._lengths.plain_tokens_per_second_est
@@ -305,8 +336,11 @@ class Engine:
             completion.stats["speedup_vs_plain_est"] = completion.stats["tokens_per_second"] / plain if plain else None
             yield Piece(tail, [], [], completion)
 
-    def _prefill(self, m: Model, seq: list[int], cancel) -> int:
-        """Make the cache hold seq[:-1], reusing the common prefix; the last token goes into the first round."""
+    def _prefill(self, m: Model, seq: list[int], cancel, cut: bool = False) -> int:
+        """Make the cache hold seq[:-1], reusing the common prefix (and with `cut`, after a chat dropped its oldest
+        turns under context_shift, what followed them); the last token goes into the first round."""
+        if cut:
+            m.reuse_after_cut(seq)
         keep = m.keep_common_prefix(seq)
         todo = seq[keep:-1]
         for i in range(0, len(todo), m.n_batch):
@@ -330,7 +364,14 @@ class Engine:
         drafts_in, budget = self._proposer.drafts, stats.budget
         accepted, nxt = accept_round(p, drafts_in, n_drafts, self.n_vocab, rule, sampling, us, out, budget)
         stats.record_round(n_drafts, out.reason, out.divergence, out.logprob, accepted + 1, budget.loss)
-        return drafts[:accepted] + [int(nxt)], out.reason[:accepted].tolist()
+        reasons = out.reason[:accepted].tolist()
+        origins = [ORIGINS[r] for r in reasons] + ["target"]
+        # a rescued token's divergence and log-probability gap (the target's top token's log-prob minus its own)
+        rescues: list[tuple[float, float] | None] = [
+            (float(out.divergence[i]), float(p[i, : self.n_vocab].max() - p[i, drafts[i]])) if r == BY_FUZZY else None
+            for i, r in enumerate(reasons)
+        ] + [None]
+        return drafts[:accepted] + [int(nxt)], origins, *_emitted(out, accepted + 1), rescues
 
     def _plain_step(self, m: Model, seq, sampling, rng, stats, mode):
         """The baselines: one token from one model (target for ar, draft for draft-only)."""
@@ -344,11 +385,24 @@ class Engine:
         else:
             stats.seconds_draft += dt
         u = rng.random() if sampling.temperature > 0 else 0.0
-        tok, lp = emit_one(m.logits(1)[0], m.n_vocab, sampling, u, self._proposer.drafts.stats[0])
+        out = self._proposer.out
+        tok, lp = emit_one(m.logits(1)[0], m.n_vocab, sampling, u, self._proposer.drafts.stats[0], out)
         stats.rounds += 1
         stats.tokens += 1
         stats.target_calls += mode == AR
         if mode == AR:
             stats.logprob_sum += lp
             stats.logprob_count += 1
-        return [int(tok)]
+        return [int(tok)], ["draft" if mode == DRAFT_ONLY else "target"], *_emitted(out, 1), [None]
+
+
+def _emitted(out, n: int) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """The log-probabilities of a round's n emitted tokens and their top alternatives, from the kernel's RoundOut."""
+    lps = out.logprob[:n].tolist()
+    ids, top = out.top_ids[:n].tolist(), out.top_logprob[:n].tolist()
+    return lps, [[(i, v) for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(ids, top)]
+
+
+def _logprobs(s: Settings, lps: list[float], tops: list) -> tuple[list[float] | None, list | None]:
+    """What a Piece or Completion carries: the log-probabilities if the settings asked for them."""
+    return (lps, tops if s.top_logprobs else None) if s.logprobs else (None, None)

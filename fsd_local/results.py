@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fsd_local.errors import ConfigError, ContextOverflowError
 
@@ -13,12 +14,17 @@ from fsd_local.errors import ConfigError, ContextOverflowError
 class Piece:
     """A streamed chunk: the text released now and the tokens that produced it, with their origins
     ('sd' = draft token that passed the SD test, 'fuzzy' = draft token rescued by tau, 'target' = the
-    target's own token, 'draft' = draft-only baseline)."""
+    target's own token, 'draft' = draft-only baseline), the number of tokens the round drafted, and per token
+    (divergence, log-probability gap) when tau rescued it, else None (the server streams them, README)."""
 
     text: str
     token_ids: list[int]
     origins: list[str]
     completion: Completion | None = None  # set on the final piece only
+    logprobs: list[float] | None = None  # with Settings.logprobs: the target's log-probability of each token
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # with Settings.top_logprobs: (id, log-prob) pairs
+    drafted: int = 0
+    rescues: list[tuple[float, float] | None] = field(default_factory=list)
 
 
 @dataclass
@@ -30,16 +36,25 @@ class Completion:
     settings: dict
     prompt_tokens: int
     origins: list[str] = field(default_factory=list)
+    logprobs: list[float] | None = None  # as Piece, for the whole reply
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_detail: str | None = None  # why 'length': max_tokens | context_full (the context window is full)
+    dropped_messages: int = 0  # chat: the oldest messages left out so that the conversation fits the context
 
     def to_dict(self) -> dict:
-        return {
+        out: dict[str, Any] = {
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
+            "finish_detail": self.finish_detail,
+            "dropped_messages": self.dropped_messages,
             "prompt_tokens": self.prompt_tokens,
             "stats": self.stats,
             "settings": self.settings,
         }
+        if self.logprobs is not None:
+            out.update(origins=self.origins, logprobs=self.logprobs, top_logprobs=self.top_logprobs)
+        return out
 
 
 class CancelToken(threading.Event):
@@ -55,6 +70,13 @@ def final_completion(pieces: Iterable[Piece]) -> Completion:
         if piece.completion is not None:
             return piece.completion
     raise AssertionError("unreachable: a stream always ends with a completion")
+
+
+def length_detail(finish: str | None, tokens: int, max_tokens: int) -> str | None:
+    """Why a generation stopped at 'length': it reached max_tokens, or else the context window was full."""
+    if finish != "length":
+        return None
+    return "max_tokens" if tokens >= max_tokens else "context_full"
 
 
 def check_prompt_ids(tokens: list[int], n_vocab: int, n_ctx: int) -> list[int]:

@@ -68,6 +68,7 @@ class Spec:
     kind: type | None = None  # the type of a setting whose default is None (None = off)
     # (other setting, its off value, this setting's off value): setting this one on turns the other off (with_)
     sets_aside: tuple[str, Any, Any] | None = None
+    chat_default: float | None = None  # `fsd-local chat`'s default, where it differs (README, "Chat defaults")
 
     def range_text(self) -> str:
         lo = "" if self.lo is None else f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
@@ -163,8 +164,10 @@ class Settings:
         cli="--draft-p-min",
     )
     adaptive: bool = setting(False, "the same as --draft-policy adaptive (kept for older scripts)", cli="--adaptive")
-    temperature: float = setting(0.0, "sampling temperature, 0 = greedy", lo=0, cli="--temp", chat="temp")
-    top_k: int = setting(0, "sample from the k most likely tokens (0 = off)", lo=0, cli="--top-k")
+    temperature: float = setting(
+        0.0, "sampling temperature, 0 = greedy", lo=0, cli="--temp", chat="temp", chat_default=0.8
+    )
+    top_k: int = setting(0, "sample from the k most likely tokens (0 = off)", lo=0, cli="--top-k", chat_default=40)
     top_p: float = setting(
         1.0,
         "nucleus sampling: the smallest set holding this much probability (1 = off)",
@@ -172,6 +175,7 @@ class Settings:
         lo_open=True,
         hi=1,
         cli="--top-p",
+        chat_default=0.95,
     )
     min_p: float = setting(
         0.0,
@@ -180,10 +184,34 @@ class Settings:
         hi=1,
         hi_open=True,
         cli="--min-p",
+        chat_default=0.05,
     )
     seed: int | None = setting(None, "makes sampled runs reproducible", lo=0, cli="--seed", kind=int)
     max_tokens: int = setting(256, "most tokens to generate", lo=0, cli="--max-tokens")
     stop: tuple[str, ...] = setting((), "stop string (repeatable)", cli="--stop")
+    logprobs: bool = setting(
+        False,
+        "report the target's log-probability of each emitted token (log-softmax of the logits the acceptance rule "
+        "saw, before temperature and truncation, as OpenAI's logprobs)",
+        cli="--logprobs",
+        http=False,  # the server maps OpenAI's own logprobs / top_logprobs fields (they differ per endpoint)
+    )
+    top_logprobs: int = setting(
+        0,
+        "also report this many most likely tokens at each position (implies --logprobs)",
+        lo=0,
+        hi=20,
+        cli="--top-logprobs",
+        http=False,
+    )
+    context_shift: bool = setting(
+        False,
+        "chat: when the conversation outgrows the context and the oldest turns are dropped, cut them out of both "
+        "KV caches instead of evaluating the kept turns again (faster; as llama.cpp's context shift, the kept "
+        "entries were computed with the dropped turns present, so the reply can differ from a fresh evaluation)",
+        cli="--context-shift",
+        http=False,  # the server does not drop turns: a request that does not fit gets 400
+    )
     ignore_eos: bool = setting(
         False, "keep going past end-of-generation tokens (benchmarks of a fixed length)", cli="--ignore-eos", http=False
     )
@@ -214,6 +242,12 @@ class Settings:
                     f"quality_budget needs a lossy mode ({', '.join(TAU_MODES)}); mode {self.mode!r} has no "
                     "threshold to move (sd is quality_budget 0)"
                 )
+        object.__setattr__(self, "logprobs", self.logprobs or self.top_logprobs > 0)
+        if self.logprobs and self.mode == "draft-only":
+            raise ConfigError(
+                "logprobs are the target's log-probabilities, and mode draft-only does not run the target; "
+                "use another mode or leave logprobs off"
+            )
 
     # ---------------------------------------------------------------- derived
     @property
@@ -305,7 +339,14 @@ def _check(f: Field, value: Any) -> None:
         bad(f"must be {s.range_text()}{hint}")
 
 
+# `fsd-local serve`: requests that may wait behind the running one before more get 503 (README, "The server
+# under load"): a desktop app with many tabs or agents queues dozens; Ollama's default holds 512
+SERVER_MAX_QUEUE = 512
+
 FIELDS: tuple[Field, ...] = fields(Settings)
 NAMES = frozenset(f.name for f in FIELDS)
 FIELD = {f.name: f for f in FIELDS}
 OPTIONAL = frozenset(f.name for f in FIELDS if spec(f).kind is not None)  # None = off
+# `fsd-local chat` samples like other runtimes' chat defaults (llama.cpp's temperature, top-k, top-p, min-p);
+# generate, bench, the server and the Python API stay greedy
+CHAT_DEFAULTS: dict[str, Any] = {f.name: d for f in FIELDS if (d := spec(f).chat_default) is not None}

@@ -238,7 +238,8 @@ def test_chat_through_a_pipe_keeps_the_conversation(tiny_pair):
     assert second["prompt_evaluated"] <= second["prompt_tokens"] - first["prompt_tokens"]
     assert replies[0]["stats"]["tokens"] == 10 and replies[1]["finish_reason"] == "length"
     assert "tau = 0.3" in run.stderr and "error: /tau needs a number, e.g. /tau 0.3; got 'nope'" in run.stderr
-    assert "error: the prompt has" in run.stderr  # too long for the context: reported, session goes on
+    # too long for the context even alone: reported, session goes on
+    assert "error: the newest message alone takes" in run.stderr
     assert "Traceback" not in run.stderr
 
 

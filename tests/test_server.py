@@ -157,7 +157,7 @@ def test_models_and_health(server, client):
     assert [m.id for m in client.models.list()] == ["tiny-pair"]
     assert client.models.retrieve("gpt-4o").id == "gpt-4o"
     h = httpx.get(server.url + "/health", timeout=TIMEOUT).json()
-    assert h["status"] == "ok" and h["queue"]["max_queue"] == 16
+    assert h["status"] == "ok" and h["queue"]["max_queue"] == 512  # the default (README, "The server under load")
 
 
 # ---------------------------------------------------------------------------------------------- bad requests
@@ -195,7 +195,17 @@ def too_long():
         ("/v1/chat/completions", {"model": "m", "messages": HELLO, "top_p": 0}, 400, "top_p"),
         ("/v1/chat/completions", {"model": "m", "messages": HELLO, "seed": -1}, 400, "seed"),
         ("/v1/chat/completions", {"model": "m", "messages": HELLO, "n": 2}, 400, "n"),
-        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "logprobs": True}, 400, "logprobs"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "logprobs": 3}, 400, "logprobs"),
+        ("/v1/chat/completions", {"model": "m", "messages": HELLO, "top_logprobs": 2}, 400, "top_logprobs"),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": HELLO, "logprobs": True, "top_logprobs": 21},
+            400,
+            "top_logprobs",
+        ),
+        ("/v1/completions", {"model": "m", "prompt": "a", "logprobs": True}, 400, "logprobs"),
+        ("/v1/completions", {"model": "m", "prompt": "a", "logprobs": 21}, 400, "logprobs"),
+        ("/v1/completions", {"model": "m", "prompt": "a", "top_logprobs": 2}, 400, "top_logprobs"),
         ("/v1/chat/completions", {"model": "m", "messages": HELLO, "draft_min": 3, "draft_max": 2}, 400, None),
         ("/v1/completions", too_long(), 400, "prompt"),
         ("/v1/completions", {"model": "m", "prompt": [99999]}, 400, "prompt"),

@@ -114,6 +114,7 @@ def wait_for(predicate, what, timeout=TIMEOUT):
 
 def health(srv):
     r = httpx.get(srv.url + "/health", timeout=TIMEOUT)
+    assert r.status_code != 503 or int(r.headers["retry-after"]) >= 1  # every 503 says when to retry
     return r.status_code, r.json()
 
 
@@ -307,6 +308,8 @@ def test_back_off_then_give_up(pair):
         assert code == 503 and "4 times in a row" in body["reason"] and "SIGSEGV" in body["reason"]
         r = chat(srv)
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_unavailable"
+        assert r.headers["retry-after"] == "60"  # every 503 says when to retry; a given-up model: a minute
+        assert httpx.get(srv.url + "/health", timeout=TIMEOUT).headers["retry-after"] == "60"
         assert httpx.get(srv.url + "/v1/models", timeout=TIMEOUT).status_code == 200  # still up
         assert metric(srv, 'fsd_model_process_deaths_total{cause="SIGSEGV"}') == 4
         assert metric(srv, "fsd_model_restarts_total") == 3 and metric(srv, "fsd_model_process_up") == 0

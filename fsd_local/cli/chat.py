@@ -62,6 +62,13 @@ LEGEND = (
 )
 
 
+# why a reply stopped, shown after the summary line
+NOTES = {
+    "context_full": "\nnote: the reply stopped because the context window is full; the next message leaves out "
+    "the oldest turns (or raise --ctx)"
+}
+
+
 @dataclass
 class Command:
     name: str
@@ -204,6 +211,8 @@ class ChatSession:
             if completion is not None:
                 self.last = completion
                 self.totals.add(completion.stats)
+                first = 1 if self.system else 0  # the engine left out the oldest turns: so does the session
+                del self.messages[first : first + completion.dropped_messages]
 
 
 class OriginPainter:
@@ -313,10 +322,16 @@ def _answer(session: ChatSession, text: str, color: bool, as_json: bool, say) ->
                 click.echo(shown, nl=False)
     completion = session.last
     assert completion is not None  # the stream ran to its end: the engine's last piece carries the completion
-    if as_json:
-        click.echo(
-            json.dumps({"text": completion.text, "finish_reason": completion.finish_reason, "stats": completion.stats})
+    if not as_json:
+        click.echo()
+    if completion.dropped_messages:  # on standard error in every output mode
+        say(
+            f"note: the conversation outgrew the context ({session.engine.target.n_ctx} tokens): left out its "
+            f"{completion.dropped_messages} oldest messages{' (the system message stays)' if session.system else ''}"
         )
+    if as_json:
+        keys = ("text", "finish_reason", "finish_detail", "dropped_messages", "stats")
+        click.echo(json.dumps({k: v for k, v in completion.to_dict().items() if k in keys}))
         return
-    click.echo()
-    say(summary_line(completion.stats, completion.finish_reason))
+    notes = NOTES.get(completion.finish_detail or "", "")
+    say(summary_line(completion.stats, completion.finish_reason, completion.finish_detail) + notes)

@@ -9,6 +9,7 @@ import click
 
 from fsd_local.cli import bench as bench_cli
 from fsd_local.cli.options import (
+    chat_settings_options,
     load_engine,
     model_options,
     pop_settings,
@@ -18,7 +19,7 @@ from fsd_local.cli.options import (
     summary_line,
 )
 from fsd_local.errors import FSDError
-from fsd_local.settings import DIVERGENCE_HELP, MODE_HELP, TAU_HELP
+from fsd_local.settings import DIVERGENCE_HELP, MODE_HELP, SERVER_MAX_QUEUE, TAU_HELP
 
 EXAMPLES = """
 \b
@@ -76,7 +77,7 @@ def generate(prompt, as_json, **kwargs):
                 click.echo(piece.text, nl=False)
             completion = piece.completion or completion
         click.echo()
-        say(summary_line(completion.stats, completion.finish_reason))
+        say(summary_line(completion.stats, completion.finish_reason, completion.finish_detail))
 
 
 @cli.command()
@@ -122,9 +123,9 @@ def doctor(target, draft, pair, n_ctx, as_json):
 @click.option(
     "--max-queue",
     type=click.IntRange(0),
-    default=16,
+    default=SERVER_MAX_QUEUE,
     show_default=True,
-    help="requests that may wait behind the running one; more get 503",
+    help="requests that may wait behind the running one; more get 503 with Retry-After",
 )
 @click.option(
     "--model-name", help="model id reported by /v1/models (default: the pair's name or the target's file name)"
@@ -136,23 +137,29 @@ def doctor(target, draft, pair, n_ctx, as_json):
 )
 def serve(host, port, api_key, max_queue, model_name, in_process, **kwargs):
     """An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,
-    /metrics). The generation options are the defaults; requests override them, including fsd-local's own
-    (tau, mode, divergence, draft_max...) as extra body fields. One pair answers whatever `model` a request names.
-    The models run in a child process that is restarted if it crashes (the request it was running fails)."""
-    try:
-        from fsd_local.server.app import serve as run_server
-        from fsd_local.server.supervisor import Supervisor
-    except ImportError as exc:  # the server's packages are an optional extra
-        raise click.UsageError(
-            f"the server needs FastAPI, uvicorn and prometheus_client: pip install 'fsd-local[server]' ({exc})"
-        ) from None
-
+    /metrics) and a chat page at / (tokens coloured by origin, tau on a slider). The generation options are the
+    defaults; requests override them, including fsd-local's own (tau, mode, divergence, draft_max...) as extra
+    body fields. One pair answers whatever `model` a request names. The models run in a child process that is
+    restarted if it crashes (the request it was running fails)."""
+    run_server, Supervisor = _server_part("app").serve, _server_part("supervisor").Supervisor
     settings = pop_settings(kwargs)
     with load_engine(**kwargs, settings=settings, say=say, engine_class=None if in_process else Supervisor) as engine:
-        say(f"serving the OpenAI API on http://{host}:{port}/v1")
+        say(f"serving the OpenAI API on http://{host}:{port}/v1 and the chat page on http://{host}:{port}/")
         run_server(
             engine, host=host, port=port, api_key=api_key, max_queue=max_queue, model_name=model_name or kwargs["pair"]
         )
+
+
+def _server_part(name: str):
+    """A module of fsd_local.server, imported when a command needs it (its packages are an optional extra)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"fsd_local.server.{name}")
+    except ImportError as exc:
+        raise click.UsageError(
+            f"the server needs FastAPI, uvicorn and prometheus_client: pip install 'fsd-local[server]' ({exc})"
+        ) from None
 
 
 CHAT_EXAMPLES = """
@@ -161,6 +168,7 @@ Examples:
   fsd-local chat --tau 0.3                       (the offline demo pair)
   fsd-local chat --pair qwen2.5-0.5b-7b --tau 0.1 --color
   fsd-local chat --target big.gguf --draft small.gguf --mode sd --temp 0.7
+  fsd-local chat --web --tau 0.2                 (the chat page in the browser)
   printf 'Hi\\n/tau 0.2\\nAnd now?\\n' | fsd-local chat --json
 """
 PAIR_EPILOG = f"""
@@ -178,7 +186,7 @@ Examples:
 
 @cli.command(epilog=CHAT_EXAMPLES)
 @model_options
-@settings_options
+@chat_settings_options
 @click.option("--system", help="system prompt for the conversation")
 @click.option(
     "--color",
@@ -192,16 +200,28 @@ Examples:
     is_flag=True,
     help="print one JSON object per reply (text, finish_reason, stats) instead of streaming text",
 )
-def chat(system, color, as_json, **kwargs):
+@click.option(
+    "--web",
+    is_flag=True,
+    help="chat in the browser instead: serve the chat page (and the OpenAI API) on a free loopback port and open it",
+)
+def chat(system, color, as_json, web, **kwargs):
     """Chat with a draft/target pair, using the target's own chat template. Replies stream as tokens are
     accepted; earlier turns stay in both KV caches and are not evaluated again. After each reply a summary
     line shows tokens/s, acceptance rate, tokens per round and the share rescued by tau (fuzzy). Slash
     commands change settings live: /tau 0.2, /mode sd, /divergence kl, /temp 0.7, /stats, /reset, /help,
     /quit. Ctrl-C stops a reply, Ctrl-D leaves. When standard input is not a terminal, each line is one
-    message and replies are plain text."""
+    message and replies are plain text. --web: the same conversation on a page, tau on a slider."""
     from fsd_local.cli.chat import ChatSession, run_chat
 
     settings = pop_settings(kwargs)
+    if web:
+        if as_json or color or system:
+            raise click.UsageError("--web opens the chat page: --json, --color and --system apply to the terminal chat")
+        open_page = _server_part("web").open_page
+        with load_engine(**kwargs, settings=settings, say=say) as engine:
+            open_page(engine, say)
+        return
     with load_engine(**kwargs, settings=settings, say=say) as engine:
         run_chat(ChatSession(engine, engine.defaults, system=system), color=color, as_json=as_json)
 

@@ -24,15 +24,16 @@ def say(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def summary_line(stats: dict, finish: str | None) -> str:
+def summary_line(stats: dict, finish: str | None, detail: str | None = None) -> str:
     """The line after every reply (generate, chat): speed (and against the target's measured one-token decode
     rate: what plain decoding would do here), acceptance, and what the prefix cache saved."""
     vs_plain = stats.get("speedup_vs_plain_est")
     plain = f"{vs_plain:.2f}x plain decoding, " if vs_plain else ""
     b = stats.get("quality_budget")
     budget = f"budget spent {stats['loss_per_token']:.3f} of {b:g} nats/token, " if b is not None else ""
+    why = ", the context is full" if detail == "context_full" else ""
     return (
-        f"[{finish}] {stats['tokens']} tokens, {stats['tokens_per_second']:.1f} tok/s, "
+        f"[{finish}{why}] {stats['tokens']} tokens, {stats['tokens_per_second']:.1f} tok/s, "
         f"acceptance {stats['acceptance_rate']:.0%}, {stats['mean_tokens_per_round']:.2f} tokens/round, "
         f"fuzzy {stats['fuzzy_share']:.0%}, {budget}{plain}prompt {stats['prompt_evaluated']}/{stats['prompt_tokens']} "
         "tokens evaluated"
@@ -51,13 +52,16 @@ def _int_bound(x: float | None) -> int | None:
     return None if x is None else int(x)
 
 
-def _setting_option(f) -> Callable:
-    """The click option of one Settings field. Numbers are parsed by click and range-checked by Settings (one
-    validation, one message for CLI, API and chat alike); integers also get click's range so --help shows it."""
+def _setting_option(f, chat: bool = False) -> Callable:
+    """The click option of one Settings field (with `fsd-local chat`'s default if `chat`). Numbers are parsed by
+    click and range-checked by Settings (one validation, one message for CLI, API and chat alike); integers also
+    get click's range so --help shows it."""
     s, kind = spec(f), field_type(f)
     cli = s.cli
     assert cli is not None, f"setting {f.name} has no command-line flag"
     default = None if f.name == "seed" else (f.default if f.default is not MISSING else None)
+    if chat and s.chat_default is not None:
+        default = s.chat_default
     if kind is bool:
         return click.option(cli, f.name, is_flag=True, help=s.help)
     if kind is tuple:
@@ -72,11 +76,17 @@ def _setting_option(f) -> Callable:
 
 
 SETTING_OPTIONS = [_setting_option(f) for f in FIELDS if spec(f).cli]
+CHAT_SETTING_OPTIONS = [_setting_option(f, chat=True) for f in FIELDS if spec(f).cli]
 SETTING_NAMES = tuple(f.name for f in FIELDS if spec(f).cli)
 
 
 def settings_options(f: Callable) -> Callable:
     return _apply(f, SETTING_OPTIONS)
+
+
+def chat_settings_options(f: Callable) -> Callable:
+    """The generation options with chat's defaults (settings.CHAT_DEFAULTS)."""
+    return _apply(f, CHAT_SETTING_OPTIONS)
 
 
 def pop_settings(kwargs: dict) -> Settings:

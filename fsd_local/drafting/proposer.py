@@ -9,7 +9,7 @@ import numpy as np
 
 from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
-from fsd_local.kernels.accept import Drafts, RoundOut
+from fsd_local.kernels.accept import Drafts, RoundOut, round_out
 from fsd_local.kernels.sampling import pick
 from fsd_local.llama.model import Model
 from fsd_local.settings import Settings
@@ -26,11 +26,14 @@ class Proposer:
         self.ngram: NgramDrafter | None = None
         self._catch_up_seconds = 0.0
         self._k_alloc = 0
+        self.out: RoundOut
         self.reserve(k)
 
-    def reserve(self, k: int) -> None:
-        """Buffers for up to k drafts a round."""
+    def reserve(self, k: int, n_top: int = 0) -> None:
+        """Buffers for up to k drafts a round, and for n_top alternatives of each emitted token."""
         if k <= self._k_alloc:
+            if n_top != self.out.top_ids.shape[1]:
+                self.out = round_out(self._k_alloc, n_top)
             return
         nv = self.draft.n_vocab if self.draft else self.n_vocab
         # the draft's raw rows are copied: its logits buffer is reused per token (one-hot rows for prompt lookup)
@@ -41,7 +44,7 @@ class Proposer:
             stats=np.empty((k + 1, 3), np.float32),
             onehot=np.zeros(k, np.uint8),
         )
-        self.out = RoundOut(reason=np.empty(k, np.int8), divergence=np.empty(k), logprob=np.empty(k + 1))
+        self.out = round_out(k, n_top)
         self._k_alloc = k
 
     def propose(self, seq, limit: int, s: Settings, rng, stats) -> tuple[int, Source | None, int, float]:

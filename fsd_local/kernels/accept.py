@@ -34,6 +34,7 @@ from fsd_local.kernels.onehot import divergence_onehot
 from fsd_local.kernels.rows import row_lse
 from fsd_local.kernels.rules import entropy_scaled, target_rule
 from fsd_local.kernels.sampling import argmax, pick, prob, processed, sample_residual
+from fsd_local.kernels.topk import top_indices
 
 # why a slot was accepted (the core statistic)
 REJECTED, BY_SD, BY_FUZZY = 0, 1, 2
@@ -74,14 +75,30 @@ class Drafts(NamedTuple):
     onehot: np.ndarray
 
 
+NO_TOP_IDS = np.zeros((0, 0), np.int32)
+NO_TOP_LOGPROB = np.zeros((0, 0))
+
+
 class RoundOut(NamedTuple):
     """Filled by accept_round: why each slot was accepted, its divergence (NaN = not computed; for the rules of
-    kernels/rules.py the smallest tau that rescues the slot, of which fsd's divergence is the special case), and
-    the target's raw log-probability of every emitted token."""
+    kernels/rules.py the smallest tau that rescues the slot, of which fsd's divergence is the special case), the
+    target's log-probability of every emitted token (log-softmax of the logit row the rule saw, before
+    temperature and truncation: OpenAI's `logprobs`), and, when top_ids has columns, the target's most likely
+    tokens at each emitted position with their log-probabilities (OpenAI's `top_logprobs`; -1 pads a short
+    vocabulary)."""
 
     reason: np.ndarray
     divergence: np.ndarray
     logprob: np.ndarray
+    top_ids: np.ndarray = NO_TOP_IDS
+    top_logprob: np.ndarray = NO_TOP_LOGPROB
+
+
+def round_out(k: int, n_top: int = 0) -> RoundOut:
+    """Buffers for a round of up to k drafts, reporting n_top alternatives per emitted token."""
+    return RoundOut(
+        np.empty(k, np.int8), np.empty(k), np.empty(k + 1), np.empty((k + 1, n_top), np.int32), np.empty((k + 1, n_top))
+    )
 
 
 def rule_of(settings) -> Rule:
@@ -191,6 +208,7 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
             lse_p[j] = row_lse(P[j], n)
         tok = drafts[j] if j < accepted else nxt
         logprobs[j] = float(P[j][tok]) - lse_p[j]
+        fill_top(P[j], n, lse_p[j], j, out)
         if greedy:
             loss[j] = greedy_loss(P[j], n, tok)
     end_round(budget, accepted + 1, n_drafts, accepted)
@@ -198,10 +216,30 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
 
 
 @njit(cache=True)
-def emit_one(x, n, sampling, u, stats):
-    """Plain decoding (the ar and draft-only baselines): (token, raw log-prob of the token)."""
+def fill_top(x, n, lse, j, out):
+    """out.top_ids[j] / out.top_logprob[j]: the most likely tokens of row x (as many as top_ids has columns)."""
+    n_top = out.top_ids.shape[1]
+    if n_top == 0:
+        return
+    idx = top_indices(x, n, n_top)
+    for t in range(n_top):
+        if t < idx.shape[0]:
+            out.top_ids[j, t] = idx[t]
+            out.top_logprob[j, t] = float(x[idx[t]]) - lse
+        else:
+            out.top_ids[j, t] = -1
+            out.top_logprob[j, t] = -np.inf
+
+
+@njit(cache=True)
+def emit_one(x, n, sampling, u, stats, out):
+    """Plain decoding (the ar and draft-only baselines): (token, raw log-prob of the token); out.logprob[0] and
+    the top alternatives (out.top_ids[0]) as accept_round fills them."""
     t, _, _ = pick(x, n, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, u, stats, False)
-    return t, float(x[t]) - row_lse(x, n)
+    lse = row_lse(x, n)
+    out.logprob[0] = float(x[t]) - lse
+    fill_top(x, n, lse, 0, out)
+    return t, out.logprob[0]
 
 
 _warm = False
@@ -222,13 +260,13 @@ def warm_up() -> None:
     drafts = np.zeros(k, np.int32)
     for onehot in (0, 1):
         draft = Drafts(Q, drafts, q_prob, q_stats, np.full(k, onehot, np.uint8))
-        out = RoundOut(np.zeros(k, np.int8), np.zeros(k), np.zeros(k + 1))
+        out = round_out(k, 2 * onehot)  # with and without top alternatives (the same types)
         budgets = (new_budget(None, k), new_budget(0.1, k))
         for temperature in (0.0, 1.0):
             sampling = Sampling(temperature, 0, 1.0, 0.0)
             pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], False)
             pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], True)
-            emit_one(P[0], n, sampling, 0.5, q_stats[0])
+            emit_one(P[0], n, sampling, 0.5, q_stats[0], out)
             for mode in (FSD, FSD_PAPER, SD, TYPICAL, CASCADE, RELAXED, FSD_ENTROPY):
                 for budget in budgets:
                     accept_round(P, draft, k, n, Rule(mode, 0, 1.0, 50), sampling, np.full(k + 1, 0.5), out, budget)

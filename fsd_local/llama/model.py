@@ -125,6 +125,8 @@ class Model:
             )
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
         if opts.vocab_only:
             return
 
@@ -150,8 +152,6 @@ class Model:
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         self._row_bytes = self.n_vocab * 4
         self.tokens: list[int] = []
-        self._pieces: dict[int, bytes] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
         self.n_outputs = 0
 
     # ---------------------------------------------------------------- metadata
@@ -241,6 +241,34 @@ class Model:
             i += 1
         self.truncate(i)
         return i
+
+    def reuse_after_cut(self, seq, min_reuse: int = 8) -> int:
+        """When seq is the cached text with a span cut out after their common prefix (a conversation that
+        dropped its oldest turns), remove that span from the cache and shift what follows back, so it need
+        not be evaluated again. Returns how many cached tokens now match seq (then keep_common_prefix trims
+        the rest). Nothing changes when less than `min_reuse` tokens would be saved or the cache cannot shift.
+        An approximation (the kept entries were computed with the span present), hence opt-in: context_shift."""
+        toks = np.asarray(self.tokens, dtype=np.int64)
+        want = np.asarray(seq[:-1], dtype=np.int64)
+        n = min(len(toks), len(want))
+        diff = np.flatnonzero(toks[:n] != want[:n])
+        a = int(diff[0]) if diff.size else n
+        if a >= len(want) or a >= len(toks) - min_reuse or not lc.llama_memory_can_shift(self.mem):
+            return a
+        best_b, best_m = 0, 0
+        for b in a + 1 + np.flatnonzero(toks[a + 1 :] == want[a]):  # where the rest of seq could resume
+            m = min(len(toks) - b, len(want) - a)
+            miss = np.flatnonzero(toks[b : b + m] != want[a : a + m])
+            m = int(miss[0]) if miss.size else m
+            if m > best_m:
+                best_b, best_m = int(b), m
+        if best_m < min_reuse:
+            return a
+        if not lc.llama_memory_seq_rm(self.mem, SEQ, a, best_b):
+            return a
+        lc.llama_memory_seq_add(self.mem, SEQ, best_b, -1, a - best_b)
+        self.tokens = self.tokens[:a] + self.tokens[best_b:]
+        return a + best_m
 
     def decode(self, tokens, logits: str = "last") -> None:
         """Append tokens to the cache. logits: 'last', 'none', or 'from:J' (rows for tokens[J:])."""

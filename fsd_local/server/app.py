@@ -23,7 +23,6 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,53 +39,12 @@ from fsd_local.llama.options import ModelOptions
 from fsd_local.server.metrics import Metrics
 from fsd_local.server.openai_schema import APIError, Reply, parse, prompt_tokens, settings_for
 from fsd_local.server.supervisor import ModelProcessError, Supervisor
-from fsd_local.settings import Settings
+from fsd_local.server.web import TokenTrail, install
+from fsd_local.server.worker import Worker, retry_after
+from fsd_local.settings import SERVER_MAX_QUEUE, Settings
 
 log = logging.getLogger("fsd_local.server")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-class Worker:
-    """Runs generations one at a time in its own thread. At most `max_queue` wait behind the running one; more
-    are refused (QueueFull -> 503) rather than queued without bound."""
-
-    def __init__(self, max_queue: int):
-        self.max_queue = max_queue
-        self.running = self.waiting = 0
-        self._lock = threading.Lock()
-        self._tokens: set[CancelToken] = set()  # of admitted jobs, to stop them at shutdown
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsd-generate")
-
-    def submit(self, job: Callable[[], Any], cancel: CancelToken) -> Future:
-        with self._lock:
-            if self.running + self.waiting > self.max_queue:
-                raise APIError(
-                    503,
-                    f"the server is busy: {self.max_queue} requests are already waiting; retry later",
-                    type="server_error",
-                    code="queue_full",
-                )
-            self.waiting += 1
-            self._tokens.add(cancel)
-
-        def run() -> Any:
-            with self._lock:
-                self.waiting -= 1
-                self.running += 1
-            try:
-                return job()
-            finally:
-                with self._lock:
-                    self.running -= 1
-                    self._tokens.discard(cancel)
-
-        return self._pool.submit(run)
-
-    def shutdown(self) -> None:
-        with self._lock:
-            for token in self._tokens:
-                token.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def create_app(
@@ -94,7 +52,7 @@ def create_app(
     *,
     model_name: str | None = None,
     api_key: str | None = None,
-    max_queue: int = 16,
+    max_queue: int = SERVER_MAX_QUEUE,
     close_engine: bool = False,
 ) -> FastAPI:
     """The ASGI app serving `engine` (in this process, or a Supervisor's child). It closes the engine when it
@@ -178,7 +136,7 @@ def create_app(
             raise APIError(503, str(getattr(engine, "reason", "")), type="server_error", code="model_unavailable")
         settings = settings_for(engine, req)
         prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
-        reply = Reply(kind, req.model or name)
+        reply = Reply(kind, req.model or name, engine.token_bytes)
         cancel = CancelToken()
         if req.stream:
             pieces: asyncio.Queue[Piece | BaseException] = asyncio.Queue()
@@ -196,7 +154,7 @@ def create_app(
             worker.submit(stream_job, cancel)
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                _events(reply, pieces, cancel, include_usage),
+                _events(reply, pieces, cancel, include_usage, TokenTrail(engine.token_bytes)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -218,8 +176,9 @@ def create_app(
             return Response(status_code=499)
         return JSONResponse(reply.full(_result(done)))
 
+    install(app, engine, guarded, name)  # the chat page at / and the settings it may send
     _install_error_handlers(app)
-    app.add_middleware(_CountResponses, metrics=metrics)
+    app.add_middleware(_CountResponses, metrics=metrics, retry_after=lambda: retry_after(engine, worker))
     return app
 
 
@@ -256,8 +215,11 @@ def _as_api_error(exc: BaseException) -> APIError:
     return APIError(500, f"generation failed: {exc}", type="server_error", code="internal_error")
 
 
-async def _events(reply: Reply, pieces: asyncio.Queue, cancel: CancelToken, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
+async def _events(
+    reply: Reply, pieces: asyncio.Queue, cancel: CancelToken, include_usage: bool, trail: TokenTrail
+) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`; each chunk with new tokens
+    carries them in the `fsd_delta` extension field (web.py)."""
     try:
         if reply.kind == "chat":
             yield _sse(reply.chunk(role=True))
@@ -266,8 +228,8 @@ async def _events(reply: Reply, pieces: asyncio.Queue, cancel: CancelToken, incl
             if isinstance(item, BaseException):
                 yield _sse(_as_api_error(item).body())  # the openai client raises on an error event
                 return
-            if item.text:
-                yield _sse(reply.chunk(item.text))
+            if item.text or item.token_ids:
+                yield _sse({**reply.piece_chunk(item), "fsd_delta": trail.delta(item)})
             if item.completion is not None:
                 yield _sse(reply.last_chunk(item.completion))
                 if include_usage:
@@ -287,7 +249,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -301,14 +263,15 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         err = _as_api_error(exc)
-        return JSONResponse(err.body(), status_code=err.status)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
 
 class _CountResponses:
-    """ASGI middleware counting responses by path and status for /metrics (unknown paths share one label)."""
+    """ASGI middleware counting responses by path and status for /metrics (unknown paths share one label), and
+    adding Retry-After (seconds, from `retry_after`) to every 503 that has none."""
 
-    def __init__(self, app: Any, metrics: Metrics):
-        self.app, self.metrics = app, metrics
+    def __init__(self, app: Any, metrics: Metrics, retry_after: Callable[[], int]):
+        self.app, self.metrics, self.retry_after = app, metrics, retry_after
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -320,6 +283,9 @@ class _CountResponses:
         async def counted(message: dict) -> None:
             if message["type"] == "http.response.start":
                 self.metrics.count_response(label, message["status"])
+                headers = list(message.get("headers", []))
+                if message["status"] == 503 and not any(k.lower() == b"retry-after" for k, _ in headers):
+                    message = {**message, "headers": [*headers, (b"retry-after", str(self.retry_after()).encode())]}
             await send(message)
 
         await self.app(scope, receive, counted)
@@ -354,7 +320,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8080,
     api_key: str | None = None,
-    max_queue: int = 16,
+    max_queue: int = SERVER_MAX_QUEUE,
     model_name: str | None = None,
     log_level: str = "info",
 ) -> None:

@@ -12,7 +12,7 @@ multiprocessing.connection:
                       ("generate", prompt, settings)                one at a time
                       ("cancel",)                                    stop the running generation at its next round
     child -> parent   ("ready", info) | ("failed", reason)           after loading
-                      ("piece", text, token_ids, origins) ...        as tokens are accepted
+                      ("piece", {field: value} of the Piece but its completion)   as tokens are accepted
                       ("done", tail_text, completion_dict) | ("error", class_name, message)
 
 The parent closing its end (or dying) is the signal to exit: the reader thread sees EOF and ends the process.
@@ -62,7 +62,7 @@ def main(fd: int) -> None:
         try:
             for piece in engine.stream(prompt, cancel=cancel, settings=settings):
                 if piece.completion is None:
-                    conn.send(("piece", piece.text, piece.token_ids, piece.origins))
+                    conn.send(("piece", _fields(piece)))
                 else:
                     conn.send(("done", piece.text, dataclasses.asdict(piece.completion)))
         except Exception as exc:  # a failed generation, not a dead process: the parent answers it, we go on
@@ -85,6 +85,11 @@ def _read(conn: Connection, jobs: queue.Queue) -> None:
                 current.cancel()
     except (EOFError, OSError):  # the parent closed the connection or died: nobody is left to answer
         os._exit(0)
+
+
+def _fields(piece) -> dict:
+    """A streamed Piece as a message: every field but the completion (the parent rebuilds it: Piece(**fields))."""
+    return {f.name: getattr(piece, f.name) for f in dataclasses.fields(piece) if f.name != "completion"}
 
 
 def _info(model) -> dict | None:

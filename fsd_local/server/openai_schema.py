@@ -2,7 +2,7 @@
 
 Requests are validated strictly (a string where a number belongs is an error, not coerced), unknown fields are
 ignored like other local servers do, and fields whose meaning fsd-local cannot honour (n > 1, penalties, tools,
-logprobs...) are refused unless they hold their neutral value: a client asking for them must not silently get
+...) are refused unless they hold their neutral value: a client asking for them must not silently get
 something else. Every refusal is an `APIError` that renders as OpenAI's error body.
 """
 
@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from fsd_local.errors import ConfigError, ContextOverflowError
+from fsd_local.server.logprobs import TokenBytes, chat_logprobs, text_logprobs
 from fsd_local.settings import FIELDS, Settings, field_type, spec
 
 if TYPE_CHECKING:
-    from fsd_local.engine import Completion, Engine
+    from fsd_local.engine import Completion, Engine, Piece
     from fsd_local.server.supervisor import Supervisor
 
 # request fields that map one to one onto Settings, from the settings that declare an HTTP field (max_tokens is
@@ -38,9 +39,14 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after: int | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.retry_after = retry_after  # seconds, sent as Retry-After (every 503 gets one: app.py)
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -126,8 +132,6 @@ def _refuse_unsupported(req: _Request) -> None:
         if getattr(req, name) not in (None, 1):
             refuse(name, "one completion per request (send several requests)")
     for name in (
-        "logprobs",
-        "top_logprobs",
         "frequency_penalty",
         "presence_penalty",
         "logit_bias",
@@ -149,6 +153,7 @@ def settings_for(engine: Engine | Supervisor, req: ChatRequest | CompletionReque
     given["max_tokens"] = max_tokens if max_tokens is not None else req.max_tokens
     if given["max_tokens"] is None:
         del given["max_tokens"]
+    given.update(_logprob_settings(req))
     try:
         merged: Settings = engine.defaults.with_(**given)
     except ConfigError as exc:
@@ -158,6 +163,37 @@ def settings_for(engine: Engine | Supervisor, req: ChatRequest | CompletionReque
     except ConfigError as exc:
         raise APIError(400, str(exc), param="mode", code="invalid_value") from None
     return merged
+
+
+def _logprob_settings(req: ChatRequest | CompletionRequest) -> dict[str, Any]:
+    """OpenAI's logprobs fields as Settings: chat has logprobs (bool) + top_logprobs (int), completions one
+    logprobs (int: how many alternatives)."""
+    lp, top = req.logprobs, req.top_logprobs
+    if isinstance(req, ChatRequest):
+        if lp is not None and not isinstance(lp, bool):
+            raise APIError(
+                400,
+                "logprobs: true or false in chat completions (top_logprobs sets how many alternatives)",
+                param="logprobs",
+                code="invalid_type",
+            )
+        if top and not lp:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+        return {"logprobs": True, "top_logprobs": top or 0} if lp else {}
+    if isinstance(lp, bool):
+        raise APIError(
+            400, "logprobs: the number of alternatives per token (0 to 20)", param="logprobs", code="invalid_type"
+        )
+    if top is not None:
+        raise APIError(
+            400,
+            "top_logprobs belongs to chat completions; here logprobs is the number of alternatives",
+            param="top_logprobs",
+            code="unsupported_parameter",
+        )
+    if lp is not None and not 0 <= lp <= 20:
+        raise APIError(400, f"logprobs={lp}: between 0 and 20 alternatives", param="logprobs", code="invalid_value")
+    return {} if lp is None else {"logprobs": True, "top_logprobs": lp}
 
 
 def _culprit(defaults: Settings, given: dict[str, Any]) -> str | None:
@@ -219,8 +255,10 @@ def _plain_message(i: int, m: Message) -> dict[str, str]:
 class Reply:
     """Builds the response objects of one request: a full response, or the chunks of a stream."""
 
-    def __init__(self, kind: Literal["chat", "text"], model: str):
+    def __init__(self, kind: Literal["chat", "text"], model: str, token_bytes: TokenBytes | None = None):
         self.kind, self.model = kind, model
+        self.token_bytes = token_bytes or (lambda t: b"")  # token id -> bytes, for logprobs' token strings
+        self._offset = 0  # characters streamed so far (text_offset of legacy completions' logprobs)
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -239,13 +277,14 @@ class Reply:
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": c.text},
-                "logprobs": None,
+                "logprobs": self._logprobs(c.token_ids, c.origins, c.logprobs, c.top_logprobs),
                 "finish_reason": c.finish_reason,
             }
             out = self._envelope("chat.completion", [choice])
         else:
+            lps = self._logprobs(c.token_ids, c.origins, c.logprobs, c.top_logprobs)
             out = self._envelope(
-                "text_completion", [{"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}]
+                "text_completion", [{"index": 0, "text": c.text, "logprobs": lps, "finish_reason": c.finish_reason}]
             )
         out["usage"] = usage(c)
         out["fsd"] = fsd_stats(c)
@@ -261,6 +300,20 @@ class Reply:
         return self._envelope(
             "text_completion", [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
         )
+
+    def piece_chunk(self, p: Piece) -> dict[str, Any]:
+        """The chunk of one streamed piece: its text and, if asked for, its tokens' logprobs."""
+        out = self.chunk(p.text)
+        out["choices"][0]["logprobs"] = self._logprobs(p.token_ids, p.origins, p.logprobs, p.top_logprobs)
+        return out
+
+    def _logprobs(self, ids, origins, lps, tops) -> dict[str, Any] | None:
+        if self.kind == "chat":
+            return chat_logprobs(self.token_bytes, ids, origins, lps, tops)
+        out = text_logprobs(self.token_bytes, ids, origins, lps, tops, self._offset)
+        if out is not None and ids:
+            self._offset = out["text_offset"][-1] + len(self.token_bytes(ids[-1]).decode("utf-8", "replace"))
+        return out
 
     def last_chunk(self, c: Completion) -> dict[str, Any]:
         """The chunk carrying finish_reason; like llama.cpp's server, it also carries usage and the statistics."""
@@ -285,5 +338,6 @@ def usage(c: Completion) -> dict[str, int]:
 
 
 def fsd_stats(c: Completion) -> dict[str, Any]:
-    """The generation's statistics (README, Statistics) and the settings it ran with."""
-    return {**c.stats, "settings": c.settings}
+    """The generation's statistics (README, Statistics), the settings it ran with, and why it stopped at
+    'length' (finish_detail: max_tokens | context_full)."""
+    return {**c.stats, "settings": c.settings, "finish_detail": c.finish_detail}

@@ -135,6 +135,12 @@ class Supervisor:
             self._check_open()
             return self._vocab.detokenize(tokens)
 
+    def token_bytes(self, token: int) -> bytes:
+        """As Engine.token_bytes."""
+        with self._vocab_lock:
+            self._check_open()
+            return self._vocab.piece(token)
+
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """As Engine.chat_prompt: the target's chat template, and never a second BOS."""
         with self._vocab_lock:
@@ -235,7 +241,7 @@ class Supervisor:
                             continue
                         msg = child.conn.recv()
                         if msg[0] == "piece":
-                            yield Piece(msg[1], msg[2], msg[3])
+                            yield Piece(**msg[1])
                         elif msg[0] == "done":
                             ended = child.healthy = True
                             last = Piece(msg[1], [], [], Completion(**msg[2]))

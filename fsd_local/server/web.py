@@ -1,0 +1,114 @@
+"""The chat page of `fsd-local serve` and what it needs from the server.
+
+- `/` and `/static/...`: the page (static files shipped in the package: no build step, nothing from a CDN).
+- `/v1/fsd/settings`: the settings a request may send, generated from fsd_local/settings.py (name, type,
+  the server's default, range, choices, help), so the page builds its controls from what this server accepts.
+- `TokenTrail`: the `fsd_delta` extension field of every streamed chunk (README, "The chat page"): each new
+  token's id, text, origin and, for a token rescued by tau, its divergence and log-probability gap, and how
+  many tokens the round drafted.
+- `open_page`: `fsd-local chat --web`, the server on a free loopback port and the page in the browser.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+import threading
+import webbrowser
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+
+from fsd_local.results import Piece
+from fsd_local.server.openai_schema import SETTING_FIELDS, APIError
+from fsd_local.settings import FIELDS, field_type, spec
+
+if TYPE_CHECKING:
+    from fsd_local.engine import Engine
+    from fsd_local.server.supervisor import Supervisor
+
+STATIC = Path(__file__).resolve().parent / "static"
+MEDIA_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
+TYPE_NAMES = {float: "number", int: "integer", bool: "boolean", str: "string", tuple: "strings"}
+
+
+def install(app: FastAPI, engine: Engine | Supervisor, guarded: list[Any], model_name: str) -> None:
+    """Add the page's routes to the server's app."""
+    files = {p.name: p for p in STATIC.iterdir() if p.suffix in MEDIA_TYPES}  # nothing else is served
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def static(name: str) -> FileResponse:
+        path = files.get(name)
+        if path is None:
+            raise APIError(404, f"no static file {name!r}", code="not_found")
+        return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
+
+    @app.get("/v1/fsd/settings", dependencies=guarded)
+    async def settings() -> dict[str, Any]:
+        return {"model": model_name, "has_draft": engine.draft is not None, "settings": describe_settings(engine)}
+
+
+def describe_settings(engine: Engine | Supervisor) -> list[dict[str, Any]]:
+    """Every setting a request body may carry, with this server's default (max_tokens included)."""
+    defaults = engine.defaults.to_dict()
+    out = []
+    for f in FIELDS:
+        s = spec(f)
+        if f.name not in SETTING_FIELDS and f.name != "max_tokens":
+            continue
+        out.append(
+            {
+                "name": f.name,
+                "type": TYPE_NAMES[field_type(f)],
+                "default": defaults[f.name],
+                "min": s.lo,
+                "max": s.hi,
+                "min_open": s.lo_open,
+                "max_open": s.hi_open,
+                "choices": list(s.choices) if s.choices else None,
+                "help": s.help,
+            }
+        )
+    return out
+
+
+class TokenTrail:
+    """Builds the `fsd_delta` field of one stream's chunks. A token's text is its bytes decoded in order (a
+    character split across tokens belongs to the token that completes it), so the chunks' `content` is always a
+    prefix of the tokens' texts joined: text held back for a stop string comes later, text past it never."""
+
+    def __init__(self, token_bytes: Callable[[int], bytes]):
+        self._bytes = token_bytes
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def delta(self, piece: Piece) -> dict[str, Any]:
+        tokens = []
+        for i, (token, origin) in enumerate(zip(piece.token_ids, piece.origins)):
+            rescue = piece.rescues[i] if i < len(piece.rescues) else None  # none for the round's last token
+            entry: dict[str, Any] = {"id": token, "text": self._utf8.decode(self._bytes(token)), "origin": origin}
+            if rescue is not None:
+                divergence, gap = rescue
+                entry["divergence"] = divergence if math.isfinite(divergence) else None
+                entry["logprob_gap"] = gap
+            tokens.append(entry)
+        return {"tokens": tokens, "drafted": piece.drafted}
+
+
+def open_page(engine: Engine, say: Callable[[str], None], stop: threading.Event | None = None) -> None:
+    """Serve `engine` on a free loopback port, open the chat page in the browser, and serve until Ctrl-C (or
+    until `stop` is set)."""
+    from fsd_local.server.app import BackgroundServer
+
+    with BackgroundServer(engine, host="127.0.0.1", port=0, model_name=Path(engine.target.path).stem) as srv:
+        url = srv.url + "/"
+        say(f"the chat page is at {url} (Ctrl-C stops the server)")
+        if not webbrowser.open(url):
+            say("no browser could be started here: open the address above yourself")
+        (stop or threading.Event()).wait()
