@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fsd_local.chain import Chain
 from fsd_local.drafting.proposer import Proposer
 from fsd_local.errors import FSDError
 from fsd_local.kernels.accept import (
@@ -133,6 +134,7 @@ class Engine:
         if overrides:
             s = s.with_(**overrides)
         s.check_draft(self.draft is not None)
+        s.check_vocab(self.n_vocab)
         return self._run(prompt, s, cancel)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
@@ -224,6 +226,7 @@ class Engine:
             else:
                 models = [self.target]
             seq = self.prompt_tokens(prompt, models)
+            chain = self._proposer.chain = Chain(s, seq, self.n_vocab, self.target)  # penalties, bias, grammar
             n_ctx = min(m.n_ctx for m in models)
             self._proposer.reserve(s.draft_max)
             rng = np.random.default_rng(s.seed)
@@ -275,7 +278,7 @@ class Engine:
                     out_tokens.extend(shown)
                     out_origins.extend(origins[: len(shown)])
                     released = text.push(b"".join(self.target.piece(t) for t in shown))
-                    if text.stopped:
+                    if text.stopped or chain.finished:  # a stop string, or the grammar is complete
                         finish = "stop"
                     stats.seconds_total = perf_counter() - t_start
                     if released or shown:
@@ -322,9 +325,12 @@ class Engine:
         tgt.synchronize()
         stats.seconds_target += perf_counter() - t
         p = tgt.logits(n_drafts + 1)
+        chain = self._proposer.chain
+        chain.target_rows(p, n_drafts)  # the same processing as the draft's rows had
         us = rng.random(n_drafts + 1) if sampling.temperature > 0 else np.zeros(n_drafts + 1)
         out = self._proposer.out
         accepted, nxt = accept_round(p, self._proposer.drafts, n_drafts, self.n_vocab, rule, sampling, us, out)
+        chain.settle(accepted, nxt)
         stats.record_round(n_drafts, out.reason, out.divergence, out.logprob, accepted + 1)
         return drafts[:accepted] + [int(nxt)], out.reason[:accepted].tolist()
 
@@ -340,7 +346,10 @@ class Engine:
         else:
             stats.seconds_draft += dt
         u = rng.random() if sampling.temperature > 0 else 0.0
-        tok, lp = emit_one(m.logits(1)[0], m.n_vocab, sampling, u, self._proposer.drafts.stats[0])
+        rows, chain = m.logits(1), self._proposer.chain
+        chain.target_rows(rows, 0)
+        tok, lp = emit_one(rows[0], m.n_vocab, sampling, u, self._proposer.drafts.stats[0])
+        chain.settle(0, tok)
         stats.rounds += 1
         stats.tokens += 1
         stats.target_calls += mode == AR

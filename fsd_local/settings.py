@@ -8,7 +8,10 @@ one entry here. A `Settings` object is validated once, when it is made, and the 
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from collections.abc import Callable
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -58,6 +61,9 @@ class Spec:
     http: bool = True  # a field of the OpenAI API's request body
     chat: str | None = None  # the slash command that sets it in `fsd-local chat`
     metavar: str | None = None
+    kind: type | None = None  # the type of a field whose default is None (otherwise the default's type)
+    cli_file: bool = False  # the flag names a file; its text is the value
+    parse: Callable[[Any], Any] | None = None  # brings the accepted input forms to the one stored (or ConfigError)
 
     def range_text(self) -> str:
         lo = "" if self.lo is None else f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
@@ -173,6 +179,64 @@ class Settings:
     ignore_eos: bool = setting(
         False, "keep going past end-of-generation tokens (benchmarks of a fixed length)", cli="--ignore-eos", http=False
     )
+    # the sampling chain (fsd_local/chain.py): the same processing on the draft's and the target's rows
+    repeat_penalty: float = setting(
+        1.0,
+        "divide the logit of each token seen in the last --repeat-last-n tokens by this when positive, multiply "
+        "when negative (llama.cpp's repeat penalty; 1 = off)",
+        lo=0,
+        lo_open=True,
+        cli="--repeat-penalty",
+        chat="repeat",
+    )
+    repeat_last_n: int = setting(
+        64,
+        "how many of the text's last tokens (prompt and reply) the penalties look at (0 = off, -1 = all)",
+        lo=-1,
+        cli="--repeat-last-n",
+    )
+    presence_penalty: float = setting(
+        0.0,
+        "lower the logit of every token seen in the window by this (OpenAI's presence_penalty)",
+        lo=-2,
+        hi=2,
+        cli="--presence-penalty",
+        chat="presence",
+    )
+    frequency_penalty: float = setting(
+        0.0,
+        "lower the logit of each token seen in the window by this times its count (OpenAI's frequency_penalty)",
+        lo=-2,
+        hi=2,
+        cli="--frequency-penalty",
+        chat="frequency",
+    )
+    logit_bias: tuple[tuple[int, float], ...] = setting(
+        (),
+        "add BIAS to the logit of token TOKEN_ID, e.g. 15043+1 or 15043-inf (bans it); repeatable. API: a "
+        "{token_id: bias} object, as OpenAI's logit_bias",
+        cli="--logit-bias",
+        metavar="TOKEN_ID(+|-)BIAS",
+        parse=lambda v: _logit_bias(v),
+    )
+    grammar: str | None = setting(
+        None,
+        "a GBNF grammar (llama.cpp's format) the reply must follow; on the command line, the file holding it",
+        kind=str,
+        cli="--grammar-file",
+        cli_file=True,
+        metavar="FILE",
+    )
+    json_schema: str | None = setting(
+        None,
+        "a JSON schema the reply must be an instance of (a JSON object or its text); on the command line, the "
+        "file holding it",
+        kind=str,
+        cli="--json-schema",
+        cli_file=True,
+        metavar="FILE",
+        parse=lambda v: _json_text(v),
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -180,6 +244,9 @@ class Settings:
         if isinstance(self.stop, list):
             object.__setattr__(self, "stop", tuple(self.stop))
         for f in fields(self):
+            parse = spec(f).parse
+            if parse is not None and getattr(self, f.name) is not None:
+                object.__setattr__(self, f.name, parse(getattr(self, f.name)))
             _check(f, getattr(self, f.name))
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
         if self.draft_min > self.draft_max:
@@ -189,6 +256,19 @@ class Settings:
         if self.adaptive and self.draft_policy == "fixed":  # the old flag is an alias of the policy
             object.__setattr__(self, "draft_policy", "adaptive")
         object.__setattr__(self, "adaptive", self.draft_policy == "adaptive")
+        self._check_constraint()
+
+    def _check_constraint(self) -> None:
+        """A grammar or a schema (not both), compiled now so that a bad one is refused before any generation."""
+        if self.grammar is None and self.json_schema is None:
+            return
+        if self.grammar is not None and self.json_schema is not None:
+            raise ConfigError("give a grammar or a json_schema, not both")
+        if self.ignore_eos:
+            raise ConfigError("ignore_eos cannot be combined with a grammar or a json_schema (the reply ends with it)")
+        from fsd_local.constrain import compile_grammar  # llguidance, only when a constraint is given
+
+        compile_grammar(self.grammar, self.json_schema)
 
     # ---------------------------------------------------------------- derived
     @property
@@ -209,10 +289,67 @@ class Settings:
             raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(NAMES))}")
         return replace(self, **{k: v for k, v in changes.items() if v is not None or k == "seed"})
 
+    def check_vocab(self, n_vocab: int) -> None:
+        """Token ids the settings name must be in the model's vocabulary."""
+        for t, _ in self.logit_bias:
+            if t >= n_vocab:
+                raise ConfigError(f"logit_bias names token {t}, outside the vocabulary (ids 0..{n_vocab - 1})")
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stop"] = list(self.stop)
+        # OpenAI's {token id: bias} form, strict JSON (a ban is the text "-inf"); Settings(**d) reads it back
+        d["logit_bias"] = {str(t): (b if math.isfinite(b) else "-inf") for t, b in self.logit_bias}
         return d
+
+
+_BIAS = re.compile(r"\s*(\d+)\s*([+-]\s*(?:inf|\d+(?:\.\d*)?(?:e[+-]?\d+)?|\.\d+))\s*", re.IGNORECASE)
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """{token: bias} (OpenAI's form; keys may be strings), 'ID+BIAS' / 'ID-BIAS' strings (llama.cpp's flag) or
+    (id, bias) pairs, as sorted (id, bias) pairs. A bias is a finite number or -inf (bans the token)."""
+
+    def bad(item: Any, why: str) -> ConfigError:
+        return ConfigError(f"logit_bias {item!r} {why}")
+
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, str):
+        items = [value]
+    else:
+        items = list(value)
+    out: dict[int, float] = {}
+    for item in items:
+        if isinstance(item, str):
+            m = _BIAS.fullmatch(item)
+            if not m:
+                raise bad(item, "is not TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1.5, 15043-inf)")
+            item = (m.group(1), m.group(2).replace(" ", ""))
+        try:
+            tok, b = item
+            tok = int(tok) if not isinstance(tok, bool) and str(tok).strip().isdigit() else None
+            bias = float(b) if not isinstance(b, bool) else math.nan
+        except (TypeError, ValueError):
+            raise bad(item, "is not a (token id, bias) pair") from None
+        if tok is None:
+            raise bad(item, "needs a token id, a whole number >= 0")
+        if math.isnan(bias) or bias == math.inf:
+            raise bad(item, "needs a bias that is a finite number or -inf")
+        out[tok] = bias
+    return tuple(sorted(out.items()))
+
+
+def _json_text(value: Any) -> str:
+    """A JSON schema (a dict or its text) as canonical JSON text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"json_schema is not valid JSON ({exc}); give a JSON schema object") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"json_schema must be a JSON object (a schema), not {type(value).__name__}")
+    return json.dumps(value, sort_keys=True)
 
 
 ALIASES = {"topk": "divergence_topk"}  # old names still accepted
@@ -236,7 +373,7 @@ def field_type(f: Field) -> type:
         default = factory()
     if f.name == "seed":
         return int
-    return type(default)
+    return spec(f).kind or type(default)
 
 
 def _check(f: Field, value: Any) -> None:
@@ -245,15 +382,19 @@ def _check(f: Field, value: Any) -> None:
     def bad(why: str) -> None:
         raise ConfigError(f"{name}={value!r} {why}")
 
-    if value is None and f.name == "seed":
+    if value is None and (f.name == "seed" or s.kind is not None):
         return
     if kind is bool:
         if not isinstance(value, bool):
             bad("must be true or false")
         return
     if kind is tuple:
-        if not all(isinstance(v, str) for v in value):
+        if s.parse is None and not all(isinstance(v, str) for v in value):
             bad("must be strings")
+        return
+    if kind is str and not s.choices:
+        if not isinstance(value, str):
+            bad("must be text")
         return
     if kind is str:
         if value not in (s.choices or ()):
