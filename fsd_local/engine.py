@@ -30,6 +30,7 @@ from fsd_local.kernels.accept import (
     warm_up,
 )
 from fsd_local.kernels.names import SPECULATIVE_MODES
+from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
@@ -98,6 +99,7 @@ class Engine:
         self._proposer = Proposer(self.draft, self.n_vocab, self.defaults.draft_max)
         self._lengths = self._proposer.lengths
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
+        warm_chain()
 
     # ------------------------------------------------------------------ public API
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

@@ -349,7 +349,7 @@ def _json_text(value: Any) -> str:
             raise ConfigError(f"json_schema is not valid JSON ({exc}); give a JSON schema object") from None
     if not isinstance(value, dict):
         raise ConfigError(f"json_schema must be a JSON object (a schema), not {type(value).__name__}")
-    return json.dumps(value, sort_keys=True)
+    return json.dumps(value)
 
 
 ALIASES = {"topk": "divergence_topk"}  # old names still accepted
