@@ -58,9 +58,13 @@ def tokenizer_for(model) -> Any:
     """llguidance's tokenizer of a loaded model's vocabulary, built once per model (~0.3 s)."""
     tok = getattr(model, "_llg_tokenizer", None)
     if tok is None:
+        import warnings
+
         from llguidance.llamacpp import lltokenizer_from_vocab
 
-        tok = model._llg_tokenizer = lltokenizer_from_vocab(model.vocab)
+        with warnings.catch_warnings():  # it reads token attributes through a deprecated llama-cpp-python name
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tok = model._llg_tokenizer = lltokenizer_from_vocab(model.vocab)
     return tok
 
 
