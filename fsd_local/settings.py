@@ -313,6 +313,7 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
     def bad(item: Any, why: str) -> ConfigError:
         return ConfigError(f"logit_bias {item!r} {why}")
 
+    items: list[Any]
     if isinstance(value, dict):
         items = list(value.items())
     elif isinstance(value, str):

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.fastmath import kernel, wide
+from fsd_local.kernels.fastmath import FLAGS, wide
 
 
 class Penalties(NamedTuple):
@@ -48,7 +48,7 @@ def apply_penalties(row, window, pen, counts):
         counts[t] = 0
 
 
-@kernel
+@njit(fastmath=FLAGS, error_model="numpy", cache=True)  # fastmath.kernel, spelled out for the type checker
 def apply_mask(row, n, bits):
     """row[i] = -inf for every i < n whose bit (bits: int32 words, token i at bit i % 32 of word i // 32) is 0."""
     wide()
