@@ -70,7 +70,9 @@ def main() -> None:
             sides = [(m, c) for m in modes for c in (False, True)]
             for m, c in sides[r % len(sides) :] + sides[: r % len(sides)]:
                 for who in PEOPLE:
-                    msg = [{"role": "user", "content": f"Describe {who} as JSON: name, age, city, occupation, student."}]
+                    msg = [
+                        {"role": "user", "content": f"Describe {who} as JSON: name, age, city, occupation, student."}
+                    ]
                     spent[0] = 0.0
                     out = eng.chat(msg, max_tokens=args.max_tokens, json_schema=SCHEMA if c else None, **modes[m])
                     tot = totals[(m, c)]
@@ -85,6 +87,7 @@ def main() -> None:
             "ms_per_token_free": 1000 * s0 / n0,
             "ms_per_token_json": 1000 * s1 / n1,
             "ratio": (s1 / n1) / (s0 / n0),
+            "chain_ms_per_token_free": 1000 * c0 / n0,
             "chain_ms_per_token_json": 1000 * c1 / n1,
             "chain_share_json": c1 / s1,
             "tokens_free": n0,
@@ -92,7 +95,9 @@ def main() -> None:
         }
         rows.append(row)
         print(json.dumps(row))
-    print(f"\n{'mode':<9} {'free ms/tok':>12} {'json ms/tok':>12} {'ratio':>6} {'chain ms/tok':>13} {'chain share':>12}")
+    print(
+        f"\n{'mode':<9} {'free ms/tok':>12} {'json ms/tok':>12} {'ratio':>6} {'chain ms/tok':>13} {'chain share':>12}"
+    )
     for r in rows:
         print(
             f"{r['mode']:<9} {r['ms_per_token_free']:>12.2f} {r['ms_per_token_json']:>12.2f} {r['ratio']:>6.2f} "

@@ -35,13 +35,15 @@ def apply_bias(row, ids, values):
 def apply_penalties(row, window, pen, counts):
     """Penalise the tokens of `window` (the accepted text's last tokens) in `row`, each once by its count.
     `counts` is an int32 scratch array over the vocabulary, all zero on entry and on return."""
+    n = min(row.shape[0], counts.shape[0])  # a token past either (a wider model's padding) is left alone
     for i in range(window.shape[0]):
-        counts[window[i]] += 1
+        if 0 <= window[i] < n:
+            counts[window[i]] += 1
     for i in range(window.shape[0]):
         t = window[i]
-        c = counts[t]
-        if c == 0:  # already done (a repeated token is penalised once, by its count)
+        if not 0 <= t < n or counts[t] == 0:  # outside, or already done (penalised once, by its count)
             continue
+        c = counts[t]
         x = row[t]
         x = x * np.float32(pen.repeat) if x <= 0 else x / np.float32(pen.repeat)
         row[t] = x - np.float32(c * pen.frequency + pen.presence)
