@@ -7,8 +7,8 @@ Time per token is the engine's generation time (after the prompt) over its outpu
 prompts of each side. The two sides write different text (one is JSON), so their acceptance differs in the
 speculative modes; `chain_ms_per_token` isolates the constraint's own work: the time spent in the chain's hooks
 (masks from llguidance, applying them to the rows, advancing and rolling back the matcher), measured by timing
-those methods in this script. Each repeat runs both sides of every mode in a rotating order, so a busy
-neighbour slows both alike. Prints one JSON object per mode, then a table.
+those methods in this script. The two sides of each prompt and mode run back to back, each first half the
+time, so a busy neighbour slows both alike. Prints one JSON object per mode, then a table.
 """
 
 from __future__ import annotations
@@ -67,18 +67,16 @@ def main() -> None:
     with Engine(target=str(t), draft=str(d), n_ctx=1024, n_threads=args.threads) as eng:
         eng.chat([{"role": "user", "content": "hi"}], max_tokens=4, json_schema=SCHEMA)  # tokenizer and kernels
         for r in range(args.repeats):
-            sides = [(m, c) for m in modes for c in (False, True)]
-            for m, c in sides[r % len(sides) :] + sides[: r % len(sides)]:
-                for who in PEOPLE:
-                    msg = [
-                        {"role": "user", "content": f"Describe {who} as JSON: name, age, city, occupation, student."}
-                    ]
-                    spent[0] = 0.0
-                    out = eng.chat(msg, max_tokens=args.max_tokens, json_schema=SCHEMA if c else None, **modes[m])
-                    tot = totals[(m, c)]
-                    tot[0] += out.stats["seconds_total"]
-                    tot[1] += out.stats["tokens"]
-                    tot[2] += spent[0]
+            for i, who in enumerate(PEOPLE):
+                msg = [{"role": "user", "content": f"Describe {who} as JSON: name, age, city, occupation, student."}]
+                for m in modes:
+                    for c in (False, True) if (r + i) % 2 == 0 else (True, False):  # each side first half the time
+                        spent[0] = 0.0
+                        out = eng.chat(msg, max_tokens=args.max_tokens, json_schema=SCHEMA if c else None, **modes[m])
+                        tot = totals[(m, c)]
+                        tot[0] += out.stats["seconds_total"]
+                        tot[1] += out.stats["tokens"]
+                        tot[2] += spent[0]
     rows = []
     for m in modes:
         (s0, n0, c0), (s1, n1, c1) = totals[(m, False)], totals[(m, True)]
