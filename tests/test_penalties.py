@@ -205,11 +205,14 @@ def test_bad_penalty_and_bias_settings_are_refused_with_a_clear_message(tiny_eng
         (dict(repeat_penalty=0), "repeat_penalty"),
         (dict(presence_penalty=3), "presence_penalty"),
         (dict(repeat_last_n=-2), "repeat_last_n"),
-        (dict(logit_bias=["12x3"]), "TOKEN_ID+BIAS"),
+        (dict(logit_bias=["12x3"]), r"TOKEN_ID\+BIAS"),
         (dict(logit_bias={"-4": 1}), "token id"),
-        (dict(logit_bias=["5+nan"]), "TOKEN_ID+BIAS"),
+        (dict(logit_bias=["5+nan"]), r"TOKEN_ID\+BIAS"),
     ):
         with pytest.raises(ConfigError, match=words):
             Settings(**bad)
+    s = Settings(logit_bias={"7": "-inf", 3: 1.5}, repeat_penalty=1.1, json_schema='{"type": "object"}')
+    assert s.logit_bias == ((3, 1.5), (7, -np.inf))
+    assert Settings(**s.to_dict()) == s, "to_dict (the server's fsd.settings, strict JSON) reads back"
     with pytest.raises(ConfigError, match="outside the vocabulary"):
         tiny_engine.generate("a", logit_bias=[f"{tiny_engine.n_vocab + 5}+1"], max_tokens=2)
