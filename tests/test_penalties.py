@@ -138,6 +138,7 @@ def test_greedy_sd_fsd_and_ar_write_the_same_ids_with_penalties_and_bias(tiny_en
             assert out.stats["accepted_fuzzy"] == 0
 
 
+@pytest.mark.real
 def test_greedy_identity_on_the_real_f16_pair(real_engine_f16):
     eng = real_engine_f16
     prompt = eng.chat_prompt([{"role": "user", "content": "Write a short poem about the sea and the sky."}])
