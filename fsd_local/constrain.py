@@ -64,7 +64,13 @@ def tokenizer_for(model) -> Any:
 
         with warnings.catch_warnings():  # it reads token attributes through a deprecated llama-cpp-python name
             warnings.simplefilter("ignore", DeprecationWarning)
-            tok = model._llg_tokenizer = lltokenizer_from_vocab(model.vocab)
+            try:
+                tok = model._llg_tokenizer = lltokenizer_from_vocab(model.vocab)
+            except ValueError as exc:  # e.g. a vocabulary without byte tokens: nothing can spell arbitrary text
+                raise ConfigError(
+                    f"this model's vocabulary cannot be used for a grammar or json_schema (llguidance: {exc}); "
+                    "generate without the constraint"
+                ) from None
     return tok
 
 

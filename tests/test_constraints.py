@@ -160,3 +160,45 @@ def test_bad_grammars_schemas_and_files_are_refused_clearly(tmp_path, tiny_pair)
     r = runner.invoke(cli, [*args[:-1], "40", "--grammar-file", str(tmp_path / "yn.gbnf"), "the cat"])
     assert r.exit_code == 0, r.output
     assert GBNF_RE.fullmatch(r.stdout.strip()), r.stdout
+
+
+def test_sampled_sd_under_a_grammar_follows_the_masked_target_distribution(tiny_pair, small_vocab_pair):
+    """The first token of sampled sd with a grammar: the target's distribution renormalised over the tokens the
+    grammar allows there (chi-square), and never a token outside them."""
+    from scipy import stats as sps
+
+    from fsd_local import Engine
+    from fsd_local.llama.model import Model, ModelOptions
+
+    draft, target = small_vocab_pair
+    with Engine(target=target, draft=draft, n_ctx=128, n_threads=1) as eng:  # 36 tokens, no byte tokens
+        with pytest.raises(ConfigError, match="vocabulary cannot be used for a grammar"):
+            eng.generate("the sky", grammar=GBNF, max_tokens=4)
+    draft, target = tiny_pair
+    grammar = "root ::= [a-h] [a-z]*"
+    with Engine(target=target, draft=draft, n_ctx=128, n_threads=1) as eng:
+        prompt = eng.tokenize("the sky")
+        n = eng.n_vocab
+        allowed = _allowed(Chain(Settings(grammar=grammar), [], n, eng.target).constraint.mask(0), n)
+        counts = np.zeros(n, np.int64)
+        for seed in range(2000):
+            out = eng.generate(
+                prompt, mode="sd", max_tokens=4, seed=seed, temperature=1.0, draft_max=3, grammar=grammar
+            )
+            counts[out.token_ids[0]] += 1
+    fresh = Model(ModelOptions(target, n_ctx=128, n_threads=1))
+    try:
+        fresh.decode(prompt, "last")
+        x = fresh.logits(1)[0][:n].astype(np.float64)
+    finally:
+        fresh.close()
+    assert 2 <= allowed.sum() < n / 2 and not counts[~allowed].any()
+    p = np.where(allowed, np.exp(x - x[allowed].max()), 0.0)
+    p /= p.sum()
+    expected = p * counts.sum()
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    assert sps.chisquare(obs, exp).pvalue > 1e-3
