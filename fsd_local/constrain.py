@@ -13,6 +13,7 @@ tokens pushed this round (masks are computed once per state and shared by the dr
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ def _llguidance():
     return llguidance
 
 
+@lru_cache(maxsize=32)  # Settings checks it when made, each generation compiles it again: once is enough
 def compile_grammar(grammar: str | None, json_schema: str | None) -> str:
     """llguidance's grammar for a GBNF text or a JSON schema (text), checked: a clear error names the problem."""
     llg = _llguidance()
