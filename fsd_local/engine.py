@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fsd_local.chain import Chain
 from fsd_local.conversation import fit_conversation, reply_room
 from fsd_local.drafting.proposer import Proposer
 from fsd_local.errors import FSDError
@@ -32,6 +33,7 @@ from fsd_local.kernels.accept import (
 )
 from fsd_local.kernels.budget import Budgets
 from fsd_local.kernels.names import SPECULATIVE_MODES
+from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
@@ -108,6 +110,7 @@ class Engine:
         self._lengths = self._proposer.lengths
         self._budgets = Budgets()  # the thresholds a quality budget settled on, for the next reply
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
+        warm_chain()
 
     # ------------------------------------------------------------------ public API
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -152,6 +155,7 @@ class Engine:
         if overrides:
             s = s.with_(**overrides)
         s.check_draft(self.draft is not None)
+        s.check_vocab(self.n_vocab)
         return s
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
@@ -249,6 +253,7 @@ class Engine:
             else:
                 models = [self.target]
             seq = self.prompt_tokens(prompt, models)
+            chain = self._proposer.chain = Chain(s, seq, self.n_vocab, self.target)  # penalties, bias, grammar
             n_ctx = min(m.n_ctx for m in models)
             self._proposer.reserve(s.draft_max, s.top_logprobs)
             rng = np.random.default_rng(s.seed)
@@ -305,7 +310,7 @@ class Engine:
                     out_lps.extend(lps[:n])
                     out_tops.extend(tops[:n])
                     released = text.push(b"".join(self.target.piece(t) for t in shown))
-                    if text.stopped:
+                    if text.stopped or chain.finished:  # a stop string, or the grammar is complete
                         finish = "stop"
                     stats.seconds_total = perf_counter() - t_start
                     if released or shown:
@@ -359,10 +364,13 @@ class Engine:
         tgt.synchronize()
         stats.seconds_target += perf_counter() - t
         p = tgt.logits(n_drafts + 1)
+        chain = self._proposer.chain
+        chain.target_rows(p, n_drafts)  # the same processing as the draft's rows had
         us = rng.random(n_drafts + 1) if sampling.temperature > 0 else np.zeros(n_drafts + 1)
         out = self._proposer.out
         drafts_in, budget = self._proposer.drafts, stats.budget
         accepted, nxt = accept_round(p, drafts_in, n_drafts, self.n_vocab, rule, sampling, us, out, budget)
+        chain.settle(accepted, nxt)
         stats.record_round(n_drafts, out.reason, out.divergence, out.logprob, accepted + 1, budget.loss)
         reasons = out.reason[:accepted].tolist()
         origins = [ORIGINS[r] for r in reasons] + ["target"]
@@ -385,8 +393,10 @@ class Engine:
         else:
             stats.seconds_draft += dt
         u = rng.random() if sampling.temperature > 0 else 0.0
-        out = self._proposer.out
-        tok, lp = emit_one(m.logits(1)[0], m.n_vocab, sampling, u, self._proposer.drafts.stats[0], out)
+        rows, out = m.logits(1), self._proposer.out
+        self._proposer.chain.target_rows(rows, 0)  # the same processing as every target row
+        tok, lp = emit_one(rows[0], m.n_vocab, sampling, u, self._proposer.drafts.stats[0], out)
+        self._proposer.chain.settle(0, tok)
         stats.rounds += 1
         stats.tokens += 1
         stats.target_calls += mode == AR

@@ -9,7 +9,7 @@ one entry here. A `Settings` object is validated once, when it is made, and the 
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from dataclasses import Field, asdict, dataclass, fields, replace
 from typing import Any
 
 from fsd_local.errors import ConfigError
@@ -25,6 +25,9 @@ from fsd_local.kernels.names import (
     TYPICAL_ALPHA_DEFAULT,
     TYPICAL_EPS_DEFAULT,
 )
+from fsd_local.setting_spec import Spec, check_value, field_type, json_text, parse_logit_bias, setting, spec
+
+__all__ = ["FIELDS", "Settings", "Spec", "field_type", "spec"]  # Spec and its helpers live in setting_spec.py
 
 TAU_HELP = (
     "divergence threshold for fuzzy acceptance (the one knob of every lossy mode). 0 = standard speculative "
@@ -49,43 +52,6 @@ DIVERGENCE_HELP = (
     "topk-js/topk-kl/topk-tv over the target's top-k tokens + one rest bin, paper-js (the reference "
     "code's JS formula, to reproduce the paper's taus)"
 )
-
-
-@dataclass(frozen=True)
-class Spec:
-    """How one setting is checked and exposed. Bounds are inclusive unless marked open."""
-
-    help: str
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    choices: tuple[str, ...] | None = None
-    cli: str | None = None  # the flag; None = not on the command line
-    http: bool = True  # a field of the OpenAI API's request body
-    chat: str | None = None  # the slash command that sets it in `fsd-local chat`
-    metavar: str | None = None
-    kind: type | None = None  # the type of a setting whose default is None (None = off)
-    # (other setting, its off value, this setting's off value): setting this one on turns the other off (with_)
-    sets_aside: tuple[str, Any, Any] | None = None
-    chat_default: float | None = None  # `fsd-local chat`'s default, where it differs (README, "Chat defaults")
-
-    def range_text(self) -> str:
-        lo = "" if self.lo is None else f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
-        hi = "" if self.hi is None else f"{'<' if self.hi_open else '<='} {_num(self.hi)}"
-        return " and ".join(x for x in (lo, hi) if x)
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
-
-
-def setting(default: Any, help: str, **spec: Any) -> Any:
-    """A Settings field: its default and its Spec (help, range, exposure)."""
-    meta = {"spec": Spec(help=help, **spec)}
-    if isinstance(default, tuple):
-        return field(default_factory=lambda: default, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -215,6 +181,64 @@ class Settings:
     ignore_eos: bool = setting(
         False, "keep going past end-of-generation tokens (benchmarks of a fixed length)", cli="--ignore-eos", http=False
     )
+    # the sampling chain (fsd_local/chain.py): the same processing on the draft's and the target's rows
+    repeat_penalty: float = setting(
+        1.0,
+        "divide the logit of each token seen in the last --repeat-last-n tokens by this when positive, multiply "
+        "when negative (llama.cpp's repeat penalty; 1 = off)",
+        lo=0,
+        lo_open=True,
+        cli="--repeat-penalty",
+        chat="repeat",
+    )
+    repeat_last_n: int = setting(
+        64,
+        "how many of the text's last tokens (prompt and reply) the penalties look at (0 = off, -1 = all)",
+        lo=-1,
+        cli="--repeat-last-n",
+    )
+    presence_penalty: float = setting(
+        0.0,
+        "lower the logit of every token seen in the window by this (OpenAI's presence_penalty)",
+        lo=-2,
+        hi=2,
+        cli="--presence-penalty",
+        chat="presence",
+    )
+    frequency_penalty: float = setting(
+        0.0,
+        "lower the logit of each token seen in the window by this times its count (OpenAI's frequency_penalty)",
+        lo=-2,
+        hi=2,
+        cli="--frequency-penalty",
+        chat="frequency",
+    )
+    logit_bias: tuple[tuple[int, float], ...] = setting(
+        (),
+        "add BIAS to the logit of token TOKEN_ID, e.g. 15043+1 or 15043-inf (bans it); repeatable. API: a "
+        "{token_id: bias} object, as OpenAI's logit_bias",
+        cli="--logit-bias",
+        metavar="TOKEN_ID(+|-)BIAS",
+        parse=lambda v: parse_logit_bias(v),
+    )
+    grammar: str | None = setting(
+        None,
+        "a GBNF grammar (llama.cpp's format) the reply must follow; on the command line, the file holding it",
+        kind=str,
+        cli="--grammar-file",
+        cli_file=True,
+        metavar="FILE",
+    )
+    json_schema: str | None = setting(
+        None,
+        "a JSON schema the reply must be an instance of (a JSON object or its text); on the command line, the "
+        "file holding it",
+        kind=str,
+        cli="--json-schema",
+        cli_file=True,
+        metavar="FILE",
+        parse=lambda v: json_text(v),
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -222,7 +246,10 @@ class Settings:
         if isinstance(self.stop, list):
             object.__setattr__(self, "stop", tuple(self.stop))
         for f in fields(self):
-            _check(f, getattr(self, f.name))
+            parse = spec(f).parse
+            if parse is not None and getattr(self, f.name) is not None:
+                object.__setattr__(self, f.name, parse(getattr(self, f.name)))
+            check_value(f, getattr(self, f.name))
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
         if self.draft_min > self.draft_max:
             raise ConfigError(f"draft_min={self.draft_min} must be <= draft_max ({self.draft_max})")
@@ -248,6 +275,19 @@ class Settings:
                 "logprobs are the target's log-probabilities, and mode draft-only does not run the target; "
                 "use another mode or leave logprobs off"
             )
+        self._check_constraint()
+
+    def _check_constraint(self) -> None:
+        """A grammar or a schema (not both), compiled now so that a bad one is refused before any generation."""
+        if self.grammar is None and self.json_schema is None:
+            return
+        if self.grammar is not None and self.json_schema is not None:
+            raise ConfigError("give a grammar or a json_schema, not both")
+        if self.ignore_eos:
+            raise ConfigError("ignore_eos cannot be combined with a grammar or a json_schema (the reply ends with it)")
+        from fsd_local.constrain import compile_grammar  # llguidance, only when a constraint is given
+
+        compile_grammar(self.grammar, self.json_schema)
 
     # ---------------------------------------------------------------- derived
     @property
@@ -276,9 +316,17 @@ class Settings:
                 changes[aside[0]] = aside[1]
         return replace(self, **changes)
 
+    def check_vocab(self, n_vocab: int) -> None:
+        """Token ids the settings name must be in the model's vocabulary."""
+        for t, _ in self.logit_bias:
+            if t >= n_vocab:
+                raise ConfigError(f"logit_bias names token {t}, outside the vocabulary (ids 0..{n_vocab - 1})")
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stop"] = list(self.stop)
+        # OpenAI's {token id: bias} form, strict JSON (a ban is the text "-inf"); Settings(**d) reads it back
+        d["logit_bias"] = {str(t): (b if math.isfinite(b) else "-inf") for t, b in self.logit_bias}
         return d
 
 
@@ -287,56 +335,6 @@ ALIASES = {"topk": "divergence_topk"}  # old names still accepted
 
 def _aliases(changes: dict[str, Any]) -> dict[str, Any]:
     return {ALIASES.get(k, k): v for k, v in changes.items()}
-
-
-def spec(f: Field) -> Spec:
-    return f.metadata["spec"]
-
-
-def field_type(f: Field) -> type:
-    """The Python type a field holds (None allowed for seed): float, int, bool, str or tuple."""
-    if f.default is not MISSING:
-        default = f.default
-    else:
-        factory = f.default_factory
-        assert callable(factory), f"setting {f.name} has neither a default nor a default factory"
-        default = factory()
-    kind = spec(f).kind
-    return kind if kind is not None else type(default)
-
-
-def _check(f: Field, value: Any) -> None:
-    name, s, kind = f.name, spec(f), field_type(f)
-
-    def bad(why: str) -> None:
-        raise ConfigError(f"{name}={value!r} {why}")
-
-    if value is None and f.name in OPTIONAL:
-        return
-    if kind is bool:
-        if not isinstance(value, bool):
-            bad("must be true or false")
-        return
-    if kind is tuple:
-        if not all(isinstance(v, str) for v in value):
-            bad("must be strings")
-        return
-    if kind is str:
-        if value not in (s.choices or ()):
-            bad(f"is not a {name}; choose one of {', '.join(s.choices or ())}")
-        return
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        bad(f"must be an integer {s.range_text()}".rstrip())
-    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-        bad("must be a finite number")
-    too_low = s.lo is not None and (value <= s.lo if s.lo_open else value < s.lo)
-    too_high = s.hi is not None and (value >= s.hi if s.hi_open else value > s.hi)
-    if too_low or too_high:
-        hint = {
-            "tau": " (0 = lossless speculative decoding; larger accepts more draft tokens)",
-            "temperature": " (0 = greedy)",
-        }.get(name, "")
-        bad(f"must be {s.range_text()}{hint}")
 
 
 # `fsd-local serve`: requests that may wait behind the running one before more get 503 (README, "The server

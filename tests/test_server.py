@@ -210,7 +210,7 @@ def too_long():
         ("/v1/completions", too_long(), 400, "prompt"),
         ("/v1/completions", {"model": "m", "prompt": [99999]}, 400, "prompt"),
         ("/v1/completions", {"model": "m", "prompt": ["a", "b"]}, 400, "prompt"),
-        ("/v1/completions", {"model": "m", "prompt": "a", "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ("/v1/completions", {"model": "m", "prompt": "a", "presence_penalty": 2.5}, 400, "presence_penalty"),
     ],
 )
 def test_bad_requests_get_openai_error_bodies(server, path, body, status, param):

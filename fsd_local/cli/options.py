@@ -52,6 +52,18 @@ def _int_bound(x: float | None) -> int | None:
     return None if x is None else int(x)
 
 
+def _read_text(ctx, param, value: str | None) -> str | None:
+    """A setting given as a file (--grammar-file, --json-schema): the file's text, or a usage error naming it."""
+    if value is None:
+        return None
+    try:
+        with open(value, encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise click.BadParameter(f"cannot read {value!r}: {why}") from None
+
+
 def _setting_option(f, chat: bool = False) -> Callable:
     """The click option of one Settings field (with `fsd-local chat`'s default if `chat`). Numbers are parsed by
     click and range-checked by Settings (one validation, one message for CLI, API and chat alike); integers also
@@ -65,7 +77,10 @@ def _setting_option(f, chat: bool = False) -> Callable:
     if kind is bool:
         return click.option(cli, f.name, is_flag=True, help=s.help)
     if kind is tuple:
-        return click.option(cli, f.name, multiple=True, help=s.help)
+        return click.option(cli, f.name, multiple=True, metavar=s.metavar, help=s.help)
+    if s.cli_file:
+        path = click.Path(dir_okay=False)
+        return click.option(cli, f.name, type=path, callback=_read_text, metavar=s.metavar, help=s.help)
     if s.choices:
         return click.option(cli, f.name, type=click.Choice(s.choices), default=default, show_default=True, help=s.help)
     if kind is int:

@@ -7,6 +7,7 @@ from time import perf_counter
 
 import numpy as np
 
+from fsd_local.chain import Chain
 from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
 from fsd_local.kernels.accept import Drafts, RoundOut, round_out
@@ -23,6 +24,7 @@ class Proposer:
     def __init__(self, draft: Model | None, n_vocab: int, k: int) -> None:
         self.draft, self.n_vocab = draft, n_vocab
         self.lengths = DraftLength()  # measured costs and acceptance: how many tokens a round should draft
+        self.chain = Chain(Settings(), [], n_vocab)  # the generation's logit processing (the engine sets it per call)
         self.ngram: NgramDrafter | None = None
         self._catch_up_seconds = 0.0
         self._k_alloc = 0
@@ -65,6 +67,7 @@ class Proposer:
             if tokens and not k:
                 self.lengths.shadow(source, tokens, len(seq))
             del tokens[k:]
+            self.chain.admit(tokens)  # only what the grammar allows
             if tokens or s.drafter == "ngram":
                 self._one_hot(tokens)
                 dt = perf_counter() - t
@@ -109,6 +112,7 @@ class Proposer:
         n = 0
         for i in range(k):
             q[i, :nv] = d.logits(1)[0, :nv]
+            self.chain.draft_row(q[i], i)
             tok, p_tok, p_top = pick(
                 q[i], nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], self.drafts.stats[i], s.draft_p_min > 0
             )
@@ -118,6 +122,8 @@ class Proposer:
             self.drafts.prob[i] = p_tok
             self.drafts.onehot[i] = 0
             n = i + 1
+            if not self.chain.push(tok):  # the grammar is complete: only the end of the reply may follow
+                break
             if n < k:
                 t = perf_counter()
                 d.decode([int(tok)], "last")

@@ -1,9 +1,9 @@
 """The OpenAI wire format: request bodies -> engine arguments, engine results -> response and chunk objects.
 
 Requests are validated strictly (a string where a number belongs is an error, not coerced), unknown fields are
-ignored like other local servers do, and fields whose meaning fsd-local cannot honour (n > 1, penalties, tools,
-...) are refused unless they hold their neutral value: a client asking for them must not silently get
-something else. Every refusal is an `APIError` that renders as OpenAI's error body.
+ignored like other local servers do, and fields whose meaning fsd-local cannot honour (n > 1, tools, ...) are
+refused unless they hold their neutral value: a client asking for them must not silently get something else.
+Every refusal is an `APIError` that renders as OpenAI's error body.
 """
 
 from __future__ import annotations
@@ -87,9 +87,8 @@ class _Request(_SettingFields):
     best_of: int | None = None
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, Any] | None = None
+    logit_bias: dict[str, Any] | None = None  # {token id: bias}, as OpenAI's (Settings reads this form too)
+    json_schema: dict[str, Any] | str | None = None  # llama.cpp's server field; response_format is OpenAI's
     tools: list[Any] | None = None
     functions: list[Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -132,9 +131,6 @@ def _refuse_unsupported(req: _Request) -> None:
         if getattr(req, name) not in (None, 1):
             refuse(name, "one completion per request (send several requests)")
     for name in (
-        "frequency_penalty",
-        "presence_penalty",
-        "logit_bias",
         "tools",
         "functions",
         "echo",
@@ -142,8 +138,32 @@ def _refuse_unsupported(req: _Request) -> None:
     ):
         if getattr(req, name):  # None, 0, False, empty: the neutral value, accepted
             refuse(name, "leave it unset")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        refuse("response_format", "only plain text output")
+    kind = (req.response_format or {}).get("type", "text")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise APIError(
+            400,
+            f"response_format.type {kind!r} is not one of text, json_object, json_schema",
+            param="response_format",
+            code="invalid_value",
+        )
+
+
+def _response_schema(req: _Request) -> Any:
+    """The JSON schema response_format asks for (None: plain text): json_object is any object."""
+    fmt = req.response_format or {}
+    if fmt.get("type") == "json_object":
+        return {"type": "object"}
+    if fmt.get("type") == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise APIError(
+                400,
+                "response_format.json_schema.schema must be a JSON schema object",
+                param="response_format",
+                code="invalid_value",
+            )
+        return schema
+    return None
 
 
 def settings_for(engine: Engine | Supervisor, req: ChatRequest | CompletionRequest) -> Settings:
@@ -154,6 +174,9 @@ def settings_for(engine: Engine | Supervisor, req: ChatRequest | CompletionReque
     if given["max_tokens"] is None:
         del given["max_tokens"]
     given.update(_logprob_settings(req))
+    schema = _response_schema(req)
+    if schema is not None:
+        given["json_schema"] = schema
     try:
         merged: Settings = engine.defaults.with_(**given)
     except ConfigError as exc:
@@ -162,6 +185,10 @@ def settings_for(engine: Engine | Supervisor, req: ChatRequest | CompletionReque
         merged.check_draft(engine.draft is not None)
     except ConfigError as exc:
         raise APIError(400, str(exc), param="mode", code="invalid_value") from None
+    try:
+        merged.check_vocab(engine.n_vocab)
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param="logit_bias", code="invalid_value") from None
     return merged
 
 
