@@ -238,6 +238,8 @@ class Engine:
                     evaluated = self._prefill(m, seq, cancel)
                     if m is models[0]:
                         stats.prompt_evaluated = evaluated
+                if speculative and s.draft_policy == "auto":  # the target's cost per batch size, measured once
+                    self._proposer.calibrate(self.target, seq, s.draft_max + 1)
                 stats.prompt_seconds = perf_counter() - t0
                 t_start = perf_counter()
                 lengths = self._lengths

@@ -120,7 +120,7 @@ class Settings:
         chat="drafter",
     )
     draft_policy: str = setting(
-        "fixed",
+        "auto",
         "how many tokens a round drafts: fixed (--draft-max), adaptive (+2 after a "
         "fully accepted round, -1 after a rejection), auto (the k in 0..--draft-max that "
         "maximises the measured tokens per second; 0 = a plain target step)",
@@ -129,7 +129,7 @@ class Settings:
         chat="policy",
     )
     draft_max: int = setting(
-        4,
+        16,
         "tokens drafted per round (k; the upper bound of the adaptive and auto policies)",
         lo=1,
         hi=64,

@@ -44,7 +44,7 @@ class Config:
     def settings(self, max_tokens: int, seed: int) -> dict:
         s = {"mode": self.mode, "temperature": self.temperature, "max_tokens": max_tokens, "seed": seed}
         if self.draft_max is not None:
-            s.update(draft_max=self.draft_max, drafter=self.drafter or "model", draft_policy=self.policy or "fixed")
+            s.update(draft_max=self.draft_max, drafter=self.drafter or "model", draft_policy=self.policy or "auto")
         if self.tau is not None:
             s["tau"] = self.tau
         if self.divergence is not None:
@@ -53,7 +53,7 @@ class Config:
 
 
 def build_configs(
-    modes, divergences, taus, draft_maxes, temperatures, drafters=("model",), policies=("fixed",)
+    modes, divergences, taus, draft_maxes, temperatures, drafters=("model",), policies=("auto",)
 ) -> list[Config]:
     """Every combination the axes make, without multiplying modes over axes they ignore; the ar and sd
     baselines come first at each temperature whether listed or not (sd once per drafter, policy and k)."""
