@@ -604,7 +604,7 @@ def test_settings_changed_softens_acceptance_and_keeps_costs():
     assert sum(cm._seen) <= 0.1 * sum(same._seen) + 1e-9  # the evidence shrank, its estimate did not move
     assert cm.verify.curve(7) == v_before
     # a few rounds under the new settings (tau lowered: much lower acceptance) take over
-    for _ in range(5):
+    for _ in range(8):
         cm.observe_acceptance(6, 0)
     assert cm.acceptance()[0] < 0.4
     for _ in range(10):
@@ -616,7 +616,7 @@ def test_settings_changed_softens_acceptance_and_keeps_costs():
 
 
 def test_acceptance_counts_only_reached_positions():
-    cm = CostModel(4, accept_prior_weight=1e-9)
+    cm = CostModel(4, accept_prior_weight=1e-9, position_weight=1e-9)
     cm.observe_acceptance(4, 1)  # position 1 passed, 2 failed, 3 and 4 never reached
     a = cm.acceptance()
     assert a[0] == pytest.approx(1.0) and a[1] == pytest.approx(0.0, abs=1e-6)

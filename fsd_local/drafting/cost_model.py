@@ -52,8 +52,9 @@ from __future__ import annotations
 import math
 
 ACCEPT_PRIOR_FIRST = 0.7
-ACCEPT_PRIOR_DECAY = 0.95
-ACCEPT_PRIOR_WEIGHT = 2.0
+ACCEPT_PRIOR_DECAY = 0.98
+ACCEPT_PRIOR_WEIGHT = 6.0  # rounds of evidence the cold-start prior is worth in the pooled rate
+POSITION_WEIGHT = 8.0  # rounds of evidence the pooled rate is worth at each position
 VERIFY_SLOPE_PRIOR = 0.3
 FORGET_WEIGHT = 0.01  # a batch size's evidence below this weight is dropped (its shape may no longer hold)
 MODEL_DRAFT_COST_PRIOR = 0.3  # seconds per draft token / seconds of one target decode, before measuring
@@ -184,6 +185,7 @@ class CostModel:
         accept_prior_first: float = ACCEPT_PRIOR_FIRST,
         accept_prior_decay: float = ACCEPT_PRIOR_DECAY,
         accept_prior_weight: float = ACCEPT_PRIOR_WEIGHT,
+        position_weight: float = POSITION_WEIGHT,
         probe_every: int = 16,
         probe_max: int = 64,
         probe_k: int = 2,
@@ -196,6 +198,7 @@ class CostModel:
         self.accept_prior_first = accept_prior_first
         self.accept_prior_decay = accept_prior_decay
         self.accept_prior_weight = accept_prior_weight
+        self.position_weight = position_weight
         self.draft_cost_prior = draft_cost_prior
         self.probe_every = probe_every
         self.probe_max = probe_max
@@ -292,7 +295,7 @@ class CostModel:
         for j in range(self.k_max):
             cold = self.accept_prior_first * self.accept_prior_decay**j
             pooled = (acc_all + w0 * cold) / (seen_all + w0)
-            out.append((self._acc[j] + w0 * pooled) / (self._seen[j] + w0))
+            out.append((self._acc[j] + self.position_weight * pooled) / (self._seen[j] + self.position_weight))
         return out
 
     def draft_seconds_per_token(self) -> float:

@@ -36,7 +36,7 @@ from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, Ver
 Source = tuple[str, int]
 
 K_LIMIT = 64  # settings' largest draft_max
-PROBE_SHARE = 0.02  # of generation time that re-probing a model drafter may cost
+PROBE_SHARE = 0.05  # of generation time that re-probing a model drafter may cost
 CATCH_UP_PRIOR = 0.5  # a catch-up batch's seconds per token / a drafted token's, before measuring
 # a drafting round leaves the draft model at most this many tokens behind the text (the last draft it did not
 # evaluate and the target's token); more means it skipped rounds and must catch up first
