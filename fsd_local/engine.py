@@ -322,7 +322,9 @@ class Engine:
         t = perf_counter()
         tgt.decode(pending + drafts, f"from:{len(pending) - 1}")
         tgt.synchronize()
-        stats.seconds_target += perf_counter() - t
+        dt = perf_counter() - t
+        stats.seconds_target += dt
+        stats.record_verify(len(pending) + n_drafts, dt)
         p = tgt.logits(n_drafts + 1)
         us = rng.random(n_drafts + 1) if sampling.temperature > 0 else np.zeros(n_drafts + 1)
         out = self._proposer.out
@@ -332,12 +334,14 @@ class Engine:
 
     def _plain_step(self, m: Model, seq, sampling, rng, stats, mode):
         """The baselines: one token from one model (target for ar, draft for draft-only)."""
+        todo = seq[len(m.tokens) :]
         t = perf_counter()
-        m.decode(seq[len(m.tokens) :], "last")
+        m.decode(todo, "last")
         m.synchronize()
         dt = perf_counter() - t
         if mode == AR:
             stats.seconds_target += dt
+            stats.record_verify(len(todo), dt)
             self._lengths.observe(None, 0, 0, 0.0, dt)
         else:
             stats.seconds_draft += dt

@@ -33,11 +33,14 @@ class Result:
         return self.tokens / self.seconds
 
 
-def run_auto(depths, costs: Costs, n_tokens: int, k_max: int = 16, lengths: DraftLength | None = None, **settings):
-    """depths[i]: how many leading drafts the target accepts at text position i (a trace); one reply."""
+def run_auto(
+    depths, costs: Costs, n_tokens: int, k_max: int = 16, lengths: DraftLength | None = None, calibrate: bool = True
+):
+    """depths[i]: how many leading drafts the target accepts at text position i (a trace); one reply.
+    calibrate: time every batch size first, as the engine does (False: learn only the sizes used)."""
     dl = lengths or DraftLength()
-    dl.start(Settings(draft_policy="auto", draft_max=k_max, **settings))
-    for n in range(1, k_max + 2):  # the engine's calibration
+    dl.start(Settings(draft_policy="auto", draft_max=k_max))
+    for n in range(1, k_max + 2) if calibrate else ():  # the engine's calibration
         if not dl.verify.measured_at(n):
             dl.verify.observe(n, costs.v(n))
     res, behind = Result(), 2

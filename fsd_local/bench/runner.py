@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fsd_local.bench.oracle import oracle, verify_curve
 from fsd_local.bench.prompts import Prompt
 from fsd_local.errors import ConfigError
 from fsd_local.kernels.names import DIVERGENCE_MODES, DIVERGENCES, MODES, TAU_MODES
@@ -44,7 +45,7 @@ class Config:
     def settings(self, max_tokens: int, seed: int) -> dict:
         s = {"mode": self.mode, "temperature": self.temperature, "max_tokens": max_tokens, "seed": seed}
         if self.draft_max is not None:
-            s.update(draft_max=self.draft_max, drafter=self.drafter or "model", draft_policy=self.policy or "auto")
+            s.update(draft_max=self.draft_max, drafter=self.drafter or "model", draft_policy=self.policy or "fixed")
         if self.tau is not None:
             s["tau"] = self.tau
         if self.divergence is not None:
@@ -235,6 +236,7 @@ def summarise(data: BenchData) -> list[dict]:
     """One row per configuration: the JSON objects of `bench --json`."""
     tps = [throughput_by_repeat(runs, data.repeats) for runs in data.runs]
     index = {c: i for i, c in enumerate(data.configs)}
+    curve = verify_curve(data.runs, max((c.draft_max or 0 for c in data.configs), default=0) + 1)
     rows = []
     for ci, (c, runs) in enumerate(zip(data.configs, data.runs)):
         ar = index[Config("ar", c.temperature)]
@@ -272,6 +274,7 @@ def summarise(data: BenchData) -> list[dict]:
             "accuracy": None,
             "time_share": {k: _div(v, total) for k, v in secs.items()},
             "k_histogram": _k_histogram(runs),
+            **_oracle_fields(oracle(runs, curve) if c.draft_max else None),
             "plain_tokens_per_second_est": median([run.stats.get("plain_tokens_per_second_est") for run in runs]),
             "speedup_vs_plain_est": median([run.stats.get("speedup_vs_plain_est") for run in runs]),
             "prompt_seconds_mean": _sum(runs, "prompt_seconds") / len(runs),
@@ -289,6 +292,15 @@ def summarise(data: BenchData) -> list[dict]:
             row["accuracy"] = sum(graded) / len(graded)
         rows.append(row)
     return rows
+
+
+def _oracle_fields(o: dict | None) -> dict:
+    """The best fixed k with this configuration's acceptance and the bench's costs (bench/oracle.py)."""
+    return {
+        "oracle_k": o["k"] if o else None,
+        "oracle_tokens_per_second": o["tokens_per_second"] if o else None,
+        "oracle_tokens_per_second_by_k": o["by_k"] if o else [],
+    }
 
 
 def _k_histogram(runs: list[Run]) -> list[int]:
@@ -340,6 +352,12 @@ TABLE_COLUMNS = (
     ("task", 4, lambda r: _f(r["accuracy"], ".0%")),
     ("draft/target/other", 18, lambda r: "/".join(_f(r["time_share"][k], ".0%") for k in ("draft", "target", "other"))),
     ("front", 5, lambda r: _front(r)),
+    (
+        "oracle k: tok/s",
+        15,
+        lambda r: f"{r['oracle_k']}: {r['oracle_tokens_per_second']:.1f}" if r["oracle_k"] is not None else "-",
+    ),
+    ("k histogram (0..)", 24, lambda r: " ".join(map(str, r["k_histogram"])) if r["draft_policy"] == "auto" else "-"),
     ("accept by position", 0, lambda r: " ".join(f"{a:.0%}" for a in r["acceptance_by_position"])),
 )
 
