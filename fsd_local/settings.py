@@ -186,7 +186,7 @@ class Settings:
             raise ConfigError(f"draft_min={self.draft_min} must be <= draft_max ({self.draft_max})")
         if self.ngram_min > self.ngram_max:
             raise ConfigError(f"ngram_min={self.ngram_min} must be <= ngram_max ({self.ngram_max})")
-        if self.adaptive and self.draft_policy == "fixed":  # the old flag is an alias of the policy
+        if self.adaptive and self.draft_policy != "adaptive":  # the old flag is an alias of the policy
             object.__setattr__(self, "draft_policy", "adaptive")
         object.__setattr__(self, "adaptive", self.draft_policy == "adaptive")
 
@@ -207,6 +207,8 @@ class Settings:
         unknown = set(changes) - NAMES
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(NAMES))}")
+        if changes.get("draft_policy") is not None and changes.get("adaptive") is None:
+            changes["adaptive"] = changes["draft_policy"] == "adaptive"  # the policy named wins over the old flag
         return replace(self, **{k: v for k, v in changes.items() if v is not None or k == "seed"})
 
     def to_dict(self) -> dict[str, Any]:

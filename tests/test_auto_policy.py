@@ -175,3 +175,25 @@ def test_x_plain_only_from_a_measured_plain_step(tiny_pair):
         assert [n for n, _, _ in out.stats["verify_by_batch"]] == sorted(
             {n for n, _, _ in out.stats["verify_by_batch"]}
         )
+
+
+def test_settings_seen_before_get_their_evidence_back():
+    """A bench alternates configurations on one engine (a chat may switch tau back and forth): the acceptance
+    learned under each set of settings is kept for it, not discounted at every switch; new settings start from
+    the current evidence, discounted; the target's costs are shared by all."""
+    from fsd_local.drafting.length import DraftLength
+
+    dl = DraftLength()
+    dl.start(Settings(mode="fsd", tau=0.2, draft_policy="auto"))
+    for _ in range(30):
+        dl.observe(MODEL, 4, 4, 0.01, 0.05)
+    high = dl.cost(MODEL).acceptance()
+    dl.start(Settings(mode="sd", draft_policy="auto"))
+    assert sum(dl.cost(MODEL)._seen) < 0.2 * 30 * 4  # new settings: the old evidence, discounted
+    for _ in range(30):
+        dl.observe(MODEL, 4, 0, 0.01, 0.05)
+    low = dl.cost(MODEL).acceptance()
+    dl.start(Settings(mode="fsd", tau=0.2, draft_policy="auto"))
+    assert dl.cost(MODEL).acceptance() == pytest.approx(high)  # its own evidence back, untouched
+    assert low[0] < 0.2 < 0.9 < high[0]
+    assert dl.cost(MODEL).verify is dl.verify

@@ -49,6 +49,7 @@ once (to either model, or to the shared VerifyCost directly).
 
 from __future__ import annotations
 
+import copy
 import math
 
 ACCEPT_PRIOR_FIRST = 0.7
@@ -231,6 +232,12 @@ class CostModel:
             self._seen += [0.0] * extra
         self.k_histogram += [0] * (k_max + 1 - len(self.k_histogram))
         self.k_max = k_max
+
+    def fork(self) -> CostModel:
+        """A copy with its own acceptance evidence and choices, sharing this one's target costs (`verify`)."""
+        new = copy.copy(self)
+        new._acc, new._seen, new.k_histogram = list(self._acc), list(self._seen), list(self.k_histogram)
+        return new
 
     def settings_changed(self, keep: float = 0.1) -> None:
         """Acceptance depends on tau, mode, divergence and temperature: keep only `keep` of its evidence (so a

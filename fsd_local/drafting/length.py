@@ -48,6 +48,7 @@ class DraftLength:
         self.verify = VerifyCost(K_LIMIT + 1)
         self.costs: dict[Source, CostModel] = {}
         self._acceptance_key: tuple | None = None
+        self._by_key: dict[tuple, dict[Source, CostModel]] = {}  # the evidence gathered under other settings
         self.probe_budget = 0.0  # seconds that re-probing the model drafter may still spend
         self._catch_up_mean, self._catch_up_weight = 0.0, 0.0  # seconds per token the draft model catches up
         self.policy, self.k, self.k_min, self.k_max = "fixed", 4, 1, 4
@@ -66,8 +67,15 @@ class DraftLength:
             settings.relaxed_k,
         )
         if self._acceptance_key is not None and key != self._acceptance_key:
-            for cm in self.costs.values():
-                cm.settings_changed()
+            # settings seen before get their own evidence back (a bench alternating configurations, a chat
+            # switching tau back and forth); new ones start from the current evidence, discounted
+            self._by_key[self._acceptance_key] = self.costs
+            known = self._by_key.get(key)
+            if known is None:
+                known = {source: cm.fork() for source, cm in self.costs.items()}
+                for cm in known.values():
+                    cm.settings_changed()
+            self.costs = known
         self._acceptance_key = key
         self.probe_budget = 0.0  # each generation earns its own probes: one that ran long must not pay for another
         self._shadow = None
