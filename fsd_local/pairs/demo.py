@@ -122,13 +122,14 @@ def demo_pair(directory: str | os.PathLike | None = None, progress=None, precisi
 
         target = directory / "SmolLM2-135M-Instruct-wide-32L-1920.Q8_0.gguf"
         if not target.exists():
-            size = estimate_bytes(source, WIDE_BLOCKS, **WIDE_SHAPE)
+            width, ffn = WIDE_SHAPE["width"], WIDE_SHAPE["ffn"]
+            size = estimate_bytes(source, WIDE_BLOCKS, width, ffn)
             if progress:
                 progress(
                     f"writing the wide demo target (once, {size / 1e9:.2f} GB; the build needs about twice that "
                     f"free for a minute) to {target} ..."
                 )
-            widen(source, target, WIDE_BLOCKS, **WIDE_SHAPE)
+            widen(source, target, WIDE_BLOCKS, width, ffn)
         return source, target
     if precision == "q4_1":
         draft, target = source, directory / "SmolLM2-135M-Instruct-upscaled-44L.Q4_1.gguf"
