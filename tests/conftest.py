@@ -70,7 +70,7 @@ def real_engine_f16(real_pair_f16):
     from fsd_local import Engine
 
     d, t = real_pair_f16
-    with Engine(target=t, draft=d, n_ctx=1024, n_threads=2) as eng:
+    with Engine(target=t, draft=d, n_ctx=1024, n_threads=2, draft_policy="fixed", draft_max=4) as eng:
         yield eng
 
 
@@ -79,7 +79,7 @@ def real_engine(real_pair):
     from fsd_local import Engine
 
     d, t = real_pair
-    with Engine(target=t, draft=d, n_ctx=1024, n_threads=2) as eng:
+    with Engine(target=t, draft=d, n_ctx=1024, n_threads=2, draft_policy="fixed", draft_max=4) as eng:
         yield eng
 
 
