@@ -11,28 +11,35 @@ c_round: optional fixed seconds per round (the loop's own overhead). k = 0 is a 
 Why each estimate is built the way it is:
 - Everything decays exponentially per observation, so the policy follows the text (code being copied accepts
   far more than free prose) and the machine (other jobs come and go).
-- v(n) is a per-n decayed mean where n was measured, used as measured: llama.cpp's CPU matmul kernels work in
-  tiles of 4 and 8 rows, so a batch of 8 can cost what a batch of 5 costs (measured on a padded 1.4 GB Q8_0
-  target, 2 threads: n = 4: 225 ms, 5: 303, 7: 355, 8: 312). Smoothing the curve, or forcing it to grow with
-  n, would hide exactly the batches worth paying for. Between measured sizes it interpolates linearly; beyond
-  them it follows a weighted line a + b (n - 1) fitted through all measured n (b >= 0; with a single measured
-  n the slope comes from a prior, b = 0.3 a). The engine measures the whole curve once (`calibrate` in
-  proposer.py: one timed decode of every batch size 1..k_max + 1 at the first use of auto), so the policy
-  never has to guess a size it could use, and every round refines the sizes it uses.
+- v(n) is measured per batch size and used as measured: llama.cpp's CPU matmul kernels work in tiles of 4 and 8
+  rows, so a batch of 8 can cost what a batch of 5 costs (measured on a padded 1.4 GB Q8_0 target, 2 threads:
+  n = 4: 225 ms, 5: 303, 7: 355, 8: 312). Smoothing the curve, or forcing it to grow with n, would hide exactly
+  the batches worth paying for. Between measured sizes it interpolates linearly; beyond them it follows a
+  weighted line a + b (n - 1) fitted through all measured n (b >= 0; with a single measured n the slope comes
+  from a prior, b = 0.3 a). The engine measures the whole curve once (`calibrate` in proposer.py: one timed
+  decode of every batch size 1..k_max + 1 at the first use of auto), so the policy never has to guess a size it
+  could use, and every round refines the size it used. The load changes (other jobs come and go) while only
+  one size is in use, so v(n) = level x shape(n): the level follows every decode within ~10 decodes, the
+  shape (each size relative to the others) changes slowly, and a size unused for ~450 decodes is forgotten.
 - Using the batch it pays for: because rate(k) is evaluated on every k with the measured v(k + 1), a k whose
   batch is cheap for its size wins by itself: when v(5) = v(8), drafting 7 tokens costs three draft tokens
   more than drafting 4 and earns E(7) - E(4) more tokens, so with good acceptance the policy drafts up to the
   next efficient size instead of stopping at the k its acceptance alone would suggest.
-- a_j are decayed counts per position, shrunk toward the pooled rate of all positions, itself shrunk toward a
-  cold-start prior (0.7 at position 1, x0.95 per position) worth a couple of rounds. Positions beyond the k in
-  use are never reached; their stale counts fade and they take the pooled rate, so when the positions in use
-  accept well the policy tries longer drafts.
+- a_j are decayed counts per position, shrunk toward the pooled rate of all positions (worth 8 rounds at each
+  position), itself shrunk toward a cold-start prior (0.7 at position 1, x0.98 per position) worth 6 rounds.
+  Positions beyond the k in use are never reached; their stale counts fade and they take the pooled rate, so
+  when the positions in use accept well the policy tries longer drafts. The weights are what keeps an unlucky
+  start from deciding a reply: with a prior worth 2 rounds, two rejections in the first two rounds (6% of
+  replies for a pair that accepts 0.75) put a_1 near 0.3 and the policy into plain steps, where no probe
+  was affordable for the rest of the reply (the issue's k histogram [63, 1]); a deep position seen rejected
+  once, with little weight toward the pooled rate, kept k below the best for the rest of a short session.
 - Before anything is measured the priors alone are used, in units of one target decode (only ratios matter), so
   the first round is already a sensible guess (k ~ 2 for a free drafter) rather than a wasted probe.
 - k = 0 measures nothing about drafting, so a policy that settled there would never see conditions improve:
   after `probe_every` rounds at k = 0 it tries k = `probe_k` once; each probe that changes nothing doubles the
-  wait (up to `probe_max`), so failed probes cost ~1-2% of the time; a probe that accepted a larger share than
-  the current estimate, or any round that chooses k > 0, resets the wait (after a good probe the next one comes
+  wait (up to `probe_max`), so failed probes cost a few % of the time (length.py budgets a model drafter's);
+  a probe that accepted a larger share than the current estimate, or any round that chooses k > 0, resets the
+  wait (after a good probe the next one comes
   in probe_every / 4 rounds).
 - `settings_changed()` (tau, mode, divergence or temperature changed) shrinks the acceptance counts to a tenth
   but keeps the costs: the machine did not change, the acceptance did.

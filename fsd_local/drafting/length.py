@@ -36,7 +36,11 @@ from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, Ver
 Source = tuple[str, int]
 
 K_LIMIT = 64  # settings' largest draft_max
-PROBE_SHARE = 0.05  # of generation time that re-probing a model drafter may cost
+# of generation time that re-probing a model drafter may cost: it must exceed the draft's catch-up per plain step
+# over the target's step (catching up grows with the plain streak: with less, no probe ever becomes affordable),
+# ~4% on the wide demo target (4 ms a token / 150 ms); where catching up costs more (the Q4_1 demo, ~25%) the
+# policy does not probe, and there drafting does not pay either
+PROBE_SHARE = 0.05
 CATCH_UP_PRIOR = 0.5  # a catch-up batch's seconds per token / a drafted token's, before measuring
 # a drafting round leaves the draft model at most this many tokens behind the text (the last draft it did not
 # evaluate and the target's token); more means it skipped rounds and must catch up first
