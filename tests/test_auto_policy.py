@@ -133,15 +133,19 @@ def test_oracle_prices_every_fixed_k_with_measured_costs_and_acceptance():
     assert oracle([_run()], curve) is None  # drafted nothing: no acceptance to price
 
 
-def test_auto_is_the_default_policy_everywhere(tiny_engine):
+def test_auto_is_the_default_policy_everywhere(tiny_pair):
     from click.testing import CliRunner
 
+    from fsd_local import Engine
     from fsd_local.cli import cli
     from fsd_local.server.openai_schema import ChatRequest
 
     s = Settings()
     assert (s.draft_policy, s.draft_max) == ("auto", 16)
-    assert (tiny_engine.defaults.draft_policy, tiny_engine.defaults.draft_max) == ("auto", 16)  # Python API
+    with Engine(target=tiny_pair[1], draft=tiny_pair[0], n_ctx=512, n_threads=1) as eng:  # the Python API
+        assert (eng.defaults.draft_policy, eng.defaults.draft_max) == ("auto", 16)
+        out = eng.generate("the cat", max_tokens=8, mode="sd")
+        assert out.settings["draft_policy"] == "auto" and out.settings["draft_max"] == 16
     for command in ("generate", "chat", "serve"):  # the CLI's options come from the settings
         params = {p.name: p for p in cli.commands[command].params}
         assert params["draft_policy"].default == "auto" and params["draft_max"].default == 16, command
@@ -151,8 +155,6 @@ def test_auto_is_the_default_policy_everywhere(tiny_engine):
     # the server: a request that names no policy gets the engine's defaults
     req = ChatRequest(messages=[{"role": "user", "content": "hi"}])
     assert getattr(req, "draft_policy", None) is None
-    out = tiny_engine.generate("the cat", max_tokens=8, mode="sd")
-    assert out.settings["draft_policy"] == "auto" and out.settings["draft_max"] == 16
 
 
 def test_x_plain_only_from_a_measured_plain_step(tiny_pair):
