@@ -59,7 +59,8 @@ def main() -> None:
     for rule in a.rules.split(","):
         mine = [r for r in rows if r["mode"] == rule]
         auto = next(r for r in mine if r["draft_policy"] == "auto")
-        best_fixed = max([ar] + [r["tokens_per_second"] for r in mine if r["draft_policy"] == "fixed"])
+        best_fixed = max([ar] + [r["tokens_per_second"] for r in mine if r["draft_policy"] == "fixed"])  # (ar alone
+        # when no fixed k ran: --fixed "")
         oracle = max(r["oracle_tokens_per_second"] or 0.0 for r in mine)
         oracle_k = max(mine, key=lambda r: r["oracle_tokens_per_second"] or 0.0)["oracle_k"]
         other = auto["time_share"]["other"]

@@ -15,6 +15,7 @@ from fsd_local.llama.model import Model
 from fsd_local.settings import Settings
 
 MODEL: Source = ("model", 0)
+SECOND_PASS_MAX = 9  # calibration times batches up to this size twice (the tiles of 4 and 8 rows, and one more)
 
 
 class Proposer:
@@ -48,7 +49,7 @@ class Proposer:
         """Time target decodes of every batch size 1..n_hi not measured yet (once per engine, at the first use
         of auto; a larger draft_max later measures only the new sizes), so the policy reads the target's real
         cost curve, CPU tiles included (cost_model.py), instead of guessing the sizes it never used. Each size is
-        timed `passes` times, up then down, and the fastest kept: other jobs on the machine only ever slow a
+        timed `passes` times (the larger ones once), up then down, and the fastest kept: other jobs on the machine only ever slow a
         decode down, and one slowed sample would distort the curve's shape (the level follows the load later).
         The cache must hold seq[:-1]; the timed rows are dropped again. Returns the seconds it took."""
         todo = [n for n in range(1, n_hi + 1) if not self.lengths.verify.measured_at(n)]
@@ -63,8 +64,10 @@ class Proposer:
             target.decode(filler, "from:0")  # the largest batch first: llama.cpp sizes its buffers for it
             target.synchronize()
             target.truncate(base)
-            for p in range(passes):
-                for n in todo if p % 2 == 0 else todo[::-1]:
+            for p in range(passes):  # later passes only for the small sizes, where the tiles decide (cost: ~9 s
+                # once per engine on the wide demo target idle, ~0.5 s on the Q4_1 demo)
+                sizes = todo if p == 0 else [n for n in todo if n <= SECOND_PASS_MAX]
+                for n in sizes if p % 2 == 0 else sizes[::-1]:
                     t = perf_counter()
                     target.decode(filler[:n], "from:0")
                     target.synchronize()
