@@ -48,9 +48,10 @@ class Proposer:
     def calibrate(self, target: Model, seq, n_hi: int, passes: int = 2) -> float:
         """Time target decodes of every batch size 1..n_hi not measured yet (once per engine, at the first use
         of auto; a larger draft_max later measures only the new sizes), so the policy reads the target's real
-        cost curve, CPU tiles included (cost_model.py), instead of guessing the sizes it never used. Each size is
-        timed `passes` times (the larger ones once), up then down, and the fastest kept: other jobs on the machine only ever slow a
-        decode down, and one slowed sample would distort the curve's shape (the level follows the load later).
+        cost curve, CPU tiles included (cost_model.py), instead of guessing the sizes it never used. Each size up
+        to SECOND_PASS_MAX is timed `passes` times, up then down, and the fastest kept: other jobs on the machine
+        only ever slow a decode down, and one slowed sample would distort the curve's shape (the level follows
+        the load later).
         The cache must hold seq[:-1]; the timed rows are dropped again. Returns the seconds it took."""
         todo = [n for n in range(1, n_hi + 1) if not self.lengths.verify.measured_at(n)]
         todo = [n for n in todo if len(seq) - 1 + n <= target.n_ctx]
