@@ -67,7 +67,7 @@ def main() -> None:
         print(
             f"{rule}: auto {auto['tokens_per_second']:.2f} tok/s = {auto['tokens_per_second'] / ar:.2f}x ar, "
             f"{auto['tokens_per_second'] / best_fixed:.2f}x the best of ar and the fixed k run, "
-            f"{auto['tokens_per_second'] / oracle:.2f}x the oracle (k={oracle_k}: {oracle:.2f} tok/s); "
+            f"{auto['tokens_per_second'] / max(oracle, 1e-9):.2f}x the oracle (k={oracle_k}: {oracle:.2f} tok/s); "
             f"k histogram {auto['k_histogram']}; loop's own time {other:.1%} of wall time"
         )
 
