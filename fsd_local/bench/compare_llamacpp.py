@@ -29,7 +29,9 @@ def run_llamacpp(binary, target, draft, prompt, n, k, threads, ctx):
     """k None: llama.cpp's own draft defaults (only greedy sampling and the run length are set)."""
     # option names of the llama.cpp that llama-cpp-python 0.3.36 vendors (older builds: --draft-max ...)
     if k is None:
-        cmd = [binary, "-m", target, "-md", draft, "-p", prompt, "-n", str(n), "--temp", "0", "--top-k", "1"]
+        # the draft model's speculation type must be named (no draft-length option is given)
+        cmd = [binary, "-m", target, "-md", draft, "--spec-type", "draft-simple", "-p", prompt, "-n", str(n)]
+        cmd += ["--temp", "0", "--top-k", "1"]
         cmd += ["-t", str(threads), "-td", str(threads), "-c", str(ctx), "--ignore-eos", "-ngl", "0", "-ngld", "0"]
         return _parse(binary, subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=1800))
     cmd = [
@@ -113,7 +115,11 @@ def main(argv=None):
     ours_all, theirs_all = [], []
     with Engine(target=a.target, draft=a.draft, n_ctx=a.ctx, n_threads=a.threads) as eng:
         for prompt in prompts:
-            text = eng.detokenize(eng.chat_prompt([{"role": "user", "content": prompt}])) if a.chat else prompt
+            text = prompt
+            if a.chat:  # the template's text, special tokens spelled out: both sides parse them the same way
+                from fsd_local.llama.chat_template import ChatTemplate
+
+                text = ChatTemplate.from_model(eng.target).render([{"role": "user", "content": prompt}])
             ours, theirs = [], []
             for _ in range(a.repeats):
                 eng.reset()  # same cold prompt as the separate llama.cpp process
