@@ -153,20 +153,23 @@ class VerifyCost:
         if self._cache is not None and len(self._cache) > n_hi:
             return self._cache
         a, b = self.fit()
-        n_top = max(n_hi, len(self._weight) - 1)
         known = [n for n in range(1, len(self._weight)) if self._weight[n] > 0.0]
         v = [m * self.level for m in self._mean]
-        out = [0.0] * (n_top + 1)
-        for n in range(1, n_top + 1):
-            if n < len(self._weight) and self._weight[n] > 0.0:
+        out = [0.0] * (n_hi + 1)
+        lo = 0  # the largest measured size below n, walked up with n (one pass, this runs every round)
+        nxt = 0  # index in `known` of the first measured size >= n
+        for n in range(1, n_hi + 1):
+            while nxt < len(known) and known[nxt] < n:
+                lo = known[nxt]
+                nxt += 1
+            if nxt < len(known) and known[nxt] == n:
                 out[n] = v[n]
             elif not known or n < known[0]:
                 out[n] = a + b * (n - 1)
-            elif n > known[-1]:
+            elif nxt == len(known):
                 out[n] = v[known[-1]] + b * (n - known[-1])
             else:
-                lo = max(m for m in known if m < n)
-                hi = min(m for m in known if m > n)
+                hi = known[nxt]
                 out[n] = v[lo] + (n - lo) / (hi - lo) * (v[hi] - v[lo])
         self._cache = out
         return out
