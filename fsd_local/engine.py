@@ -271,6 +271,8 @@ class Engine:
                     evaluated = self._prefill(m, seq, cancel, cut=dropped > 0 and s.context_shift)
                     if m is models[0]:
                         stats.prompt_evaluated = evaluated
+                if speculative and s.draft_policy == "auto":  # the target's cost per batch size, measured once
+                    self._proposer.calibrate(self.target, seq, s.draft_max + 1)
                 stats.prompt_seconds = perf_counter() - t0
                 t_start = perf_counter()
                 lengths = self._lengths
@@ -362,7 +364,9 @@ class Engine:
         t = perf_counter()
         tgt.decode(pending + drafts, f"from:{len(pending) - 1}")
         tgt.synchronize()
-        stats.seconds_target += perf_counter() - t
+        dt = perf_counter() - t
+        stats.seconds_target += dt
+        stats.record_verify(len(pending) + n_drafts, dt)
         p = tgt.logits(n_drafts + 1)
         chain = self._proposer.chain
         chain.target_rows(p, n_drafts)  # the same processing as the draft's rows had
@@ -383,12 +387,14 @@ class Engine:
 
     def _plain_step(self, m: Model, seq, sampling, rng, stats, mode):
         """The baselines: one token from one model (target for ar, draft for draft-only)."""
+        todo = seq[len(m.tokens) :]
         t = perf_counter()
-        m.decode(seq[len(m.tokens) :], "last")
+        m.decode(todo, "last")
         m.synchronize()
         dt = perf_counter() - t
         if mode == AR:
             stats.seconds_target += dt
+            stats.record_verify(len(todo), dt)
             self._lengths.observe(None, 0, 0, 0.0, dt)
         else:
             stats.seconds_draft += dt

@@ -101,7 +101,7 @@ class Settings:
         chat="drafter",
     )
     draft_policy: str = setting(
-        "fixed",
+        "auto",
         "how many tokens a round drafts: fixed (--draft-max), adaptive (+2 after a "
         "fully accepted round, -1 after a rejection), auto (the k in 0..--draft-max that "
         "maximises the measured tokens per second; 0 = a plain target step)",
@@ -110,7 +110,7 @@ class Settings:
         chat="policy",
     )
     draft_max: int = setting(
-        4,
+        16,
         "tokens drafted per round (k; the upper bound of the adaptive and auto policies)",
         lo=1,
         hi=64,
@@ -255,7 +255,7 @@ class Settings:
             raise ConfigError(f"draft_min={self.draft_min} must be <= draft_max ({self.draft_max})")
         if self.ngram_min > self.ngram_max:
             raise ConfigError(f"ngram_min={self.ngram_min} must be <= ngram_max ({self.ngram_max})")
-        if self.adaptive and self.draft_policy == "fixed":  # the old flag is an alias of the policy
+        if self.adaptive and self.draft_policy != "adaptive":  # the old flag is an alias of the policy
             object.__setattr__(self, "draft_policy", "adaptive")
         object.__setattr__(self, "adaptive", self.draft_policy == "adaptive")
         if self.quality_budget is not None:
@@ -307,6 +307,8 @@ class Settings:
         unknown = set(changes) - NAMES
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}; known: {', '.join(sorted(NAMES))}")
+        if changes.get("draft_policy") is not None and changes.get("adaptive") is None:
+            changes["adaptive"] = changes["draft_policy"] == "adaptive"  # the policy named wins over the old flag
         changes = {k: v for k, v in changes.items() if v is not None or k in OPTIONAL}
         # two settings that exclude each other (tau, quality_budget): turning one on sets the other aside, unless
         # the same change sets both (then __post_init__ says they are both set)

@@ -37,6 +37,13 @@ class Stats:
     not_chosen: int = 0  # emitted tokens with a positive loss: the target would not have chosen them
     loss_unknown: bool = False  # a sampled rescue without a budget: its loss is not computed (kernels/budget.py)
     budget: Any = None  # the reply's kernels.budget.Budget (its bound is < 0 when there is no budget)
+    verify_by_batch: dict = field(default_factory=dict)  # target batch size n -> [decodes, seconds] (the oracle's)
+
+    def record_verify(self, n: int, seconds: float) -> None:
+        """One target decode of n tokens in the loop (a verification, or a plain step for n = 1)."""
+        c = self.verify_by_batch.setdefault(int(n), [0, 0.0])
+        c[0] += 1
+        c[1] += float(seconds)
 
     def record_k(self, k: int) -> None:
         if k >= len(self.k_histogram):
@@ -123,6 +130,7 @@ class Stats:
             "drafted_by_position": list(self.by_position_drafted),
             "accepted_by_position": list(self.by_position_accepted),
             "k_histogram": list(self.k_histogram),
+            "verify_by_batch": [[n, c, t] for n, (c, t) in sorted(self.verify_by_batch.items())],
             "divergence_quantiles": {f"q{int(q * 100)}": float(np.quantile(finite, q)) for q in QUANTILES}
             if finite.size
             else {},

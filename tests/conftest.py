@@ -40,7 +40,9 @@ def tiny_engine(tiny_pair):
     from fsd_local import Engine
 
     d, t = tiny_pair
-    with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as eng:
+    # the engine-mechanics tests draft every round: the old defaults (fixed k = 4) rather than `auto`, which on
+    # this tiny, disagreeing pair mostly takes plain steps (auto itself: tests/test_auto_policy.py)
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         yield eng
 
 
@@ -68,7 +70,7 @@ def real_engine_f16(real_pair_f16):
     from fsd_local import Engine
 
     d, t = real_pair_f16
-    with Engine(target=t, draft=d, n_ctx=1024, n_threads=2) as eng:
+    with Engine(target=t, draft=d, n_ctx=1024, n_threads=2, draft_policy="fixed", draft_max=4) as eng:
         yield eng
 
 
@@ -77,7 +79,7 @@ def real_engine(real_pair):
     from fsd_local import Engine
 
     d, t = real_pair
-    with Engine(target=t, draft=d, n_ctx=1024, n_threads=2) as eng:
+    with Engine(target=t, draft=d, n_ctx=1024, n_threads=2, draft_policy="fixed", draft_max=4) as eng:
         yield eng
 
 

@@ -26,7 +26,7 @@ TIMEOUT = 20
 def engine(tiny_pair):
     d, t = tiny_pair
     # one thread: on a busy 2-core machine llama.cpp's spinning thread pool makes tiny decodes ~100x slower
-    with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as eng:
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         yield eng
 
 
@@ -141,7 +141,7 @@ def test_threads_get_the_single_threaded_results_and_caches_stay_consistent(engi
 
 def test_close_and_context_manager(tiny_pair):
     d, t = tiny_pair
-    with Engine(target=t, draft=d, n_ctx=256, n_threads=1) as eng:
+    with Engine(target=t, draft=d, n_ctx=256, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         assert eng.generate("abc", max_tokens=4).token_ids
         models = (eng.target, eng.draft)
     assert all(m.model is None and m.ctx is None for m in models)  # freed on exit, not at garbage collection
@@ -193,7 +193,7 @@ def test_loading_and_freeing_pairs_does_not_grow_memory(tiny_pair):
     d, t = tiny_pair
 
     def cycle():
-        with Engine(target=t, draft=d, n_ctx=2048, n_threads=1) as eng:
+        with Engine(target=t, draft=d, n_ctx=2048, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
             eng.generate("abc", max_tokens=8)
 
     for _ in range(5):  # allocator pools, caches of the first calls

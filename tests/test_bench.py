@@ -277,6 +277,8 @@ def bench_run(tiny_pair, prompts_file, tmp_path_factory):
             "fsd,ar,draft-only",
             "--draft-max",
             "2,3",
+            "--draft-policy",
+            "fixed",
             "--temp",
             "0,0.8",
             "--max-tokens",
@@ -328,6 +330,11 @@ def test_bench_json(bench_run):
             assert r["agreement"] is None
         if r["draft_max"]:
             assert len(r["acceptance_by_position"]) == r["draft_max"]
+            # the offline oracle prices k = 0..draft_max with the row's acceptance and the bench's costs
+            assert (
+                0 <= r["oracle_k"] <= r["draft_max"] and len(r["oracle_tokens_per_second_by_k"]) == r["draft_max"] + 1
+            )
+            assert r["oracle_tokens_per_second"] == max(r["oracle_tokens_per_second_by_k"]) > 0
         assert r["accuracy"] in (0.0, 0.5, 1.0)
         assert sum(r["time_share"].values()) == pytest.approx(1.0)
     fsd_big = [r for r in rows if r["mode"] == "fsd" and r["tau"] == 0.3 and r["divergence"] == "js"]

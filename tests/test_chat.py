@@ -24,7 +24,7 @@ LONG = (
 @pytest.fixture
 def session(tiny_engine):
     tiny_engine.reset()
-    return ChatSession(tiny_engine, Settings(max_tokens=12))
+    return ChatSession(tiny_engine, Settings(max_tokens=12, draft_policy="fixed", draft_max=4))
 
 
 def say(session, text, cancel=None):
@@ -121,7 +121,7 @@ def test_bad_values_are_refused_and_change_nothing(session, line, message):
 
 
 def test_speculative_mode_needs_a_draft(tiny_pair):
-    with Engine(target=tiny_pair[1], n_ctx=256, n_threads=1) as eng:
+    with Engine(target=tiny_pair[1], n_ctx=256, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         s = ChatSession(eng, Settings(mode="ar", max_tokens=4))
         with pytest.raises(ConfigError, match="mode 'sd' needs a draft model"):
             command(s, "/mode sd")

@@ -18,7 +18,7 @@ PROMPTS = ["abcabcabcabcab", "the cat. the cat. the cat. the", "xyz"]
 
 @pytest.fixture(scope="module")
 def target_only(tiny_pair):
-    with Engine(target=tiny_pair[1], n_ctx=512, n_threads=1) as eng:
+    with Engine(target=tiny_pair[1], n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         yield eng
 
 

@@ -79,7 +79,7 @@ def _fresh_logits(path, seq, one_by_one=False):
 )
 def test_kv_caches_equal_a_fresh_evaluation_after_many_rounds(tiny_pair, settings):
     draft, target = tiny_pair
-    with Engine(target=target, draft=draft, n_ctx=512, n_threads=1) as eng:
+    with Engine(target=target, draft=draft, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         seq = eng.tokenize("the cat")
         for _turn in range(3):  # several calls that extend each other: prefix reuse across calls too
             out = eng.generate(seq, max_tokens=60, **settings)
@@ -135,7 +135,7 @@ def _chisquare_pvalue(counts, p):
 
 def test_sampled_sd_preserves_the_target_distribution_and_detects_fuzzy_shift(small_vocab_pair):
     draft, target = small_vocab_pair
-    with Engine(target=target, draft=draft, n_ctx=128, n_threads=1) as eng:
+    with Engine(target=target, draft=draft, n_ctx=128, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         prompt = eng.tokenize("the sky")
         p = _target_first_token_distribution(eng, prompt)
         n = 2000
@@ -194,7 +194,7 @@ def test_max_tokens_and_zero(tiny_engine):
 
 def test_end_of_generation_token_stops_without_being_shown(tiny_pair):
     draft, target = tiny_pair
-    with Engine(target=target, draft=draft, n_ctx=512, n_threads=1) as eng:
+    with Engine(target=target, draft=draft, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         eos = eng.target.eos
         # find a prompt whose greedy continuation reaches EOS
         for prompt in ["the", "a", "it", "we", "sky", "dog", "i", "."]:
@@ -209,7 +209,7 @@ def test_end_of_generation_token_stops_without_being_shown(tiny_pair):
 
 def test_full_context_finishes_with_length_not_a_crash(tiny_pair):
     draft, target = tiny_pair
-    with Engine(target=target, draft=draft, n_ctx=64, n_threads=1) as eng:
+    with Engine(target=target, draft=draft, n_ctx=64, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         n_ctx = min(eng.target.n_ctx, eng.draft.n_ctx)  # llama.cpp may round the size up
         prompt = eng.tokenize("the cat sat on the mat and the dog ran")
         for mode in ("fsd", "sd", "ar", "draft-only"):

@@ -75,7 +75,7 @@ def test_fuzzy_rescue_is_used_and_recorded(real_engine):
 
 def test_kv_invariant_on_the_real_pair(real_pair):
     draft, target = real_pair
-    with Engine(target=target, draft=draft, n_ctx=512, n_threads=2) as eng:
+    with Engine(target=target, draft=draft, n_ctx=512, n_threads=2, draft_policy="fixed", draft_max=4) as eng:
         seq = eng.tokenize("The quick brown fox")
         out = eng.generate(seq, mode="fsd", tau=0.1, temperature=0.8, seed=5, max_tokens=40)
         assert out.stats["drafted"] > out.stats["accepted_sd"] + out.stats["accepted_fuzzy"]

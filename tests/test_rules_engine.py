@@ -33,7 +33,7 @@ def test_a_large_tau_rescues_and_records_the_rule(tiny_engine, mode):
 
 @pytest.fixture(scope="module")
 def target_only(tiny_pair):
-    with Engine(target=tiny_pair[1], n_ctx=512, n_threads=1) as eng:
+    with Engine(target=tiny_pair[1], n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         yield eng
 
 
@@ -51,7 +51,7 @@ def test_the_rules_work_with_prompt_lookup_and_no_draft_model(target_only, mode)
 @pytest.mark.parametrize("mode", NEW_MODES)
 def test_sampled_tau0_preserves_the_target_distribution_and_a_huge_tau_shifts_it(small_vocab_pair, mode):
     draft, target = small_vocab_pair
-    with Engine(target=target, draft=draft, n_ctx=128, n_threads=1) as eng:
+    with Engine(target=target, draft=draft, n_ctx=128, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         prompt = eng.tokenize("the sky")
         p = _target_first_token_distribution(eng, prompt)
         n = 2000

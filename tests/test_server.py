@@ -30,8 +30,9 @@ TIMEOUT = 20  # seconds; every wait below is bounded
 @pytest.fixture(scope="module")
 def engine(tiny_pair):
     d, t = tiny_pair
-    # one thread: on a busy 2-core machine llama.cpp's spinning thread pool makes tiny decodes ~100x slower
-    with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as eng:
+    # one thread: on a busy 2-core machine llama.cpp's spinning thread pool makes tiny decodes ~100x slower;
+    # fixed k: under `auto` the k of a round depends on measured time, and with tau > 0 so does the text
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         yield eng
 
 

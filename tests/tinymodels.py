@@ -48,6 +48,7 @@ def write_tiny_gguf(
     n_embd: int = 64,
     n_layer: int = 2,
     n_head: int = 4,
+    n_head_kv: int | None = None,
     n_ff: int = 128,
     n_ctx: int = 512,
     byte_tokens: bool = True,
@@ -76,7 +77,9 @@ def write_tiny_gguf(
     w.add_block_count(n_layer)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
-    w.add_head_count_kv(n_head)
+    n_kv = n_head_kv or n_head
+    n_embd_kv = n_embd // n_head * n_kv
+    w.add_head_count_kv(n_kv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(n_embd // n_head)
     add_tokenizer(w, tokens, scores, types)
@@ -85,7 +88,8 @@ def write_tiny_gguf(
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            w.add_tensor(f"blk.{i}.{name}.weight", weight(n_embd, n_embd))
+            rows = n_embd_kv if name in ("attn_k", "attn_v") else n_embd
+            w.add_tensor(f"blk.{i}.{name}.weight", weight(rows, n_embd))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
         w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
         w.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fsd_local.bench.oracle import oracle, verify_curve
 from fsd_local.bench.prompts import Prompt
 from fsd_local.errors import ConfigError
 from fsd_local.kernels.names import DIVERGENCE_MODES, DIVERGENCES, MODES, TAU_MODES
@@ -56,7 +57,7 @@ class Config:
 
 
 def build_configs(
-    modes, divergences, taus, draft_maxes, temperatures, drafters=("model",), policies=("fixed",), budgets=()
+    modes, divergences, taus, draft_maxes, temperatures, drafters=("model",), policies=("auto",), budgets=()
 ) -> list[Config]:
     """Every combination the axes make, without multiplying modes over axes they ignore; the ar and sd
     baselines come first at each temperature whether listed or not (sd once per drafter, policy and k). Each
@@ -240,6 +241,7 @@ def summarise(data: BenchData) -> list[dict]:
     """One row per configuration: the JSON objects of `bench --json`."""
     tps = [throughput_by_repeat(runs, data.repeats) for runs in data.runs]
     index = {c: i for i, c in enumerate(data.configs)}
+    curve = verify_curve(data.runs, max((c.draft_max or 0 for c in data.configs), default=0) + 1)
     rows = []
     for ci, (c, runs) in enumerate(zip(data.configs, data.runs)):
         ar = index[Config("ar", c.temperature)]
@@ -278,6 +280,7 @@ def summarise(data: BenchData) -> list[dict]:
             "accuracy": None,
             "time_share": {k: _div(v, total) for k, v in secs.items()},
             "k_histogram": _k_histogram(runs),
+            **_oracle_fields(oracle(runs, curve) if c.draft_max else None),
             "plain_tokens_per_second_est": median([run.stats.get("plain_tokens_per_second_est") for run in runs]),
             "speedup_vs_plain_est": median([run.stats.get("speedup_vs_plain_est") for run in runs]),
             "prompt_seconds_mean": _sum(runs, "prompt_seconds") / len(runs),
@@ -312,6 +315,15 @@ def _budget_columns(c: Config, runs: list[Run], tokens: int) -> dict:
         "not_chosen_share": _div(not_chosen, tokens) if measured else None,
         "tokens_per_target_call": _div(tokens, sum(run.stats.get("target_calls", 0) for run in runs)),
         "threshold_mean": mean(thresholds) if thresholds else None,
+    }
+
+
+def _oracle_fields(o: dict | None) -> dict:
+    """The best fixed k with this configuration's acceptance and the bench's costs (bench/oracle.py)."""
+    return {
+        "oracle_k": o["k"] if o else None,
+        "oracle_tokens_per_second": o["tokens_per_second"] if o else None,
+        "oracle_tokens_per_second_by_k": o["by_k"] if o else [],
     }
 
 
@@ -369,6 +381,12 @@ TABLE_COLUMNS = (
     ("task", 4, lambda r: _f(r["accuracy"], ".0%")),
     ("draft/target/other", 18, lambda r: "/".join(_f(r["time_share"][k], ".0%") for k in ("draft", "target", "other"))),
     ("front", 5, lambda r: _front(r)),
+    (
+        "oracle k: tok/s",
+        15,
+        lambda r: f"{r['oracle_k']}: {r['oracle_tokens_per_second']:.1f}" if r["oracle_k"] is not None else "-",
+    ),
+    ("k histogram (0..)", 24, lambda r: " ".join(map(str, r["k_histogram"])) if r["draft_policy"] == "auto" else "-"),
     ("accept by position", 0, lambda r: " ".join(f"{a:.0%}" for a in r["acceptance_by_position"])),
 )
 

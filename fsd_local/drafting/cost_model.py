@@ -11,21 +11,35 @@ c_round: optional fixed seconds per round (the loop's own overhead). k = 0 is a 
 Why each estimate is built the way it is:
 - Everything decays exponentially per observation, so the policy follows the text (code being copied accepts
   far more than free prose) and the machine (other jobs come and go).
-- v(n) is a per-n decayed mean where n was measured, blended with a weighted line a + b (n - 1) fitted through
-  all measured n (b >= 0), which also answers for the n never tried; then forced non-decreasing in n. With a
-  single measured n the line takes its slope from a prior (b = 0.3 a: a batch of 4 costs ~1.9 single decodes,
-  between a memory-bound F16 model (a guess: ~1.2) and the Q4_1 SmolLM2 on 2 cores (measured: ~2.4)), so the very first
-  measurement sets the scale of the whole curve.
-- a_j are decayed counts per position, shrunk toward the pooled rate of all positions, itself shrunk toward a
-  cold-start prior (0.7 at position 1, x0.95 per position) worth a couple of rounds. Positions beyond the k in
-  use are never reached; their stale counts fade and they take the pooled rate, so when the positions in use
-  accept well the policy tries longer drafts.
+- v(n) is measured per batch size and used as measured: llama.cpp's CPU matmul kernels work in tiles of 4 and 8
+  rows, so a batch of 8 can cost what a batch of 5 costs (measured on a padded 1.4 GB Q8_0 target, 2 threads:
+  n = 4: 225 ms, 5: 303, 7: 355, 8: 312). Smoothing the curve, or forcing it to grow with n, would hide exactly
+  the batches worth paying for. Between measured sizes it interpolates linearly; beyond them it follows a
+  weighted line a + b (n - 1) fitted through all measured n (b >= 0; with a single measured n the slope comes
+  from a prior, b = 0.3 a). The engine measures the whole curve once (`calibrate` in proposer.py: one timed
+  decode of every batch size 1..k_max + 1 at the first use of auto), so the policy never has to guess a size it
+  could use, and every round refines the size it used. The load changes (other jobs come and go) while only
+  one size is in use, so v(n) = level x shape(n): the level follows every decode within ~10 decodes, the
+  shape (each size relative to the others) changes slowly, and a size unused for ~450 decodes is forgotten.
+- Using the batch it pays for: because rate(k) is evaluated on every k with the measured v(k + 1), a k whose
+  batch is cheap for its size wins by itself: when v(5) = v(8), drafting 7 tokens costs three draft tokens
+  more than drafting 4 and earns E(7) - E(4) more tokens, so with good acceptance the policy drafts up to the
+  next efficient size instead of stopping at the k its acceptance alone would suggest.
+- a_j are decayed counts per position, shrunk toward the pooled rate of all positions (worth 8 rounds at each
+  position), itself shrunk toward a cold-start prior (0.7 at position 1, x0.98 per position) worth 6 rounds.
+  Positions beyond the k in use are never reached; their stale counts fade and they take the pooled rate, so
+  when the positions in use accept well the policy tries longer drafts. The weights are what keeps an unlucky
+  start from deciding a reply: with a prior worth 2 rounds, two rejections in the first two rounds (6% of
+  replies for a pair that accepts 0.75) put a_1 near 0.3 and the policy into plain steps, where no probe
+  was affordable for the rest of the reply (the issue's k histogram [63, 1]); a deep position seen rejected
+  once, with little weight toward the pooled rate, kept k below the best for the rest of a short session.
 - Before anything is measured the priors alone are used, in units of one target decode (only ratios matter), so
   the first round is already a sensible guess (k ~ 2 for a free drafter) rather than a wasted probe.
 - k = 0 measures nothing about drafting, so a policy that settled there would never see conditions improve:
   after `probe_every` rounds at k = 0 it tries k = `probe_k` once; each probe that changes nothing doubles the
-  wait (up to `probe_max`), so failed probes cost ~1-2% of the time; a probe that accepted a larger share than
-  the current estimate, or any round that chooses k > 0, resets the wait (after a good probe the next one comes
+  wait (up to `probe_max`), so failed probes cost a few % of the time (length.py budgets a model drafter's);
+  a probe that accepted a larger share than the current estimate, or any round that chooses k > 0, resets the
+  wait (after a good probe the next one comes
   in probe_every / 4 rounds).
 - `settings_changed()` (tau, mode, divergence or temperature changed) shrinks the acceptance counts to a tenth
   but keeps the costs: the machine did not change, the acceptance did.
@@ -42,12 +56,15 @@ once (to either model, or to the shared VerifyCost directly).
 
 from __future__ import annotations
 
+import copy
 import math
 
 ACCEPT_PRIOR_FIRST = 0.7
-ACCEPT_PRIOR_DECAY = 0.95
-ACCEPT_PRIOR_WEIGHT = 2.0
+ACCEPT_PRIOR_DECAY = 0.98
+ACCEPT_PRIOR_WEIGHT = 6.0  # rounds of evidence the cold-start prior is worth in the pooled rate
+POSITION_WEIGHT = 8.0  # rounds of evidence the pooled rate is worth at each position
 VERIFY_SLOPE_PRIOR = 0.3
+FORGET_WEIGHT = 0.01  # a batch size's evidence below this weight is dropped (its shape may no longer hold)
 MODEL_DRAFT_COST_PRIOR = 0.3  # seconds per draft token / seconds of one target decode, before measuring
 
 
@@ -63,12 +80,16 @@ class VerifyCost:
     """Seconds of one target decode of a batch of n tokens, learned online (shareable between CostModels)."""
 
     def __init__(
-        self, n_max: int = 9, decay: float = 0.9, slope_prior: float = VERIFY_SLOPE_PRIOR, blend_weight: float = 0.5
+        self, n_max: int = 9, decay: float = 0.9, slope_prior: float = VERIFY_SLOPE_PRIOR, shape_decay: float = 0.99
     ):
-        self.decay = decay
+        self.decay = decay  # of the level: it follows the load within ~10 decodes
+        self.shape_decay = shape_decay  # of each size's evidence: a size unused for ~450 decodes is forgotten
         self.slope_prior = slope_prior
-        self.blend_weight = blend_weight  # how many observations the fitted line is worth at a measured n
-        self._mean = [0.0] * (n_max + 1)  # index n; 0 unused
+        # v(n) = level x shape[n]: the shape keeps each size's measured cost relative to the others (the tiles),
+        # the level follows the machine (other jobs come and go) from whatever size the loop is using, so a
+        # size measured long ago is rescaled, not trusted as it was nor flattened into a line
+        self.level = 1.0
+        self._mean = [0.0] * (n_max + 1)  # index n; 0 unused: the shape, seconds / level at the time
         self._weight = [0.0] * (n_max + 1)
         self._cache: list[float] | None = None
 
@@ -89,16 +110,20 @@ class VerifyCost:
         seconds = float(seconds)
         self._grow(n)
         w = self._weight
+        if w[n] > 0.0 and self._mean[n] > 0.0:  # the level moves by a share of the log residual
+            self.level *= (seconds / (self.level * self._mean[n])) ** (1.0 - self.decay)
+        elif not self.measured:
+            self.level = seconds  # the first measurement sets the scale: shapes are then near 1
         for i in range(len(w)):
-            w[i] *= self.decay
+            w[i] = w[i] * self.shape_decay if w[i] * self.shape_decay >= FORGET_WEIGHT else 0.0
         w[n] += 1.0
-        self._mean[n] += (seconds - self._mean[n]) / w[n]
+        self._mean[n] += (seconds / self.level - self._mean[n]) / w[n]
         self._cache = None
 
     def fit(self) -> tuple[float, float]:
         """(a, b) of v(n) = a + b (n - 1): weighted least squares over the measured n, b >= 0; the slope prior
         when only one n is measured; (1, slope_prior) in units of one decode when nothing is."""
-        pts = [(n, m, w) for n, (m, w) in enumerate(zip(self._mean, self._weight)) if w > 1e-9]
+        pts = [(n, m * self.level, w) for n, (m, w) in enumerate(zip(self._mean, self._weight)) if w > 0.0]
         if not pts:
             return 1.0, self.slope_prior
         if len(pts) == 1:
@@ -116,20 +141,36 @@ class VerifyCost:
         a = max(a, floor)
         return a, b
 
+    def measured_at(self, n: int) -> bool:
+        """Whether a decode of exactly n tokens was ever timed (not read off the curve)."""
+        return 0 < n < len(self._weight) and self._weight[n] > 0.0
+
     def curve(self, n_hi: int) -> list[float]:
-        """Estimated seconds for n = 0..n_hi (index 0 unused, 0.0): measured means blended with the fitted
-        line, then made non-decreasing in n."""
+        """Estimated seconds for n = 0..n_hi (index 0 unused, 0.0): the measured mean at every measured n (no
+        smoothing: the CPU tiles make some larger batches cheaper than smaller ones, module docstring),
+        linear interpolation between measured sizes, the fitted line below the first and, beyond the last,
+        the last measured mean plus the line's slope."""
         if self._cache is not None and len(self._cache) > n_hi:
             return self._cache
         a, b = self.fit()
+        known = [n for n in range(1, len(self._weight)) if self._weight[n] > 0.0]
+        v = [m * self.level for m in self._mean]
         out = [0.0] * (n_hi + 1)
-        run = 0.0
+        lo = 0  # the largest measured size below n, walked up with n (one pass, this runs every round)
+        nxt = 0  # index in `known` of the first measured size >= n
         for n in range(1, n_hi + 1):
-            line = a + b * (n - 1)
-            w = self._weight[n] if n < len(self._weight) else 0.0
-            est = (w * self._mean[n] + self.blend_weight * line) / (w + self.blend_weight) if w > 0 else line
-            run = max(run, est)
-            out[n] = run
+            while nxt < len(known) and known[nxt] < n:
+                lo = known[nxt]
+                nxt += 1
+            if nxt < len(known) and known[nxt] == n:
+                out[n] = v[n]
+            elif not known or n < known[0]:
+                out[n] = a + b * (n - 1)
+            elif nxt == len(known):
+                out[n] = v[known[-1]] + b * (n - known[-1])
+            else:
+                hi = known[nxt]
+                out[n] = v[lo] + (n - lo) / (hi - lo) * (v[hi] - v[lo])
         self._cache = out
         return out
 
@@ -155,6 +196,7 @@ class CostModel:
         accept_prior_first: float = ACCEPT_PRIOR_FIRST,
         accept_prior_decay: float = ACCEPT_PRIOR_DECAY,
         accept_prior_weight: float = ACCEPT_PRIOR_WEIGHT,
+        position_weight: float = POSITION_WEIGHT,
         probe_every: int = 16,
         probe_max: int = 64,
         probe_k: int = 2,
@@ -167,6 +209,7 @@ class CostModel:
         self.accept_prior_first = accept_prior_first
         self.accept_prior_decay = accept_prior_decay
         self.accept_prior_weight = accept_prior_weight
+        self.position_weight = position_weight
         self.draft_cost_prior = draft_cost_prior
         self.probe_every = probe_every
         self.probe_max = probe_max
@@ -199,6 +242,12 @@ class CostModel:
             self._seen += [0.0] * extra
         self.k_histogram += [0] * (k_max + 1 - len(self.k_histogram))
         self.k_max = k_max
+
+    def fork(self) -> CostModel:
+        """A copy with its own acceptance evidence and choices, sharing this one's target costs (`verify`)."""
+        new = copy.copy(self)
+        new._acc, new._seen, new.k_histogram = list(self._acc), list(self._seen), list(self.k_histogram)
+        return new
 
     def settings_changed(self, keep: float = 0.1) -> None:
         """Acceptance depends on tau, mode, divergence and temperature: keep only `keep` of its evidence (so a
@@ -263,7 +312,7 @@ class CostModel:
         for j in range(self.k_max):
             cold = self.accept_prior_first * self.accept_prior_decay**j
             pooled = (acc_all + w0 * cold) / (seen_all + w0)
-            out.append((self._acc[j] + w0 * pooled) / (self._seen[j] + w0))
+            out.append((self._acc[j] + self.position_weight * pooled) / (self._seen[j] + self.position_weight))
         return out
 
     def draft_seconds_per_token(self) -> float:
@@ -274,9 +323,10 @@ class CostModel:
 
     @property
     def plain_tokens_per_second_est(self) -> float:
-        """1 / seconds of a single-token target decode (measured, or read off the fitted curve when the policy
-        never took a plain step): what `ar` would do here, for the speed-up figure. 0 before any decode."""
-        if not self.verify.measured:
+        """1 / seconds of a single-token target decode, only where one was timed (a plain step, a probe's
+        catch-up is not one, the engine's calibration): what `ar` does here, for the speed-up figure. 0 when
+        none was: a figure read off the fitted curve is a prior, not a measurement, and is never shown as one."""
+        if not self.verify.measured_at(1):
             return 0.0
         return 1.0 / self.verify.seconds(1)
 

@@ -36,7 +36,11 @@ from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, Ver
 Source = tuple[str, int]
 
 K_LIMIT = 64  # settings' largest draft_max
-PROBE_SHARE = 0.02  # of generation time that re-probing a model drafter may cost
+# of generation time that re-probing a model drafter may cost: it must exceed the draft's catch-up per plain step
+# over the target's step (catching up grows with the plain streak: with less, no probe ever becomes affordable),
+# ~4% on the wide demo target (4 ms a token / 150 ms); where catching up costs more (the Q4_1 demo, ~25%) the
+# policy does not probe, and there drafting does not pay either
+PROBE_SHARE = 0.05
 CATCH_UP_PRIOR = 0.5  # a catch-up batch's seconds per token / a drafted token's, before measuring
 # a drafting round leaves the draft model at most this many tokens behind the text (the last draft it did not
 # evaluate and the target's token); more means it skipped rounds and must catch up first
@@ -48,6 +52,7 @@ class DraftLength:
         self.verify = VerifyCost(K_LIMIT + 1)
         self.costs: dict[Source, CostModel] = {}
         self._acceptance_key: tuple | None = None
+        self._by_key: dict[tuple, dict[Source, CostModel]] = {}  # the evidence gathered under other settings
         self.probe_budget = 0.0  # seconds that re-probing the model drafter may still spend
         self._catch_up_mean, self._catch_up_weight = 0.0, 0.0  # seconds per token the draft model catches up
         self.policy, self.k, self.k_min, self.k_max = "fixed", 4, 1, 4
@@ -66,8 +71,15 @@ class DraftLength:
             settings.relaxed_k,
         )
         if self._acceptance_key is not None and key != self._acceptance_key:
-            for cm in self.costs.values():
-                cm.settings_changed()
+            # settings seen before get their own evidence back (a bench alternating configurations, a chat
+            # switching tau back and forth); new ones start from the current evidence, discounted
+            self._by_key[self._acceptance_key] = self.costs
+            known = self._by_key.get(key)
+            if known is None:
+                known = {source: cm.fork() for source, cm in self.costs.items()}
+                for cm in known.values():
+                    cm.settings_changed()
+            self.costs = known
         self._acceptance_key = key
         self.probe_budget = 0.0  # each generation earns its own probes: one that ran long must not pay for another
         self._shadow = None
@@ -155,6 +167,8 @@ class DraftLength:
 
     @property
     def plain_tokens_per_second_est(self) -> float:
-        """1 / the target's seconds for a one-token decode: measured where the loop took plain steps, else read
-        off the fitted verification-cost curve. 0 before any target decode."""
-        return 1.0 / self.verify.seconds(1) if self.verify.measured else 0.0
+        """1 / the target's seconds for a one-token decode, only where one was timed by this engine (plain steps
+        of auto or ar, the calibration of auto's first use, an earlier reply): 0 otherwise, and the summary then
+        says nothing about plain decoding (a rate read off the fitted curve would be a prior shown as a
+        measurement)."""
+        return 1.0 / self.verify.seconds(1) if self.verify.measured_at(1) else 0.0

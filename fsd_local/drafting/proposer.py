@@ -16,6 +16,7 @@ from fsd_local.llama.model import Model
 from fsd_local.settings import Settings
 
 MODEL: Source = ("model", 0)
+SECOND_PASS_MAX = 9  # calibration times batches up to this size twice (the tiles of 4 and 8 rows, and one more)
 
 
 class Proposer:
@@ -48,6 +49,41 @@ class Proposer:
         )
         self.out = round_out(k, n_top)
         self._k_alloc = k
+
+    def calibrate(self, target: Model, seq, n_hi: int, passes: int = 2) -> float:
+        """Time target decodes of every batch size 1..n_hi not measured yet (once per engine, at the first use
+        of auto; a larger draft_max later measures only the new sizes), so the policy reads the target's real
+        cost curve, CPU tiles included (cost_model.py), instead of guessing the sizes it never used. Each size up
+        to SECOND_PASS_MAX is timed `passes` times, up then down, and the fastest kept: other jobs on the machine
+        only ever slow a decode down, and one slowed sample would distort the curve's shape (the level follows
+        the load later).
+        The cache must hold seq[:-1]; the timed rows are dropped again. Returns the seconds it took."""
+        todo = [n for n in range(1, n_hi + 1) if not self.lengths.verify.measured_at(n)]
+        todo = [n for n in todo if len(seq) - 1 + n <= target.n_ctx]
+        if not todo or len(target.tokens) != len(seq) - 1:
+            return 0.0
+        t0 = perf_counter()
+        base = len(target.tokens)
+        filler = [int(seq[-1])] * max(todo)
+        best = dict.fromkeys(todo, float("inf"))
+        try:
+            target.decode(filler, "from:0")  # the largest batch first: llama.cpp sizes its buffers for it
+            target.synchronize()
+            target.truncate(base)
+            for p in range(passes):  # later passes only for the small sizes, where the tiles decide (cost: ~9 s
+                # once per engine on the wide demo target idle, ~0.5 s on the Q4_1 demo)
+                sizes = todo if p == 0 else [n for n in todo if n <= SECOND_PASS_MAX]
+                for n in sizes if p % 2 == 0 else sizes[::-1]:
+                    t = perf_counter()
+                    target.decode(filler[:n], "from:0")
+                    target.synchronize()
+                    best[n] = min(best[n], perf_counter() - t)
+                    target.truncate(base)
+        finally:
+            target.truncate(base)
+        for n in todo:
+            self.lengths.verify.observe(n, best[n])
+        return perf_counter() - t0
 
     def propose(self, seq, limit: int, s: Settings, rng, stats) -> tuple[int, Source | None, int, float]:
         """This round's drafts, by the settings' drafter and draft-length policy. Returns (how many were

@@ -102,7 +102,7 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], r
     return dst
 
 
-PRECISIONS = ("q4_1", "f16", "q4_0")
+PRECISIONS = ("q4_1", "f16", "q4_0", "wide")
 
 
 def demo_pair(directory: str | os.PathLike | None = None, progress=None, precision: str = "q4_1") -> tuple[Path, Path]:
@@ -110,11 +110,27 @@ def demo_pair(directory: str | os.PathLike | None = None, progress=None, precisi
     precision "q4_1": SmolLM2's own Q4_1 file drafts for a Q4_1 44-layer target (small, fast on a CPU).
     precision "f16": F16 copies of both (the same functions; 270 + 370 MB): memory-bound like a large model on
     a laptop, and numerically stable across batch shapes, so greedy token ids can be compared exactly.
-    precision "q4_0": Q4_0 copies (what llama.cpp's CPU repacking applies to; for measuring --repack)."""
+    precision "q4_0": Q4_0 copies (what llama.cpp's CPU repacking applies to; for measuring --repack).
+    precision "wide": SmolLM2's Q4_1 file drafts for the cost-realistic target of pairs/wide.py (its function
+    at a ~1.4B model's cost, Q8_0, 1.44 GB; the size is announced before it is written)."""
     if precision not in PRECISIONS:
         raise ModelLoadError(f"demo precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     source = smollm2_path()
     directory = Path(directory) if directory else cache_dir() / "demo"
+    if precision == "wide":
+        from fsd_local.pairs.wide import WIDE_BLOCKS, WIDE_SHAPE, estimate_bytes, widen
+
+        target = directory / "SmolLM2-135M-Instruct-wide-32L-1920.Q8_0.gguf"
+        if not target.exists():
+            width, ffn = WIDE_SHAPE["width"], WIDE_SHAPE["ffn"]
+            size = estimate_bytes(source, WIDE_BLOCKS, width, ffn)
+            if progress:
+                progress(
+                    f"writing the wide demo target (once, {size / 1e9:.2f} GB; the build needs about twice that "
+                    f"free for a minute) to {target} ..."
+                )
+            widen(source, target, WIDE_BLOCKS, width, ffn)
+        return source, target
     if precision == "q4_1":
         draft, target = source, directory / "SmolLM2-135M-Instruct-upscaled-44L.Q4_1.gguf"
     else:
