@@ -46,7 +46,9 @@ def options(path):
     return ModelOptions(path, n_ctx=512, n_threads=1)
 
 
-SETTINGS = Settings(ignore_eos=True, tau=0.2)  # fixed lengths: a random tiny model may emit </s> anywhere
+# fixed lengths: a random tiny model may emit </s> anywhere; a fixed k: auto picks k from measured time, and the
+# batch shapes (so tau 0.2's rescues) would differ between this process and a restarted child
+SETTINGS = Settings(ignore_eos=True, tau=0.2, draft_policy="fixed", draft_max=4)
 
 
 @pytest.fixture(scope="module")

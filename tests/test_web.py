@@ -28,7 +28,8 @@ HELLO = [{"role": "user", "content": "hello there"}]
 @pytest.fixture(scope="module")
 def engine(tiny_pair):
     d, t = tiny_pair
-    with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as eng:
+    # a fixed k: the tiny pair decodes so fast that auto would rarely draft, and these tests need drafted tokens
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         yield eng
 
 
@@ -251,7 +252,8 @@ def _unnamed_controls(browser):
 def test_the_page_in_a_browser_on_the_demo_pair(real_pair, tmp_path):
     browser = _browser(tmp_path)  # skips before starting the server when there is no browser
     d, t = real_pair
-    proc, url = start_serve(d, t, "--ctx", "1024", "--max-tokens", "48")
+    # a fixed k, so that every reply drafts (auto may decode plainly on a fast CPU, and the page has nothing to colour)
+    proc, url = start_serve(d, t, "--ctx", "1024", "--max-tokens", "48", "--draft-policy", "fixed", "--draft-max", "4")
     try:
         _wait(lambda: proc.poll() is not None or _up(url), "fsd-local serve to listen", 120)
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
