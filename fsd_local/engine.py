@@ -40,6 +40,7 @@ from fsd_local.llama.vocab import check_compatible
 from fsd_local.results import (
     CancelToken,
     Completion,
+    Emitted,
     Piece,
     check_prompt_ids,
     final_completion,
@@ -260,10 +261,7 @@ class Engine:
             stats = Stats(prompt_tokens=len(seq))
             stats.budget = self._budgets.start(s, self._proposer.drafts.tokens.shape[0])
             text = TextStream(s.stop)
-            out_tokens: list[int] = []
-            out_origins: list[str] = []
-            out_lps: list[float] = []
-            out_tops: list[list[tuple[int, float]]] = []
+            reply = Emitted()  # the tokens shown so far, with their origins and log-probabilities
             finish = None
             try:
                 t0 = perf_counter()
@@ -285,17 +283,18 @@ class Engine:
                     if remaining <= 0 or len(seq) > n_ctx:
                         finish = "length"
                         break
-                    n_drafts = 0  # what a plain step drafts
                     if speculative:
                         n_drafts, source, k, t_draft = self._proposer.propose(
                             seq, min(remaining - 1, n_ctx - len(seq)), s, rng, stats
                         )
                         t_target = stats.seconds_target
-                        new, origins, lps, tops, rescues = self._verify(seq, n_drafts, rule, sampling, rng, stats)
+                        step = self._verify(seq, n_drafts, rule, sampling, rng, stats)
+                        new = step.tokens
                         lengths.observe(source, n_drafts, len(new) - 1, t_draft, stats.seconds_target - t_target)
                         stats.record_k(k)
                     else:
-                        new, origins, lps, tops, rescues = self._plain_step(models[0], seq, sampling, rng, stats, mode)
+                        step = self._plain_step(models[0], seq, sampling, rng, stats, mode)
+                        new = step.tokens
                     start = len(seq)
                     seq.extend(new)
                     for m in models:  # trim: each cache keeps its longest common prefix with the accepted text
@@ -306,18 +305,14 @@ class Engine:
                             finish = "stop"
                             break
                         shown.append(t)
-                    n = len(shown)
-                    out_tokens.extend(shown)
-                    out_origins.extend(origins[:n])
-                    out_lps.extend(lps[:n])
-                    out_tops.extend(tops[:n])
+                    step = step.head(len(shown))
+                    reply.extend(step)
                     released = text.push(b"".join(self.target.piece(t) for t in shown))
                     if text.stopped or chain.finished:  # a stop string, or the grammar is complete
                         finish = "stop"
                     stats.seconds_total = perf_counter() - t_start
                     if released or shown:
-                        logprobs, top = _logprobs(s, lps[:n], tops[:n])
-                        yield Piece(released, shown, origins[:n], None, logprobs, top, n_drafts, rescues[:n])
+                        yield step.piece(released, s.logprobs, s.top_logprobs > 0)
                 stats.seconds_total = perf_counter() - t_start
             finally:
                 for m in models if not self._closed else ():  # close() from this thread while a stream was paused
@@ -326,16 +321,16 @@ class Engine:
             tail = text.flush()
             completion = Completion(
                 text=text.text,
-                token_ids=out_tokens,
+                token_ids=reply.tokens,
                 finish_reason=finish,
                 stats=stats.to_dict(),
                 settings=s.to_dict(),
                 prompt_tokens=stats.prompt_tokens,
-                origins=out_origins,
+                origins=reply.origins,
                 finish_detail=length_detail(finish, stats.tokens, s.max_tokens),
                 dropped_messages=dropped,
             )
-            completion.logprobs, completion.top_logprobs = _logprobs(s, out_lps, out_tops)
+            completion.logprobs, completion.top_logprobs = reply.logprob_fields(s.logprobs, s.top_logprobs > 0)
             if mode == DRAFT_ONLY:
                 completion.stats["target_logprob_mean"] = completion.stats["loss_per_token"] = None
             plain = self._lengths.plain_tokens_per_second_est
@@ -383,7 +378,7 @@ class Engine:
             (float(out.divergence[i]), float(p[i, : self.n_vocab].max() - p[i, drafts[i]])) if r == BY_FUZZY else None
             for i, r in enumerate(reasons)
         ] + [None]
-        return drafts[:accepted] + [int(nxt)], origins, *_emitted(out, accepted + 1), rescues
+        return Emitted(drafts[:accepted] + [int(nxt)], origins, *_logprobs(out, accepted + 1), rescues, n_drafts)
 
     def _plain_step(self, m: Model, seq, sampling, rng, stats, mode):
         """The baselines: one token from one model (target for ar, draft for draft-only)."""
@@ -409,16 +404,11 @@ class Engine:
         if mode == AR:
             stats.logprob_sum += lp
             stats.logprob_count += 1
-        return [int(tok)], ["draft" if mode == DRAFT_ONLY else "target"], *_emitted(out, 1), [None]
+        return Emitted([int(tok)], ["draft" if mode == DRAFT_ONLY else "target"], *_logprobs(out, 1), [None])
 
 
-def _emitted(out, n: int) -> tuple[list[float], list[list[tuple[int, float]]]]:
+def _logprobs(out, n: int) -> tuple[list[float], list[list[tuple[int, float]]]]:
     """The log-probabilities of a round's n emitted tokens and their top alternatives, from the kernel's RoundOut."""
     lps = out.logprob[:n].tolist()
     ids, top = out.top_ids[:n].tolist(), out.top_logprob[:n].tolist()
     return lps, [[(i, v) for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(ids, top)]
-
-
-def _logprobs(s: Settings, lps: list[float], tops: list) -> tuple[list[float] | None, list | None]:
-    """What a Piece or Completion carries: the log-probabilities if the settings asked for them."""
-    return (lps, tops if s.top_logprobs else None) if s.logprobs else (None, None)

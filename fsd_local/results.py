@@ -28,6 +28,43 @@ class Piece:
 
 
 @dataclass
+class Emitted:
+    """Tokens a round emitted (or a whole reply, extended round by round) and what rides along with each: its
+    origin, the target's log-probability and top alternatives, and (divergence, log-probability gap) where tau
+    rescued it, else None; `drafted`: the tokens the round drafted."""
+
+    tokens: list[int] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    rescues: list[tuple[float, float] | None] = field(default_factory=list)
+    drafted: int = 0
+
+    def head(self, n: int) -> Emitted:
+        """The first n tokens (what is shown of a round that ended the reply)."""
+        return Emitted(
+            self.tokens[:n], self.origins[:n], self.logprobs[:n], self.top[:n], self.rescues[:n], self.drafted
+        )
+
+    def extend(self, other: Emitted) -> None:
+        self.tokens += other.tokens
+        self.origins += other.origins
+        self.logprobs += other.logprobs
+        self.top += other.top
+        self.rescues += other.rescues
+        self.drafted += other.drafted
+
+    def logprob_fields(self, logprobs: bool, top: bool) -> tuple[list[float] | None, list | None]:
+        """What a Piece or Completion carries: the log-probabilities (and alternatives) if they were asked for."""
+        return (self.logprobs, self.top if top else None) if logprobs else (None, None)
+
+    def piece(self, text: str, logprobs: bool, top: bool) -> Piece:
+        return Piece(
+            text, self.tokens, self.origins, None, *self.logprob_fields(logprobs, top), self.drafted, self.rescues
+        )
+
+
+@dataclass
 class Completion:
     text: str
     token_ids: list[int]
