@@ -37,6 +37,29 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def splice_cached(ids: list[int], cached: Sequence[int], piece: Callable[[int], bytes]) -> list[int]:
+    """The prompt `ids` with the cached tokens in place of another split of the same text. A sampled reply is often
+    not the tokenizer's own split of its text (" Par" + "is" where the tokenizer writes " Paris"): rendered back
+    into the next turn's prompt and tokenized again, it would differ from what both caches hold from its first
+    such token on, and everything after would be evaluated again. Where the cached tokens past the common
+    prefix render to exactly the bytes of the prompt's next tokens, ending on a token boundary of the prompt,
+    the prompt continues from the cached tokens (the text is the same, byte for byte). Special tokens render as
+    nothing, so a span holding one is never matched."""
+    p = _common(ids, cached)
+    if p == len(cached) or p == len(ids):
+        return ids
+    want = [piece(t) for t in cached[p:]]
+    if not all(want):
+        return ids
+    target, got, j = b"".join(want), b"", p
+    while j < len(ids) and len(got) < len(target):
+        b = piece(ids[j])
+        if not b:
+            return ids
+        got, j = got + b, j + 1
+    return list(cached) + ids[j:] if got == target else ids
+
+
 def fit_conversation(
     render: Callable[[Messages], list[int]],
     messages: Messages,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fsd_local.chain import Chain
-from fsd_local.conversation import fit_conversation, reply_room
+from fsd_local.conversation import fit_conversation, reply_room, splice_cached
 from fsd_local.drafting.proposer import Proposer
 from fsd_local.errors import FSDError
 from fsd_local.kernels.accept import (
@@ -169,7 +169,8 @@ class Engine:
         text = self._template.render(messages, add_generation_prompt=True)
         bos = self._template.bos_token
         # the template may write BOS itself; never add a second one
-        return self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
+        ids = self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
+        return splice_cached(ids, list(self.target.tokens), self.target.piece)  # a sampled reply's own split
 
     def chat(
         self,

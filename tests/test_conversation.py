@@ -14,7 +14,7 @@ import pytest
 
 from fsd_local import ContextOverflowError, Engine, Settings
 from fsd_local.cli.chat import ChatSession
-from fsd_local.conversation import fit_conversation, reply_room
+from fsd_local.conversation import _common, fit_conversation, reply_room
 
 SYSTEM = {"role": "system", "content": "answer briefly"}
 
@@ -263,3 +263,29 @@ def test_twenty_messages_through_a_pipe_on_the_demo_pair_with_a_small_context():
             for r in replies
         )
     )
+
+
+def test_a_sampled_replys_own_tokens_are_reused_by_the_next_turn(tiny_engine):
+    """Sampling often writes a reply in tokens the tokenizer would split otherwise (here: byte tokens where the
+    vocabulary has the character). Rendered back into the next turn and tokenized again, the reply would differ
+    from the caches from its first such token on; the prompt keeps the cached tokens instead, so the next turn
+    evaluates its new text only, and the text of the prompt is unchanged."""
+    eng = tiny_engine
+    eng.reset()
+    msgs = [{"role": "user", "content": "tell me about the fox"}]
+    ascii_only = {t: float("-inf") for t in range(3 + 128, 3 + 256)}  # byte tokens above 0x7f: whole UTF-8 only
+    for seed in range(20):  # a seed whose reply is not the tokenizer's own split of its text
+        eng.reset()
+        first = eng.chat(msgs, max_tokens=24, temperature=1.5, seed=seed, mode="sd", logit_bias=ascii_only)
+        if first.text and eng.tokenize(first.text, add_special=False) != first.token_ids:
+            break
+    else:
+        pytest.skip("no sampled reply with a split of its own in 20 seeds")
+    nxt = [*msgs, {"role": "assistant", "content": first.text}, {"role": "user", "content": "and the owl?"}]
+    canonical = eng.target.tokenize(eng._template.render(nxt, add_generation_prompt=True), add_special=True)
+    spliced = eng.chat_prompt(nxt)
+    assert spliced != canonical and eng.detokenize(spliced) == eng.detokenize(canonical)
+    second = eng.chat(nxt, max_tokens=4, mode="sd")
+    # only what follows the reply is evaluated: the reply's own tokens (all but the last, never fed) are cached
+    assert second.stats["prompt_evaluated"] <= len(spliced) - first.stats["prompt_tokens"] - len(first.token_ids) + 2
+    assert _common(spliced, canonical) < first.stats["prompt_tokens"] + len(first.token_ids) - 1
