@@ -190,6 +190,7 @@ class Settings:
         lo_open=True,
         cli="--repeat-penalty",
         chat="repeat",
+        chat_default=1.1,
     )
     repeat_last_n: int = setting(
         64,

@@ -28,7 +28,7 @@ CANDIDATES = {
     "temperature 1.0, same truncation": {**CHAT_DEFAULTS, "temperature": 1.0},
     "temperature 1.0, min-p 0.1 alone": dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.1),
     "greedy, repeat penalty 1.1": dict(temperature=0.0, repeat_penalty=1.1),
-    "sampling, repeat penalty 1.1": {**CHAT_DEFAULTS, "repeat_penalty": 1.1},
+    "chat defaults without the repeat penalty": {**CHAT_DEFAULTS, "repeat_penalty": 1.0},
 }
 
 
@@ -46,7 +46,7 @@ def longest_repeat(ids: list[int]) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--only", help="run only the candidates whose name contains this")
+    ap.add_argument("--only", help="run only the candidates whose name contains one of these (comma separated)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--tau", type=float, default=0.2)
     ap.add_argument("--threads", type=int, default=1)
@@ -55,7 +55,7 @@ def main() -> None:
     summary = []
     with Engine(target=str(target), draft=str(draft), n_ctx=2048, n_threads=args.threads) as eng:
         for name, settings in CANDIDATES.items():
-            if args.only and args.only not in name:
+            if args.only and not any(w in name for w in args.only.split(",")):
                 continue
             seeds = [None] if settings["temperature"] == 0 else list(range(1, args.seeds + 1))
             loops = runs = 0
