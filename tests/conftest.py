@@ -46,6 +46,23 @@ def tiny_engine(tiny_pair):
         yield eng
 
 
+@pytest.fixture(scope="module")
+def tiny_server(tiny_engine):
+    """The OpenAI server in this process over the shared tiny engine (one per test module that asks)."""
+    from fsd_local.server import BackgroundServer
+
+    with BackgroundServer(tiny_engine, model_name="tiny-pair") as srv:
+        yield srv
+
+
+@pytest.fixture()
+def tiny_client(tiny_server):
+    """The official openai client pointed at `tiny_server`."""
+    import openai
+
+    return openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
 @pytest.fixture(scope="session")
 def real_pair():
     """(draft, target) paths of the SmolLM2 demo pair (draft 30 layers, target 44), built if missing."""

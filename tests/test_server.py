@@ -20,7 +20,6 @@ import openai
 import pytest
 from serving import start_serve
 
-from fsd_local import Engine
 from fsd_local.server import BackgroundServer
 
 HELLO = [{"role": "user", "content": "hello there"}]
@@ -28,23 +27,18 @@ TIMEOUT = 20  # seconds; every wait below is bounded
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_pair):
-    d, t = tiny_pair
-    # one thread: on a busy 2-core machine llama.cpp's spinning thread pool makes tiny decodes ~100x slower;
-    # fixed k: under `auto` the k of a round depends on measured time, and with tau > 0 so does the text
-    with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
-        yield eng
+def engine(tiny_engine):
+    return tiny_engine  # conftest: fixed k = 4, so every reply drafts and two runs verify in the same batch shapes
 
 
 @pytest.fixture(scope="module")
-def server(engine):
-    with BackgroundServer(engine, model_name="tiny-pair") as srv:
-        yield srv
+def server(tiny_server):
+    return tiny_server
 
 
 @pytest.fixture()
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+def client(tiny_client):
+    return tiny_client
 
 
 def post(server, path, body, timeout=TIMEOUT):

@@ -11,7 +11,6 @@ import httpx
 import openai
 import pytest
 
-from fsd_local import Engine
 from fsd_local.server import BackgroundServer
 from fsd_local.server.logprobs import token_text
 
@@ -20,23 +19,18 @@ TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_pair):
-    d, t = tiny_pair
-    # a fixed k: the same batch shapes on every run, so log-probabilities compare exactly (auto chooses k from
-    # measured time, and F32 logits differ by float rounding between batch shapes)
-    with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
-        yield eng
+def engine(tiny_engine):
+    return tiny_engine  # conftest: fixed k = 4, so every reply drafts and two runs verify in the same batch shapes
 
 
 @pytest.fixture(scope="module")
-def server(engine):
-    with BackgroundServer(engine, model_name="tiny-pair") as srv:
-        yield srv
+def server(tiny_server):
+    return tiny_server
 
 
 @pytest.fixture()
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
+def client(tiny_client):
+    return tiny_client
 
 
 def entries(engine, c):

@@ -17,7 +17,6 @@ import httpx
 import pytest
 from serving import start_serve
 
-from fsd_local import Engine
 from fsd_local.server import BackgroundServer
 from fsd_local.settings import FIELDS, spec
 
@@ -26,17 +25,13 @@ HELLO = [{"role": "user", "content": "hello there"}]
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_pair):
-    d, t = tiny_pair
-    # a fixed k: the tiny pair decodes so fast that auto would rarely draft, and these tests need drafted tokens
-    with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
-        yield eng
+def engine(tiny_engine):
+    return tiny_engine  # conftest: fixed k = 4, so every reply drafts and two runs verify in the same batch shapes
 
 
 @pytest.fixture(scope="module")
-def server(engine):
-    with BackgroundServer(engine, model_name="tiny-pair") as srv:
-        yield srv
+def server(tiny_server):
+    return tiny_server
 
 
 def stream_chunks(url, body, headers=None):

@@ -36,9 +36,8 @@ def verify_curve(all_runs, n_hi: int) -> list[float] | None:
     return vc.curve(n_hi)
 
 
-def oracle(runs, curve: list[float] | None) -> dict | None:
-    """{"k", "tokens_per_second", "by_k"} of the best fixed k for one configuration's runs, or None when it
-    drafted nothing or no costs were measured."""
+def position_totals(runs) -> tuple[list[int], list[int]]:
+    """Tokens drafted and accepted at each draft position, summed over runs."""
     drafted: list[int] = []
     accepted: list[int] = []
     for run in runs:
@@ -48,6 +47,13 @@ def oracle(runs, curve: list[float] | None) -> dict | None:
                 accepted.append(0)
             drafted[i] += d
             accepted[i] += a
+    return drafted, accepted
+
+
+def oracle(runs, curve: list[float] | None) -> dict | None:
+    """{"k", "tokens_per_second", "by_k"} of the best fixed k for one configuration's runs, or None when it
+    drafted nothing or no costs were measured."""
+    drafted, accepted = position_totals(runs)
     n_drafted = sum(run.stats["drafted"] for run in runs)
     if not n_drafted or curve is None:
         return None

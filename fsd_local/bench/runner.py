@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fsd_local.bench.oracle import oracle, verify_curve
+from fsd_local.bench.oracle import oracle, position_totals, verify_curve
 from fsd_local.bench.prompts import Prompt
 from fsd_local.errors import ConfigError
 from fsd_local.kernels.names import DIVERGENCE_MODES, DIVERGENCES, MODES, TAU_MODES
@@ -339,15 +339,7 @@ def _k_histogram(runs: list[Run]) -> list[int]:
 
 
 def _by_position(runs: list[Run]) -> list[float]:
-    drafted: list[int] = []
-    accepted: list[int] = []
-    for run in runs:
-        for i, (d, a) in enumerate(zip(run.stats["drafted_by_position"], run.stats["accepted_by_position"])):
-            if i == len(drafted):
-                drafted.append(0)
-                accepted.append(0)
-            drafted[i] += d
-            accepted[i] += a
+    drafted, accepted = position_totals(runs)
     return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
 
 
