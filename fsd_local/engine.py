@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Generator, Mapping, Sequence
+from functools import partial
 from time import perf_counter
 from typing import Any
 
@@ -31,7 +32,7 @@ from fsd_local.kernels.accept import (
     sampling_of,
     warm_up,
 )
-from fsd_local.kernels.budget import Budgets
+from fsd_local.kernels.budget import Budgets, stop_at
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.llama.model import Model
@@ -262,6 +263,7 @@ class Engine:
             stats = Stats(prompt_tokens=len(seq))
             stats.budget = self._budgets.start(s, self._proposer.drafts.tokens.shape[0])
             text = TextStream(s.stop)
+            ends = partial(self._ends_reply, text, s.ignore_eos)  # which draft would end the reply (budget's cap)
             reply = Emitted()  # the tokens shown so far, with their origins and log-probabilities
             finish = None
             try:
@@ -289,7 +291,7 @@ class Engine:
                             seq, min(remaining - 1, n_ctx - len(seq)), s, rng, stats
                         )
                         t_target = stats.seconds_target
-                        step = self._verify(seq, n_drafts, rule, sampling, rng, stats)
+                        step = self._verify(seq, n_drafts, rule, sampling, rng, stats, ends)
                         new = step.tokens
                         lengths.observe(source, n_drafts, len(new) - 1, t_draft, stats.seconds_target - t_target)
                         stats.record_k(k)
@@ -352,11 +354,20 @@ class Engine:
             m.decode(todo[i : i + m.n_batch], logits="none")
         return len(todo) + 1
 
-    def _verify(self, seq, n_drafts, rule, sampling, rng, stats):
-        """Score [last accepted, d_1..d_n] in one target decode, then apply the acceptance rule."""
+    def _ends_reply(self, text: TextStream, ignore_eos: bool, drafts: list[int]) -> int | None:
+        """The first of these drafts that would end the reply if emitted: end of generation or a stop string."""
+        eog = next((j for j, t in enumerate(drafts) if not ignore_eos and self.target.is_eog(t)), None)
+        stop = text.stop_index([self.target.piece(t) for t in drafts[:eog]])
+        return stop if stop is not None else eog
+
+    def _verify(self, seq, n_drafts, rule, sampling, rng, stats, ends):
+        """Score [last accepted, d_1..d_n] in one target decode, then apply the acceptance rule. ends(drafts): the
+        first draft that would end the reply (the quality budget's cap counts the tokens up to there)."""
         tgt = self.target
         pending = seq[len(tgt.tokens) :]
         drafts = self._proposer.drafts.tokens[:n_drafts].tolist()
+        if stats.budget.bound > 0.0:
+            stop_at(stats.budget, ends(drafts))
         t = perf_counter()
         tgt.decode(pending + drafts, f"from:{len(pending) - 1}")
         tgt.synchronize()

@@ -9,6 +9,7 @@ import numpy as np
 
 # the budget's state vector (kernels/budget.py; not imported: stats must not load numba)
 _LOSS, _TOKENS, _TAU, _TAU_SUM, _TAU_MIN, _TAU_MAX, _ROUNDS, _REFUSED = range(8)
+_CAPPED = 12
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 
@@ -108,6 +109,7 @@ class Stats:
             if st is not None and rounds
             else None,
             "rescues_refused": int(st[_REFUSED]) if st is not None else 0,
+            "rescues_capped": int(st[_CAPPED]) if st is not None else 0,
         }
 
     def to_dict(self) -> dict:

@@ -35,6 +35,20 @@ class TextStream:
         self._held = pending[len(pending) - keep :] if keep else ""
         return self._release(pending[: len(pending) - keep])
 
+    def stop_index(self, pieces: list[bytes]) -> int | None:
+        """The index of the first of these token pieces whose text would complete a stop string if they were
+        pushed next (None: none would); nothing is consumed."""
+        if not self.stop:
+            return None
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        dec.setstate(self._utf8.getstate())
+        pending = self._held  # released text cannot hold the start of a stop string: only what is held can
+        for i, data in enumerate(pieces):
+            pending += dec.decode(data)
+            if any(s in pending for s in self.stop):
+                return i
+        return None
+
     def flush(self) -> str:
         """At the end of generation: release whatever is held, still honouring the stop strings."""
         return self.push(b"", final=True)

@@ -26,8 +26,22 @@ from fsd_local.kernels.accept import (
     Sampling,
     accept_round,
 )
-from fsd_local.kernels.budget import G_HI, LOSS, TAU, TAU_HI, TAU_START, TOKENS, G, new_budget, sampled_loss
+from fsd_local.kernels.budget import (
+    CAPPED,
+    G_HI,
+    LOSS,
+    REFUSED,
+    TAU,
+    TAU_HI,
+    TAU_START,
+    TOKENS,
+    G,
+    new_budget,
+    sampled_loss,
+    stop_at,
+)
 from fsd_local.llama.model import Model, ModelOptions
+from fsd_local.stream import TextStream
 
 ALPHA = 1e-3
 PROMPTS = ["the cat sat on the mat", "we ran far away, very far", "a b c", "über € é!"]
@@ -154,41 +168,106 @@ def test_sampled_loss_is_defined_on_the_distribution_the_rule_really_emits(mode,
 
 
 # ------------------------------------------------------------------ the hard cap
+def _forced_round(k, n, costs, plain=()):
+    """A greedy round whose target prefers token 0 everywhere while the draft proposes token 1, each costing
+    costs[i] below the top (the slots in `plain` draft token 0 instead: the target's own choice)."""
+    P = np.full((k + 1, n), -5.0, np.float32)
+    P[:, 0] = 5.0
+    P[:k, 1] = 5.0 - np.asarray(costs, np.float32)
+    tokens = np.array([0 if i in plain else 1 for i in range(k)], np.int32)
+    q_stats = np.zeros((k + 1, 3), np.float32)
+    drafts = Drafts(np.zeros((k, n), np.float32), tokens, np.ones(k), q_stats, np.zeros(k, np.uint8))
+    actual = P[:k, 0].astype(np.float64) - P[:k, 1]  # what the rows say, float32 rounding included
+    return P, drafts, np.where(tokens == 1, actual, 0.0)
+
+
+def _forced_accept(budget, P, drafts, k, n):
+    out = RoundOut(np.zeros(k, np.int8), np.zeros(k), np.zeros(k + 1))
+    budget.state[TAU] = TAU_HI  # cascade rescues any cost below -log(1 - TAU_HI): all of these,
+    budget.state[G] = G_HI  # and every one of them is worth its loss: only the cap refuses
+    rule, sampling = Rule(CASCADE, 0, 0.0, 50), Sampling(0.0, 0, 1.0, 0.0)
+    return accept_round(P, drafts, k, n, rule, sampling, np.zeros(k + 1), out, budget)
+
+
 def test_a_forced_sequence_of_expensive_rescues_is_refused_once_it_would_pass_the_budget():
-    """Every draft is one the rule rescues (the threshold is held at its top); rescues cost 0.02 .. 0.9 nats.
-    The kernel must accept exactly the rescues a running-loss reference affords, and every prefix keeps B."""
+    """Every draft is one the rule rescues; rescues cost 0.02 .. 0.9 nats. Greedy, a round is decided whole (none
+    of it is shown before): the kernel must accept exactly the longest prefix of the round a running-loss
+    reference affords at the round's end, and the reply keeps B at every round's end."""
     n, k, bound = 16, 4, 0.1
     rng = np.random.default_rng(0)
     budget = new_budget(bound, k)
-    out = RoundOut(np.zeros(k, np.int8), np.zeros(k), np.zeros(k + 1))
-    rule, sampling = Rule(CASCADE, 0, 0.0, 50), Sampling(0.0, 0, 1.0, 0.0)
-    loss_ref, tokens_ref, per_token, refused = 0.0, 0, [], 0
+    loss_ref, tokens_ref, per_token, ends, refused = 0.0, 0, [], [], 0
     for _ in range(200):
-        costs = rng.choice([0.02, 0.05, 0.3, 0.9], size=k)
-        P = np.full((k + 1, n), -5.0, np.float32)
-        P[:, 0] = 5.0  # the target's choice everywhere; the draft proposes token 1, costs below its top
-        P[:k, 1] = 5.0 - costs
-        costs = P[:k, 0].astype(np.float64) - P[:k, 1]  # what the rows say, float32 rounding included
-        q_stats = np.zeros((k + 1, 3), np.float32)
-        drafts = Drafts(np.zeros((k, n), np.float32), np.ones(k, np.int32), np.ones(k), q_stats, np.zeros(k, np.uint8))
-        budget.state[TAU] = TAU_HI  # cascade rescues any cost below -log(1 - TAU_HI): all of these,
-        budget.state[G] = G_HI  # and every one of them is worth its loss: only the cap refuses
-        acc, nxt = accept_round(P, drafts, k, n, rule, sampling, np.zeros(k + 1), out, budget)
-        expected = 0
-        for i in range(k):  # the reference: afford it with this token counted, or stop the round here
-            if loss_ref + costs[i] <= bound * (tokens_ref + i + 1):
-                loss_ref += costs[i]
-                expected += 1
-            else:
-                refused += 1
-                break
+        P, drafts, costs = _forced_round(k, n, rng.choice([0.02, 0.05, 0.3, 0.9], size=k))
+        acc, nxt = _forced_accept(budget, P, drafts, k, n)
+        # the reference: the most drafts m whose rescues fit B x (tokens so far + the round's m + 1)
+        expected = max(m for m in range(k + 1) if loss_ref + costs[:m].sum() <= bound * (tokens_ref + m + 1))
+        refused += expected < k
         assert (acc, nxt) == (expected, 0)
+        loss_ref += costs[:expected].sum()
         tokens_ref += acc + 1
         per_token.extend(budget.loss[: acc + 1])
+        ends.append(len(per_token))
         assert budget.state[LOSS] == pytest.approx(loss_ref) and budget.state[TOKENS] == tokens_ref
     cum = np.cumsum(per_token)
-    assert np.all(cum <= bound * np.arange(1, len(cum) + 1) + 1e-12)  # every prefix of the reply
+    assert np.all(cum[np.array(ends) - 1] <= bound * np.array(ends) + 1e-12)  # the reply at every round's end
     assert refused > 50 and cum[-1] > 0.8 * bound * len(cum)  # the cap bound, and the budget was spent
+    assert budget.state[REFUSED] == budget.state[CAPPED] == refused  # every refusal was the cap's
+
+
+def test_a_rescue_is_paid_for_by_the_tokens_of_its_own_round():
+    """B 0.1, a reply's first round of 4 drafts: a rescue at slot 0 costing 0.3 is more than the 0.1 of its own
+    token, but the round emits 5 tokens (0.5) if the drafts after it are kept: taken. Two rescues (0.25 + 0.2)
+    are taken together although the first alone would not fit before the second's slot; 0.6 is refused."""
+    n, k = 16, 4
+    for costs, plain, expected in [
+        ([0.3, 0, 0, 0], (1, 2, 3), 4),
+        ([0.25, 0.2, 0, 0], (2, 3), 4),
+        ([0.6, 0, 0, 0], (1, 2, 3), 0),
+        ([0.05, 0.5, 0, 0], (2, 3), 1),  # the second rescue would take the round's 5 tokens past 0.5
+    ]:
+        budget = new_budget(0.1, k)
+        P, drafts, c = _forced_round(k, n, costs, plain)
+        acc, _ = _forced_accept(budget, P, drafts, k, n)
+        assert acc == expected, costs
+        assert budget.state[LOSS] == pytest.approx(c[:acc].sum())
+        assert budget.state[LOSS] <= 0.1 * (acc + 1) + 1e-12
+
+
+def test_the_draft_that_ends_the_reply_is_a_point_the_budget_holds_at():
+    """A stop string or end of generation at draft 1: the reply would end with 2 of the round's tokens, so a
+    rescue at slot 0 must fit 0.2 there even though the full round (5 tokens) could pay 0.3."""
+    n, k = 16, 4
+    for stop, expected in [(None, 4), (1, 0), (3, 4)]:
+        budget = new_budget(0.1, k)
+        stop_at(budget, stop)
+        P, drafts, _ = _forced_round(k, n, [0.3, 0, 0, 0], (1, 2, 3))
+        acc, _ = _forced_accept(budget, P, drafts, k, n)
+        assert acc == expected, stop
+
+
+def test_text_stream_finds_the_piece_that_completes_a_stop_string():
+    text = TextStream(("</s>", "END"))
+    assert text.push(b"hello <") == "hello "  # "<" is held: it may start a stop string
+    assert text.stop_index([b"/", b"s", b">", b"more"]) == 2
+    assert text.stop_index([b" E", b"N", b"D"]) == 2
+    assert text.stop_index([b"\xc3", b"\xa9 E", b"ND!"]) == 2  # a character split across pieces
+    assert text.stop_index([b"x", b"y"]) is None
+    assert text.push(b"/s") == "" and not text.stopped  # stop_index consumed nothing
+    assert TextStream(()).stop_index([b"a"]) is None
+
+
+def test_the_engine_tells_the_budget_which_draft_ends_the_reply(tiny_engine):
+    eng = tiny_engine
+    words = eng.tokenize(" the cat sat", add_special=False)
+    pieces = [eng.token_bytes(t) for t in words]
+    first = next(i for i in range(len(words)) if b"cat" in b"".join(pieces[: i + 1]))
+    assert 0 < first < len(words) - 1
+    assert eng._ends_reply(TextStream(("cat",)), False, words) == first
+    assert eng._ends_reply(TextStream(()), False, words) is None
+    eos = eng.target.eos
+    assert eng._ends_reply(TextStream(()), False, [words[0], eos, words[1]]) == 1
+    assert eng._ends_reply(TextStream(()), True, [words[0], eos, words[1]]) is None
 
 
 @pytest.mark.parametrize("mode", ["fsd", "typical", "cascade", "relaxed", "fsd-entropy"])
@@ -272,6 +351,7 @@ def test_the_threshold_moves_with_the_budget_and_is_reported(tiny_engine):
     assert th_poor["min"] <= th_poor["mean"] <= th_poor["max"]
     assert rich.stats["accepted_fuzzy"] > poor.stats["accepted_fuzzy"]
     assert rich.stats["loss_per_token"] > poor.stats["loss_per_token"]
+    assert 0 <= poor.stats["rescues_capped"] <= poor.stats["rescues_refused"]  # the cap's share of the refusals
     # the next reply of the same kind starts where this one left the threshold
     again = tiny_engine.generate(PROMPTS[1], quality_budget=3.0, max_tokens=1)  # one round: the first threshold
     assert again.stats["threshold"]["min"] == pytest.approx(th_rich["last"])

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.budget import TAU, afford, end_round, greedy_loss, new_budget, sampled_loss
+from fsd_local.kernels.budget import TAU, afford, end_round, greedy_loss, new_budget, plan_round, sampled_loss
 from fsd_local.kernels.divergence import divergence
 from fsd_local.kernels.names import (  # noqa: F401
     AR,
@@ -122,7 +122,7 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
     """Returns (n_accepted, next_token); fills out.reason[:n_drafts], out.divergence[:n_drafts],
     out.logprob[:n_accepted + 1] and budget.loss[:n_accepted + 1] (kernels/budget.py). P: the target's n_drafts + 1
     logit rows. Under a budget (budget.bound >= 0) the rule uses the budget's threshold instead of rule.tau, and a
-    rescue must also be affordable."""
+    rescue must also be affordable: slot by slot when sampling, for the whole round at once when greedy."""
     Q, drafts, q_prob, q_stats = draft.rows, draft.tokens, draft.prob, draft.stats
     mode, div_kind, topk_div = rule.mode, rule.divergence, rule.divergence_topk
     tau = rule.tau if budget.bound < 0.0 else budget.state[TAU]
@@ -139,6 +139,9 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
         divs[i] = np.nan
     for i in range(n_drafts + 1):
         loss[i] = 0.0
+    planned = greedy and budget.bound > 0.0
+    rescued = np.zeros(n_drafts, np.bool_)
+    costs = np.zeros(n_drafts)
     for i in range(n_drafts):
         x = P[i]
         d = drafts[i]
@@ -184,14 +187,22 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
                     mode, x, lse_p[i], Q[i], draft.onehot[i], d, n, temperature, stats_p, q_stats[i], tau,
                     rule.relaxed_k, rule.typical_eps, rule.typical_alpha,
                 )  # fmt: skip
-            ok = afford(budget, cost, i, n_drafts)
-            if ok and not greedy:
-                loss[i] = cost
+            if planned:  # decided with the whole round below
+                rescued[i], costs[i] = True, cost
+            else:
+                ok = afford(budget, cost, i, n_drafts)
+                if ok and not greedy:
+                    loss[i] = cost
         if ok:
             reason[i] = BY_FUZZY
             accepted += 1
         else:
             break
+    if planned and accepted:  # greedy under a budget: how many of the drafts the rule accepts the budget affords
+        kept = plan_round(budget, rescued, costs, accepted)
+        for j in range(kept, accepted):
+            reason[j] = REJECTED
+        accepted = kept
     # the one extra token: bonus after a full accept, otherwise the replacement at the failed slot
     x = P[accepted]
     u = uniforms[n_drafts]

@@ -11,16 +11,25 @@ token is known when the acceptance rule looks at it:
   the expected charge of the slot is exactly KL(r || p~), and it is +inf where r puts mass on a token p~ never
   emits (such a rescue is never affordable).
 
-The hard cap: a rescue is allowed only when the reply's running loss, with it, stays <= B x (tokens emitted so far,
-this one included). Every other token adds nothing, so every prefix of every reply keeps its budget.
+The hard cap: the reply's loss stays <= B x its tokens at every point where the reply can end. Only rescues add
+loss. Sampled, a rescue is allowed only when the running loss, with it, stays <= B x (tokens so far, this one
+included): every prefix of every reply keeps its budget. Greedy, a round is decided whole (`plan_round`): nothing of
+it is shown before, and the reply can end only at a round's end, where the engine's loop stops (cancellation,
+max_tokens, a full context), or at a draft that ends it (end of generation, or a stop string completing in its
+text: the engine marks it, `stop_at`). So a rescue may be paid for by the tokens of its own round that follow it,
+and the round keeps the longest run of the drafts the rule accepts whose loss fits at each of those points. Every
+reply keeps its budget, cut by a stop string, cancellation or max_tokens too. (Sampled stays slot by slot: a
+decision that looked at the drafts after a slot would depend on the token drawn there, and the slot would no
+longer emit from r, nor its expected charge be KL(r || p~).)
 
-Where the budget is spent: a rescue at slot i of a round of n drafts buys 1 + a + ... + a^(n-1-i) tokens in
-expectation (the token itself lets the round go on: the rest of the drafts, each accepted with the reply's measured
-rate a, or the bonus token), and costs its loss c. A rescue is taken only when c <= g x B x (that value): the
-cheapest tokens per unit of loss first. The mode keeps its rule, at the threshold g x (the mode's starting
-threshold). The one controlled number g moves after each round, multiplicatively up when the unspent budget
-(B x tokens - loss) is above a reserve of RESERVE_TOKENS tokens' worth, down when below, so the budget is spent at
-its rate. The g a pair and budget settle on is kept for the next reply of the same kind (`Budgets`).
+Where the budget is spent: a rescue is worth taking when its loss c buys enough tokens. Greedy, what a stretch of
+the round buys is known exactly: the tokens between where the round would end without it and where it ends with it.
+Sampled, a rescue at slot i of a round of n drafts buys 1 + a + ... + a^(n-1-i) tokens in expectation (the rest of
+the drafts, each accepted with the reply's measured rate a, or the bonus token). Either is taken only when
+c <= g x B x (the tokens it buys). The mode keeps its rule, at the threshold g x (the mode's starting threshold).
+The one controlled number g moves after each round, multiplicatively up when the unspent budget (B x tokens -
+loss) is above a reserve of RESERVE_TOKENS tokens' worth, down when below, so the budget is spent at its rate. The
+g a pair and budget settle on is kept for the next reply of the same kind (`Budgets`).
 """
 
 import math
@@ -34,9 +43,11 @@ from fsd_local.kernels.names import CASCADE, FSD_PAPER, RELAXED, TYPICAL
 from fsd_local.kernels.rows import row_entropy, row_max
 from fsd_local.kernels.topk import top_indices
 
-# the state vector of one reply's budget (TAU: the threshold the rule uses now, TAU0 x G)
-LOSS, TOKENS, TAU, TAU_SUM, TAU_MIN, TAU_MAX, ROUNDS, REFUSED, G, TAU0, DRAFTED, ACCEPTED = range(12)
-N_STATE = 12
+# the state vector of one reply's budget (TAU: the threshold the rule uses now, TAU0 x G; CAPPED: refusals by the
+# cap alone, of REFUSED; STOP_AT: this round's draft that ends the reply)
+LOSS, TOKENS, TAU, TAU_SUM, TAU_MIN, TAU_MAX, ROUNDS, REFUSED, G, TAU0, DRAFTED, ACCEPTED, CAPPED, STOP_AT = range(14)
+N_STATE = 14
+NO_STOP = 1e9  # STOP_AT when no draft of the round ends the reply
 G_START, G_LO, G_HI = 1.0, 0.01, 40.0  # the controlled gain: first value and range
 TAU_HI = 4.0  # the threshold never goes above this (every rule's tau scale is below it)
 TAU_START = 0.1  # the mode's starting threshold, unless its own scale says otherwise:
@@ -62,6 +73,7 @@ def new_budget(bound: float | None, k: int, tau0: float = TAU_START, g: float = 
     state = np.zeros(N_STATE)
     state[TAU0], state[G] = tau0, g
     state[TAU] = min(tau0 * g, TAU_HI)
+    state[STOP_AT] = NO_STOP
     state[TAU_MIN], state[TAU_MAX] = np.inf, -np.inf
     return Budget(-1.0 if bound is None else float(bound), state, np.zeros(k + 1))
 
@@ -169,8 +181,8 @@ def rescue_value(budget, slot, n_drafts):
 
 @njit(cache=True)
 def afford(budget, cost, slot, n_drafts):
-    """Whether a rescue of this cost at this slot of the round is worth its loss and keeps the reply within its
-    budget (always, with no budget); charges it if so, counts a refusal if not."""
+    """Sampled decoding, slot by slot: whether a rescue of this cost at this slot is worth its loss and keeps the
+    reply within its budget (always, with no budget); charges it if so, counts a refusal if not."""
     if budget.bound < 0.0:
         return True
     s, b = budget.state, budget.bound
@@ -179,7 +191,41 @@ def afford(budget, cost, slot, n_drafts):
         s[LOSS] += cost
         return True
     s[REFUSED] += 1.0
+    s[CAPPED] += worth  # refused by the hard cap alone (worth its price)
     return False
+
+
+@njit(cache=True)
+def plan_round(budget, rescued, costs, n_ok):
+    """Greedy decoding, the whole round at once. The rule would accept the first n_ok drafts; rescued[j] says
+    which of them are rescues, costs[j] what each costs. Returns m, how many to accept (the round then emits m + 1
+    tokens: the target's own token at slot m, or the bonus token). Nothing of a round is shown before it is
+    decided, so a rescue may be paid for by the tokens of the same round that follow it: m is the longest prefix
+    that keeps the reply within B x its tokens at every point where it can end (the round's end, and the draft
+    STOP_AT that ends the reply, if any), taking each further stretch only when its loss is worth the tokens it
+    adds (<= g x B per token). Charges the loss; counts a refusal when m < n_ok."""
+    s, b = budget.state, budget.bound
+    base, tokens, stop = s[LOSS], s[TOKENS], s[STOP_AT]
+    at_stop = base  # the reply's loss if it ends at draft `stop` (used when stop < n_ok)
+    for t in range(int(min(stop + 1.0, n_ok))):
+        at_stop += costs[t] if rescued[t] else 0.0
+    m, loss, run, capped = -1, 0.0, 0.0, False
+    for j in range(n_ok + 1):
+        if j == n_ok or rescued[j]:  # a place to end the round: before this rescue, or after the last draft
+            if m < 0:  # the first one costs nothing: plain-accepted drafts only
+                m = j
+            elif run - loss <= s[G] * b * (j - m):  # worth its price
+                if base + run <= b * (tokens + j + 1.0) and (stop >= j or at_stop <= b * (tokens + stop + 1.0)):
+                    m, loss = j, run
+                else:
+                    capped = True
+        if j < n_ok and rescued[j]:
+            run += costs[j]
+    if m < n_ok:
+        s[REFUSED] += 1.0
+        s[CAPPED] += capped
+    s[LOSS] += loss
+    return m
 
 
 @njit(cache=True)
@@ -202,6 +248,12 @@ def end_round(budget, emitted, n_drafts, accepted):
         step = min(max((unspent - reserve) / reserve, -1.0), 1.0)
         s[G] = min(max(s[G] * math.exp(STEP * step), G_LO), G_HI)
         s[TAU] = min(s[TAU0] * s[G], TAU_HI)
+
+
+def stop_at(budget: Budget, slot: int | None) -> None:
+    """Before a round: the first draft of the round that ends the reply if emitted (end of generation, a stop
+    string); None: none does."""
+    budget.state[STOP_AT] = NO_STOP if slot is None else slot
 
 
 def threshold(budget: Budget) -> float:
