@@ -47,7 +47,7 @@ def tiny_engine(tiny_pair):
 
 
 @pytest.fixture(scope="module")
-def tiny_server(tiny_engine):
+def server(tiny_engine):
     """The OpenAI server in this process over the shared tiny engine (one per test module that asks)."""
     from fsd_local.server import BackgroundServer
 
@@ -56,11 +56,11 @@ def tiny_server(tiny_engine):
 
 
 @pytest.fixture()
-def tiny_client(tiny_server):
-    """The official openai client pointed at `tiny_server`."""
+def client(server):
+    """The official openai client pointed at `server`."""
     import openai
 
-    return openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="session")

@@ -26,21 +26,6 @@ HELLO = [{"role": "user", "content": "hello there"}]
 TIMEOUT = 20  # seconds; every wait below is bounded
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_engine):
-    return tiny_engine  # conftest: fixed k = 4, so every reply drafts and two runs verify in the same batch shapes
-
-
-@pytest.fixture(scope="module")
-def server(tiny_server):
-    return tiny_server
-
-
-@pytest.fixture()
-def client(tiny_client):
-    return tiny_client
-
-
 def post(server, path, body, timeout=TIMEOUT):
     data = body if isinstance(body, (str, bytes)) else json.dumps(body)
     return httpx.post(server.url + path, content=data, headers={"content-type": "application/json"}, timeout=timeout)
@@ -62,8 +47,8 @@ def metric(server, name_and_labels):
 
 
 # ---------------------------------------------------------------------------------------------- the happy paths
-def test_chat_non_streaming_matches_the_engine(engine, client):
-    expected = engine.chat(HELLO, max_tokens=16, tau=0.3)
+def test_chat_non_streaming_matches_the_engine(tiny_engine, client):
+    expected = tiny_engine.chat(HELLO, max_tokens=16, tau=0.3)
     r = client.chat.completions.create(
         model="anything-at-all", messages=HELLO, max_tokens=16, temperature=0, extra_body={"tau": 0.3}
     )
@@ -80,8 +65,8 @@ def test_chat_non_streaming_matches_the_engine(engine, client):
     assert 0 <= fsd["acceptance_rate"] <= 1
 
 
-def test_chat_streaming_matches_the_engine(engine, client):
-    expected = engine.chat(HELLO, max_tokens=24, tau=0.2)
+def test_chat_streaming_matches_the_engine(tiny_engine, client):
+    expected = tiny_engine.chat(HELLO, max_tokens=24, tau=0.2)
     chunks = list(
         client.chat.completions.create(
             model="m",
@@ -102,20 +87,20 @@ def test_chat_streaming_matches_the_engine(engine, client):
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
 
 
-def test_completions_streaming_and_not(engine, client):
-    expected = engine.generate("abc", max_tokens=20)
+def test_completions_streaming_and_not(tiny_engine, client):
+    expected = tiny_engine.generate("abc", max_tokens=20)
     r = client.completions.create(model="m", prompt="abc", max_tokens=20)
     assert r.choices[0].text == expected.text and r.object == "text_completion"
     assert r.usage.prompt_tokens == expected.prompt_tokens
     streamed = list(client.completions.create(model="m", prompt="abc", max_tokens=20, stream=True))
     assert "".join(c.choices[0].text for c in streamed) == expected.text
     assert streamed[-1].choices[0].finish_reason == "length"
-    ids = engine.tokenize("abc")  # a prompt given as token ids means the same
+    ids = tiny_engine.tokenize("abc")  # a prompt given as token ids means the same
     assert client.completions.create(model="m", prompt=ids, max_tokens=20).choices[0].text == expected.text
 
 
-def test_standard_fields_stop_seed_temperature(engine, client):
-    plain = engine.generate("xyz", max_tokens=32).text
+def test_standard_fields_stop_seed_temperature(tiny_engine, client):
+    plain = tiny_engine.generate("xyz", max_tokens=32).text
     stop = next(ch for ch in plain[3:] if ch.isascii() and ch.isprintable())
     r = client.completions.create(model="m", prompt="xyz", max_tokens=32, stop=[stop, "never-there"])
     assert r.choices[0].text == plain[: plain.index(stop)] and r.choices[0].finish_reason == "stop"
@@ -129,10 +114,11 @@ def test_standard_fields_stop_seed_temperature(engine, client):
         .text
         for _ in range(2)
     ]
-    assert sampled[0] == sampled[1] == engine.generate("xyz", max_tokens=16, temperature=0.9, top_p=0.9, seed=7).text
+    direct = tiny_engine.generate("xyz", max_tokens=16, temperature=0.9, top_p=0.9, seed=7)
+    assert sampled[0] == sampled[1] == direct.text
 
 
-def test_fsd_knobs_per_request(engine, client):
+def test_fsd_knobs_per_request(tiny_engine, client):
     """tau = 0 is lossless: greedy FSD equals the target alone; the knobs come back in the statistics."""
     ar = client.chat.completions.create(model="m", messages=HELLO, max_tokens=16, extra_body={"mode": "ar"})
     sd = client.chat.completions.create(
@@ -228,16 +214,16 @@ def test_unknown_paths_and_methods(server):
     assert r.status_code == 405 and "error" in r.json()
 
 
-def test_a_failing_generation_is_reported_and_the_server_goes_on(engine, server, client, monkeypatch):
-    expected = engine.chat(HELLO, max_tokens=8).text
+def test_a_failing_generation_is_reported_and_the_server_goes_on(tiny_engine, server, client, monkeypatch):
+    expected = tiny_engine.chat(HELLO, max_tokens=8).text
 
     def broken(*args, **kwargs):
         raise RuntimeError("llama_decode failed (simulated)")
         yield  # a generator, like Engine.stream
 
     with monkeypatch.context() as m:
-        m.setattr(engine, "stream", broken)
-        m.setattr(engine, "generate", lambda *a, **k: next(broken()))
+        m.setattr(tiny_engine, "stream", broken)
+        m.setattr(tiny_engine, "generate", lambda *a, **k: next(broken()))
         r = post(server, "/v1/chat/completions", {"model": "m", "messages": HELLO})
         assert r.status_code == 500 and "simulated" in r.json()["error"]["message"]
         with pytest.raises(openai.APIError, match="simulated"):
@@ -248,11 +234,11 @@ def test_a_failing_generation_is_reported_and_the_server_goes_on(engine, server,
 
 
 # ---------------------------------------------------------------------------------------------- load and faults
-def test_concurrent_clients_each_get_their_own_answer(engine, server):
+def test_concurrent_clients_each_get_their_own_answer(tiny_engine, server):
     jobs = [
         ("chat", [{"role": "user", "content": f"question {i}"}], {"tau": 0.1 * (i % 4)}, i % 2 == 0) for i in range(8)
     ]
-    expected = [engine.chat(msgs, max_tokens=24, **knobs).text for _, msgs, knobs, _ in jobs]
+    expected = [tiny_engine.chat(msgs, max_tokens=24, **knobs).text for _, msgs, knobs, _ in jobs]
 
     def ask(job):
         _, msgs, knobs, stream = job
@@ -270,11 +256,11 @@ def test_concurrent_clients_each_get_their_own_answer(engine, server):
         assert list(pool.map(ask, jobs)) == expected
 
 
-def test_disconnect_mid_stream_stops_the_generation(engine, server, client, monkeypatch):
+def test_disconnect_mid_stream_stops_the_generation(tiny_engine, server, client, monkeypatch):
     """The generation is held after its first text until the server has noticed the client left; it must
     then end as 'cancelled' long before max_tokens, and the next request must get a correct answer."""
-    expected = engine.chat(HELLO, max_tokens=12).text
-    real_stream = engine.stream
+    expected = tiny_engine.chat(HELLO, max_tokens=12).text
+    real_stream = tiny_engine.stream
     finished = []
 
     def held_stream(prompt, *, cancel, **settings):
@@ -285,7 +271,7 @@ def test_disconnect_mid_stream_stops_the_generation(engine, server, client, monk
             elif piece.text:  # the client gets this text, then hangs up
                 assert cancel.wait(TIMEOUT), "the server never cancelled the generation"
 
-    monkeypatch.setattr(engine, "stream", held_stream)
+    monkeypatch.setattr(tiny_engine, "stream", held_stream)
     body = {"model": "m", "prompt": "abc", "max_tokens": 400, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=TIMEOUT) as r:
         assert r.status_code == 200
@@ -299,10 +285,10 @@ def test_disconnect_mid_stream_stops_the_generation(engine, server, client, monk
     assert r.choices[0].message.content == expected
 
 
-def test_a_client_that_gives_up_while_queued_costs_nothing(engine, server, client):
-    expected = engine.chat(HELLO, max_tokens=8).text
+def test_a_client_that_gives_up_while_queued_costs_nothing(tiny_engine, server, client):
+    expected = tiny_engine.chat(HELLO, max_tokens=8).text
     cancelled = metric(server, 'fsd_generations_total{finish_reason="cancelled"}')
-    with engine._lock:  # the engine is busy: the request waits in the queue
+    with tiny_engine._lock:  # the engine is busy: the request waits in the queue
         with pytest.raises(httpx.ReadTimeout):
             post(
                 server,
@@ -320,16 +306,16 @@ def test_a_client_that_gives_up_while_queued_costs_nothing(engine, server, clien
     )
 
 
-def test_full_queue_answers_503(engine):
+def test_full_queue_answers_503(tiny_engine):
     """max_queue=1: one running (blocked on the engine's lock, held here) and one waiting; the third is refused."""
-    expected = engine.chat(HELLO, max_tokens=8).text
+    expected = tiny_engine.chat(HELLO, max_tokens=8).text
     body = {"model": "m", "messages": HELLO, "max_tokens": 8}
-    with BackgroundServer(engine, max_queue=1) as srv, ThreadPoolExecutor(2) as pool:
+    with BackgroundServer(tiny_engine, max_queue=1) as srv, ThreadPoolExecutor(2) as pool:
 
         def queue():
             return httpx.get(srv.url + "/health", timeout=TIMEOUT).json()["queue"]
 
-        with engine._lock:
+        with tiny_engine._lock:
             first = pool.submit(post, srv, "/v1/chat/completions", body)
             wait_for(lambda: queue()["running"] == 1, "the first request to start")
             second = pool.submit(post, srv, "/v1/chat/completions", body)
@@ -342,8 +328,8 @@ def test_full_queue_answers_503(engine):
         assert queue() == {"running": 0, "waiting": 0, "max_queue": 1}
 
 
-def test_api_key(engine):
-    with BackgroundServer(engine, api_key="sekret") as srv:
+def test_api_key(tiny_engine):
+    with BackgroundServer(tiny_engine, api_key="sekret") as srv:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
             r = httpx.get(srv.url + "/v1/models", headers=headers, timeout=TIMEOUT)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"

@@ -18,49 +18,34 @@ HELLO = [{"role": "user", "content": "hello there"}]
 TIMEOUT = 60
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_engine):
-    return tiny_engine  # conftest: fixed k = 4, so every reply drafts and two runs verify in the same batch shapes
-
-
-@pytest.fixture(scope="module")
-def server(tiny_server):
-    return tiny_server
-
-
-@pytest.fixture()
-def client(tiny_client):
-    return tiny_client
-
-
-def entries(engine, c):
+def entries(tiny_engine, c):
     """What a chat choice's logprobs.content must hold for Completion c."""
     return [
-        (token_text(engine.token_bytes(t)), lp, [a for a, _ in top], origin)
+        (token_text(tiny_engine.token_bytes(t)), lp, [a for a, _ in top], origin)
         for t, lp, top, origin in zip(c.token_ids, c.logprobs, c.top_logprobs, c.origins)
     ]
 
 
-def test_chat_logprobs_through_the_openai_client(engine, client):
-    expected = engine.chat(HELLO, max_tokens=12, tau=0.3, top_logprobs=3)
+def test_chat_logprobs_through_the_openai_client(tiny_engine, client):
+    expected = tiny_engine.chat(HELLO, max_tokens=12, tau=0.3, top_logprobs=3)
     r = client.chat.completions.create(
         model="m", messages=HELLO, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3, extra_body={"tau": 0.3}
     )
     content = r.choices[0].logprobs.content
     assert r.choices[0].message.content == expected.text and len(content) == len(expected.token_ids)
     seen: list = []
-    for e, (token, lp, top_ids, origin) in zip(content, entries(engine, expected)):
+    for e, (token, lp, top_ids, origin) in zip(content, entries(tiny_engine, expected)):
         assert e.token == token and e.logprob == pytest.approx(lp, abs=1e-9)
-        assert bytes(e.bytes) == engine.token_bytes(expected.token_ids[len(seen)])
+        assert bytes(e.bytes) == tiny_engine.token_bytes(expected.token_ids[len(seen)])
         seen.append(e)
-        assert [a.token for a in e.top_logprobs] == [token_text(engine.token_bytes(i)) for i in top_ids]
+        assert [a.token for a in e.top_logprobs] == [token_text(tiny_engine.token_bytes(i)) for i in top_ids]
         assert e.top_logprobs[0].logprob >= e.logprob - 1e-9 and len(e.top_logprobs) == 3
         assert e.model_extra["origin"] == origin  # fsd-local's extension: why the token is there
     assert {e.model_extra["origin"] for e in content} <= {"target", "sd", "fuzzy"}
 
 
-def test_chat_logprobs_streamed(engine, client):
-    expected = engine.chat(HELLO, max_tokens=16, tau=0.3, top_logprobs=2)
+def test_chat_logprobs_streamed(tiny_engine, client):
+    expected = tiny_engine.chat(HELLO, max_tokens=16, tau=0.3, top_logprobs=2)
     chunks = list(
         client.chat.completions.create(
             model="m",
@@ -74,7 +59,8 @@ def test_chat_logprobs_streamed(engine, client):
         )
     )
     got = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
-    assert [(e.token, e.model_extra["origin"]) for e in got] == [(t, o) for t, _, _, o in entries(engine, expected)]
+    want = entries(tiny_engine, expected)
+    assert [(e.token, e.model_extra["origin"]) for e in got] == [(t, o) for t, _, _, o in want]
     assert [e.logprob for e in got] == pytest.approx(expected.logprobs, abs=1e-9)
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == expected.text
 
@@ -85,12 +71,12 @@ def test_chat_logprobs_without_alternatives_and_off_by_default(client):
     assert client.chat.completions.create(model="m", messages=HELLO, max_tokens=6).choices[0].logprobs is None
 
 
-def test_completion_logprobs_legacy_format(engine, client):
-    expected = engine.generate("abc", max_tokens=10, mode="sd", top_logprobs=2)
+def test_completion_logprobs_legacy_format(tiny_engine, client):
+    expected = tiny_engine.generate("abc", max_tokens=10, mode="sd", top_logprobs=2)
     r = client.completions.create(model="m", prompt="abc", max_tokens=10, logprobs=2, extra_body={"mode": "sd"})
     lp = r.choices[0].logprobs
     assert lp.token_logprobs == pytest.approx(expected.logprobs, abs=1e-9)
-    shown = [engine.token_bytes(t) for t in expected.token_ids]
+    shown = [tiny_engine.token_bytes(t) for t in expected.token_ids]
     assert lp.tokens == [token_text(b) for b in shown]
     widths = [len(b.decode("utf-8", "replace")) for b in shown]
     assert lp.text_offset == [sum(widths[:i]) for i in range(len(shown))]
@@ -126,9 +112,9 @@ def test_a_reply_cut_by_the_context_says_why(client):
 
 
 # ---------------------------------------------------------------------------------------------- under load
-def test_the_default_queue_answers_48_concurrent_chats(engine):
+def test_the_default_queue_answers_48_concurrent_chats(tiny_engine):
     """The issue's load: 48 concurrent chat requests; the default queue (512) holds them all, none gets 503."""
-    with BackgroundServer(engine) as srv, ThreadPoolExecutor(48) as pool:
+    with BackgroundServer(tiny_engine) as srv, ThreadPoolExecutor(48) as pool:
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
         health = httpx.get(srv.url + "/health", timeout=TIMEOUT).json()
         assert health["queue"]["max_queue"] == 512
@@ -141,11 +127,11 @@ def test_the_default_queue_answers_48_concurrent_chats(engine):
     assert len(answers) == 48 and set(answers) <= {"length", "stop"}
 
 
-def test_every_503_carries_retry_after(engine):
+def test_every_503_carries_retry_after(tiny_engine):
     """A full queue: 503 queue_full with Retry-After (whole seconds, at least 1), raw HTTP and the client."""
     body = {"model": "m", "messages": HELLO, "max_tokens": 4}
-    with BackgroundServer(engine, max_queue=0) as srv, ThreadPoolExecutor(1) as pool:
-        with engine._lock:  # the running request blocks on the engine: the queue (depth 0) is full
+    with BackgroundServer(tiny_engine, max_queue=0) as srv, ThreadPoolExecutor(1) as pool:
+        with tiny_engine._lock:  # the running request blocks on the engine: the queue (depth 0) is full
             first = pool.submit(httpx.post, srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
             deadline = TIMEOUT
             while httpx.get(srv.url + "/health", timeout=TIMEOUT).json()["queue"]["running"] != 1:
@@ -166,10 +152,10 @@ def test_every_503_carries_retry_after(engine):
         assert worker.retry_after() == max(1, math.ceil(worker._mean_seconds))
 
 
-def test_logprobs_through_the_supervised_model_process(tiny_pair, engine):
+def test_logprobs_through_the_supervised_model_process(tiny_pair, tiny_engine):
     """`fsd-local serve` runs the models in a child process: the logprobs cross the socket with each piece."""
     d, t = tiny_pair
-    expected = engine.chat(HELLO, max_tokens=8, mode="sd", top_logprobs=2)
+    expected = tiny_engine.chat(HELLO, max_tokens=8, mode="sd", top_logprobs=2)
     with BackgroundServer.supervised(t, d, model_name="tiny") as srv:
         body = {"model": "m", "messages": HELLO, "max_tokens": 8, "mode": "sd", "logprobs": True, "top_logprobs": 2}
         body |= {"draft_policy": "fixed", "draft_max": 4}  # the engine fixture's batch shapes

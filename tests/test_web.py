@@ -24,16 +24,6 @@ TIMEOUT = 30  # seconds; every wait below is bounded
 HELLO = [{"role": "user", "content": "hello there"}]
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_engine):
-    return tiny_engine  # conftest: fixed k = 4, so every reply drafts and two runs verify in the same batch shapes
-
-
-@pytest.fixture(scope="module")
-def server(tiny_server):
-    return tiny_server
-
-
 def stream_chunks(url, body, headers=None):
     """The parsed chunks of one streamed chat completion (raw HTTP: the extension fields as sent)."""
     chunks = []
@@ -80,7 +70,7 @@ def test_page_and_its_files_are_served(server):
     assert httpx.get(server.url + "/health", timeout=TIMEOUT).json()["status"] == "ok"
 
 
-def test_settings_endpoint_is_generated_from_the_declarations(engine, server):
+def test_settings_endpoint_is_generated_from_the_declarations(tiny_engine, server):
     info = httpx.get(server.url + "/v1/fsd/settings", timeout=TIMEOUT).json()
     assert info["model"] == "tiny-pair" and info["has_draft"] is True
     by_name = {d["name"]: d for d in info["settings"]}
@@ -89,23 +79,23 @@ def test_settings_endpoint_is_generated_from_the_declarations(engine, server):
         if f.name in by_name:
             d, s = by_name[f.name], spec(f)
             assert (d["min"], d["max"], d["help"]) == (s.lo, s.hi, s.help)
-            assert d["default"] == engine.defaults.to_dict()[f.name]
+            assert d["default"] == tiny_engine.defaults.to_dict()[f.name]
             assert d["choices"] == (list(s.choices) if s.choices else None)
     assert by_name["tau"]["type"] == "number" and by_name["max_tokens"]["type"] == "integer"
     assert "fsd" in by_name["mode"]["choices"] and "model" in by_name["drafter"]["choices"]
 
 
-def test_settings_endpoint_needs_the_api_key_when_one_is_set(engine):
-    with BackgroundServer(engine, api_key="sesame") as srv:
+def test_settings_endpoint_needs_the_api_key_when_one_is_set(tiny_engine):
+    with BackgroundServer(tiny_engine, api_key="sesame") as srv:
         assert httpx.get(srv.url + "/v1/fsd/settings", timeout=TIMEOUT).status_code == 401
         ok = httpx.get(srv.url + "/v1/fsd/settings", headers={"Authorization": "Bearer sesame"}, timeout=TIMEOUT)
         assert ok.status_code == 200
         assert httpx.get(srv.url + "/", timeout=TIMEOUT).status_code == 200  # the page itself is public
 
 
-def test_streamed_chunks_carry_each_token_with_its_origin(engine, server):
+def test_streamed_chunks_carry_each_token_with_its_origin(tiny_engine, server):
     tau = 0.6  # generous: the tiny pair's random models then disagree, and tau rescues some tokens
-    expected = engine.chat(HELLO, max_tokens=48, tau=tau)
+    expected = tiny_engine.chat(HELLO, max_tokens=48, tau=tau)
     chunks = stream_chunks(server.url, {"messages": HELLO, "max_tokens": 48, "tau": tau})
     deltas = [c["fsd_delta"] for c in chunks if "fsd_delta" in c]
     tokens = [t for d in deltas for t in d["tokens"]]
@@ -123,19 +113,19 @@ def test_streamed_chunks_carry_each_token_with_its_origin(engine, server):
     assert all("divergence" not in t and "logprob_gap" not in t for t in tokens if t["origin"] != "fuzzy")
 
 
-def test_a_rescued_tokens_numbers_are_the_targets(engine, server):
+def test_a_rescued_tokens_numbers_are_the_targets(tiny_engine, server):
     """The gap is log p_target(top) - log p_target(token), recomputed here from the target's logits."""
     import numpy as np
 
     chunks = stream_chunks(server.url, {"messages": HELLO, "max_tokens": 32, "tau": 0.6})
     tokens = [t for c in chunks if "fsd_delta" in c for t in c["fsd_delta"]["tokens"]]
     i = next(i for i, t in enumerate(tokens) if t["origin"] == "fuzzy")
-    prefix = engine.chat_prompt(HELLO) + [t["id"] for t in tokens[:i]]
-    with engine._lock:
-        engine.target.clear()
-        engine.target.decode(prefix, "last")
-        row = engine.target.logits(1)[0, : engine.n_vocab].astype(np.float64)
-        engine.target.clear()
+    prefix = tiny_engine.chat_prompt(HELLO) + [t["id"] for t in tokens[:i]]
+    with tiny_engine._lock:
+        tiny_engine.target.clear()
+        tiny_engine.target.decode(prefix, "last")
+        row = tiny_engine.target.logits(1)[0, : tiny_engine.n_vocab].astype(np.float64)
+        tiny_engine.target.clear()
     # a single-row decode here, a batch of rows in the round: quantised kernels differ by about 1e-3
     assert tokens[i]["logprob_gap"] == pytest.approx(row.max() - row[tokens[i]["id"]], abs=0.02)
     assert row.argmax() != tokens[i]["id"]  # greedy: a rescued token is never the target's own choice
@@ -338,10 +328,10 @@ def test_the_page_in_a_browser_on_the_demo_pair(real_pair, tmp_path):
         proc.communicate(timeout=TIMEOUT)
 
 
-def test_the_page_asks_for_the_api_key_and_sends_it(engine, tmp_path):
+def test_the_page_asks_for_the_api_key_and_sends_it(tiny_engine, tmp_path):
     browser = _browser(tmp_path, 800, 700)
     try:
-        with BackgroundServer(engine, api_key="sesame") as srv:
+        with BackgroundServer(tiny_engine, api_key="sesame") as srv:
             browser.get(srv.url + "/")
             _wait(lambda: "API key" in _text(browser, "error"), "the page to ask for the key")
             key = browser.find_element("id", "api-key")
