@@ -356,8 +356,8 @@ class Engine:
 
     def _ends_reply(self, text: TextStream, ignore_eos: bool, drafts: list[int]) -> int | None:
         """The first of these drafts that would end the reply if emitted: end of generation or a stop string."""
-        eog = next((j for j, t in enumerate(drafts) if not ignore_eos and self.target.is_eog(t)), None)
-        stop = text.stop_index([self.target.piece(t) for t in drafts[:eog]])
+        eog = None if ignore_eos else next((j for j, t in enumerate(drafts) if self.target.is_eog(t)), None)
+        stop = text.stop_index([self.target.piece(t) for t in drafts[:eog]]) if text.stop else None
         return stop if stop is not None else eog
 
     def _verify(self, seq, n_drafts, rule, sampling, rng, stats, ends):
@@ -366,7 +366,7 @@ class Engine:
         tgt = self.target
         pending = seq[len(tgt.tokens) :]
         drafts = self._proposer.drafts.tokens[:n_drafts].tolist()
-        if stats.budget.bound > 0.0:
+        if stats.budget.bound > 0.0 and sampling.temperature <= 0.0:  # where a greedy round is decided whole
             stop_at(stats.budget, ends(drafts))
         t = perf_counter()
         tgt.decode(pending + drafts, f"from:{len(pending) - 1}")

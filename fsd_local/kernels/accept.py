@@ -140,8 +140,6 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
     for i in range(n_drafts + 1):
         loss[i] = 0.0
     planned = greedy and budget.bound > 0.0
-    rescued = np.zeros(n_drafts, np.bool_)
-    costs = np.zeros(n_drafts)
     for i in range(n_drafts):
         x = P[i]
         d = drafts[i]
@@ -187,8 +185,8 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
                     mode, x, lse_p[i], Q[i], draft.onehot[i], d, n, temperature, stats_p, q_stats[i], tau,
                     rule.relaxed_k, rule.typical_eps, rule.typical_alpha,
                 )  # fmt: skip
-            if planned:  # decided with the whole round below
-                rescued[i], costs[i] = True, cost
+            if planned:  # decided with the whole round below; loss[i] holds the cost until then
+                loss[i] = cost
             else:
                 ok = afford(budget, cost, i, n_drafts)
                 if ok and not greedy:
@@ -199,9 +197,9 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
         else:
             break
     if planned and accepted:  # greedy under a budget: how many of the drafts the rule accepts the budget affords
-        kept = plan_round(budget, rescued, costs, accepted)
+        kept = plan_round(budget, reason, BY_FUZZY, accepted)
         for j in range(kept, accepted):
-            reason[j] = REJECTED
+            reason[j], loss[j] = REJECTED, 0.0
         accepted = kept
     # the one extra token: bonus after a full accept, otherwise the replacement at the failed slot
     x = P[accepted]

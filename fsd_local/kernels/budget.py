@@ -196,22 +196,22 @@ def afford(budget, cost, slot, n_drafts):
 
 
 @njit(cache=True)
-def plan_round(budget, rescued, costs, n_ok):
-    """Greedy decoding, the whole round at once. The rule would accept the first n_ok drafts; rescued[j] says
-    which of them are rescues, costs[j] what each costs. Returns m, how many to accept (the round then emits m + 1
-    tokens: the target's own token at slot m, or the bonus token). Nothing of a round is shown before it is
-    decided, so a rescue may be paid for by the tokens of the same round that follow it: m is the longest prefix
-    that keeps the reply within B x its tokens at every point where it can end (the round's end, and the draft
-    STOP_AT that ends the reply, if any), taking each further stretch only when its loss is worth the tokens it
-    adds (<= g x B per token). Charges the loss; counts a refusal when m < n_ok."""
-    s, b = budget.state, budget.bound
+def plan_round(budget, reason, rescue, n_ok):
+    """Greedy decoding, the whole round at once. The rule would accept the first n_ok drafts; those with reason[j] ==
+    rescue are rescues, and budget.loss[j] holds what each costs. Returns m, how many to accept (the round then emits
+    m + 1 tokens: the target's own token at slot m, or the bonus token). Nothing of a round is shown before it is
+    decided, so a rescue may be paid for by the tokens of the same round that follow it: m is the longest prefix that
+    keeps the reply within B x its tokens at every point where it can end (the round's end, and the draft STOP_AT
+    that ends the reply, if any), taking each further stretch only when its loss is worth the tokens it adds (<= g x
+    B per token). Charges the loss; counts a refusal when m < n_ok."""
+    s, b, costs = budget.state, budget.bound, budget.loss
     base, tokens, stop = s[LOSS], s[TOKENS], s[STOP_AT]
-    at_stop = base  # the reply's loss if it ends at draft `stop` (used when stop < n_ok)
+    at_stop = base  # the reply's loss if it ends at draft `stop` (used when stop < n_ok; plain drafts cost 0)
     for t in range(int(min(stop + 1.0, n_ok))):
-        at_stop += costs[t] if rescued[t] else 0.0
+        at_stop += costs[t]
     m, loss, run, capped = -1, 0.0, 0.0, False
     for j in range(n_ok + 1):
-        if j == n_ok or rescued[j]:  # a place to end the round: before this rescue, or after the last draft
+        if j == n_ok or reason[j] == rescue:  # a place to end the round: before this rescue, or after the last
             if m < 0:  # the first one costs nothing: plain-accepted drafts only
                 m = j
             elif run - loss <= s[G] * b * (j - m):  # worth its price
@@ -219,7 +219,7 @@ def plan_round(budget, rescued, costs, n_ok):
                     m, loss = j, run
                 else:
                     capped = True
-        if j < n_ok and rescued[j]:
+        if j < n_ok:
             run += costs[j]
     if m < n_ok:
         s[REFUSED] += 1.0
