@@ -8,6 +8,7 @@ import sys
 import click
 
 from fsd_local.cli import bench as bench_cli
+from fsd_local.cli import calibrate as calibrate_cli
 from fsd_local.cli.options import (
     chat_settings_options,
     load_engine,
@@ -284,13 +285,13 @@ def bench(**kwargs):
 
 @cli.command()
 @model_options
-@bench_cli.calibrate_options
+@calibrate_cli.calibrate_options
 def calibrate(**kwargs):
     """Find tau for a budget on your prompts: the largest tau whose agreement with the target's greedy output
     (--min-agreement) or target log-prob drop per token vs sd (--max-logprob-drop) stays within budget, or the
     smallest tau reaching an acceptance rate (--target-acceptance). Bisection over [0, --tau-max], assuming
     quality falls and acceptance rises with tau; prints every tau tried and the speed at the answer."""
-    bench_cli.calibrate_command(**kwargs)
+    calibrate_cli.calibrate_command(**kwargs)
 
 
 def main():  # console-script entry point
