@@ -228,13 +228,27 @@ def chat(system, color, as_json, web, **kwargs):
 
 @cli.command(epilog=PAIR_EPILOG)
 @click.option("--json", "as_json", is_flag=True, help="print the pairs as one JSON object")
-def models(as_json):
+@click.option(
+    "--local",
+    is_flag=True,
+    help="list the GGUF models already on this disk instead (Ollama, the Hugging Face cache, LM Studio, "
+    "llama.cpp's cache), with what can draft for what",
+)
+def models(as_json, local):
     """List the curated draft/target pairs of models.toml and which of their files are already in the local
-    Hugging Face cache (FSD_LOCAL_MODELS=FILE reads your own models.toml instead)."""
+    Hugging Face cache (FSD_LOCAL_MODELS=FILE reads your own models.toml instead). --local: every GGUF model
+    found on this disk, its name for --target/--draft, architecture, size, quantisation, vocabulary and the
+    models that can draft for it (docs/models.md)."""
     import dataclasses
 
     from fsd_local.pairs.registry import format_pairs, load_registry
 
+    if local:
+        from fsd_local.pairs.local import format_listing, list_local_models
+
+        listing = list_local_models()
+        click.echo(json.dumps(listing.to_dict(), indent=2) if as_json else format_listing(listing))
+        return
     registry = load_registry()
     if as_json:
         click.echo(

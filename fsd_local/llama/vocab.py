@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from fsd_local.errors import VocabularyMismatchError
 
 MAX_SIZE_DIFFERENCE = 128  # Qwen2.5 0.5B vs 7B differ by exactly 128 padding entries
@@ -43,3 +45,58 @@ def check_compatible(draft, target) -> None:
             f"draft {draft.path} cannot draft for target {target.path}: {problem}. "
             "Pick a draft from the same model family (same tokenizer), e.g. a pair from `fsd-local models`."
         )
+
+
+# ------------------------------------------------------------------ the same checks on GGUF headers
+@dataclass(frozen=True)
+class HeaderVocab:
+    """What compatibility_problem compares, read from a GGUF header (gguf_info.read(path, vocab=True)) without
+    loading the model. The token list is kept as digests of its prefixes tokens[FIRST_CHECKED_TOKEN:k] for the
+    last MAX_SIZE_DIFFERENCE + 1 lengths k (from `first` to n_vocab): enough to compare two lists whose lengths
+    differ by the padding the loaded check allows, in a few kilobytes that can be cached."""
+
+    tokenizer: str | None  # tokenizer.ggml.model: llama (SPM), gpt2 (BPE), ...
+    n_vocab: int
+    bos: int | None
+    eos: int | None
+    add_bos: bool | None  # None: the key is absent and llama.cpp's default for the tokenizer applies
+    first: int
+    digests: tuple[str, ...]
+
+    def digest(self, k: int) -> str | None:
+        i = k - self.first
+        return self.digests[i] if 0 <= i < len(self.digests) else None
+
+    @property
+    def adds_bos(self) -> bool:
+        return self.add_bos if self.add_bos is not None else self.tokenizer in ("llama", "bert")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "digests": list(self.digests)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HeaderVocab:
+        return cls(**{**d, "digests": tuple(d["digests"])})
+
+
+def header_problem(draft: HeaderVocab, target: HeaderVocab) -> str | None:
+    """compatibility_problem's checks on two headers: None when compatible, else the failed check in words.
+    Loading the pair runs the full check again (check_compatible)."""
+    if draft.tokenizer != target.tokenizer:
+        return f"tokenizer types differ: draft uses {draft.tokenizer}, target uses {target.tokenizer}"
+    if draft.adds_bos != target.adds_bos:
+        return f"BOS handling differs: draft add_bos={draft.adds_bos}, target add_bos={target.adds_bos}"
+    if draft.adds_bos and draft.bos != target.bos:
+        return f"BOS token ids differ: draft {draft.bos}, target {target.bos}"
+    if draft.eos != target.eos:
+        return f"EOS token ids differ: draft {draft.eos}, target {target.eos}"
+    diff = abs(draft.n_vocab - target.n_vocab)
+    if diff > MAX_SIZE_DIFFERENCE:
+        return (
+            f"vocabulary sizes differ by {diff} (draft {draft.n_vocab}, target {target.n_vocab}); "
+            f"at most {MAX_SIZE_DIFFERENCE} is allowed"
+        )
+    k = min(draft.n_vocab, target.n_vocab)
+    if draft.digest(k) != target.digest(k):
+        return f"the token lists differ within their first {k} tokens"
+    return None
