@@ -5,9 +5,12 @@ target alone. The stores are laid out by the tests (localstores.py) from tiny mo
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from localstores import isolate, lmstudio_file, ollama_model
@@ -142,10 +145,18 @@ def test_bench_and_calibrate_with_a_target_alone(stores, tmp_path, monkeypatch, 
     assert {r["drafter"] for r in rows if r["mode"] != "ar"} == {"ngram"}
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_serve_resolves_the_draft_before_the_server_starts(stores):
-    """The server is started for real (in process, port 0) and stopped once it says where it serves."""
+    """A real `fsd-local serve --target tiny:big` (models in process): the draft is chosen and said before the
+    server starts, and the API calls the model by the name it was given."""
+    port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fsd_local.cli", "serve", "--target", "tiny:big", "--in-process", "--port", "0"]
+        [sys.executable, "-m", "fsd_local.cli", "serve", "--target", "tiny:big", "--in-process", "--port", str(port)]
         + ["--threads", "1", "--ctx", "256"],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -158,8 +169,27 @@ def test_serve_resolves_the_draft_before_the_server_starts(stores):
             lines.append(line.rstrip("\n"))
             if line.startswith(("serving", "error")):
                 break
+        assert CHOSEN in lines, lines
+        assert lines[-1].startswith(f"serving the OpenAI API on http://127.0.0.1:{port}/v1"), lines
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None, lines
+                time.sleep(0.2)
+        assert [m["id"] for m in models["data"]] == ["tiny:big"]
     finally:
         proc.kill()
         proc.wait(timeout=30)
-    assert CHOSEN in lines, lines
-    assert lines[-1].startswith("serving the OpenAI API on http://127.0.0.1:0/v1"), lines
+
+
+def test_doctor_takes_names(stores):
+    result = invoke(["doctor", "--json", "--target", "tiny:big", "--draft", "acme/Tiny-GGUF/tiny-small.gguf"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["compatible"] is True and report["compatibility_problem"] is None
+    refused = invoke(["doctor", "--target", "tiny:big", "--draft", "odd:tiny"])
+    assert refused.exit_code == 1
+    assert "draft -> target: INCOMPATIBLE: vocabulary sizes differ by 256 (draft 36, target 292)" in refused.output

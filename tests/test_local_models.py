@@ -259,3 +259,74 @@ def test_headers_are_read_once_and_the_index_survives_damage(tmp_path, monkeypat
     broken = HeaderIndex(index_path)
     assert len(list_local_models(index=broken).models) == 36 and broken.read_now == 36
     assert json.loads(index_path.read_text())["version"] == 1  # rewritten whole
+
+
+def test_the_header_check_agrees_with_the_loaded_check_on_real_models(tmp_path, monkeypatch, real_pair, gemma_path):
+    """The demo pair (SmolLM2's BPE vocabulary, 49,152 tokens) in Ollama's store and Gemma 3 (SPM, 262,144) in the
+    hub cache: the header check answers what llama.cpp's loaded vocabularies answer."""
+    from fsd_local.llama.model import Model, ModelOptions
+    from fsd_local.llama.vocab import compatibility_problem
+    from fsd_local.pairs.local import draft_problem
+
+    s = isolate(monkeypatch, tmp_path)
+    draft, target = real_pair
+    ollama_model(s["ollama"], "smollm2:135m", draft)
+    ollama_model(s["ollama"], "smollm2:upscaled", target)
+    hub_file(s["huggingface"], "ggml-org/gemma-3-270m-GGUF", "gemma-3-270m-Q4_K_M.gguf", gemma_path)
+    by_name = {m.name: m for m in listing(tmp_path).models}
+    smol, big, gemma = (
+        by_name["smollm2:135m"],
+        by_name["smollm2:upscaled"],
+        by_name["ggml-org/gemma-3-270m-GGUF/gemma-3-270m-Q4_K_M.gguf"],
+    )
+    assert (smol.n_vocab, smol.tokenizer, gemma.n_vocab, gemma.quantisation) == (49152, "BPE", 262144, "Q4_K_M")
+    assert big.drafts == ["smollm2:135m"] and gemma.drafts == [] and smol.drafts == []
+    loaded = {
+        k: Model(ModelOptions(p, n_ctx=64, n_threads=1)) for k, p in (("d", draft), ("t", target), ("g", gemma_path))
+    }
+    try:
+        assert compatibility_problem(loaded["d"], loaded["t"]) is None and draft_problem(smol, big) is None
+        assert (
+            compatibility_problem(loaded["d"], loaded["g"])
+            == draft_problem(smol, gemma)
+            == "tokenizer types differ: draft uses BPE, target uses SPM (sentencepiece)"
+        )
+    finally:
+        for m in loaded.values():
+            m.close()
+
+
+def test_padding_at_the_end_is_allowed_and_a_changed_token_is_not(tmp_path):
+    """Like Qwen2.5 0.5B and 7B (152064 vs 151936 entries): a longer list with the same prefix is the same
+    vocabulary; one token changed in the middle is not, with the loaded check's answer."""
+    from tinymodels import WORDS
+
+    from fsd_local.llama import gguf_info
+    from fsd_local.llama.vocab import MAX_SIZE_DIFFERENCE, header_problem
+
+    def vocab(name, words):
+        path = str(write_tiny_gguf(tmp_path / name, n_layer=1, n_embd=32, words=words))
+        return gguf_info.read(path, vocab=True).meta["vocab"]
+
+    base = vocab("base.gguf", WORDS)
+    padded = vocab("padded.gguf", WORDS + [f"[PAD{i}]" for i in range(MAX_SIZE_DIFFERENCE)])
+    too_long = vocab("long.gguf", WORDS + [f"[PAD{i}]" for i in range(MAX_SIZE_DIFFERENCE + 1)])
+    changed = vocab("changed.gguf", [w if w != "m" else "µ" for w in WORDS])
+    assert (base.n_vocab, padded.n_vocab) == (292, 292 + MAX_SIZE_DIFFERENCE)
+    assert header_problem(base, padded) is None and header_problem(padded, base) is None
+    assert (
+        header_problem(base, too_long)
+        == "vocabulary sizes differ by 129 (draft 292, target 421); at most 128 is allowed"
+    )
+    assert header_problem(base, changed) == "the token lists differ within their first 292 tokens"
+    from fsd_local.llama.model import Model, ModelOptions
+    from fsd_local.llama.vocab import compatibility_problem
+
+    loaded = [Model(ModelOptions(str(tmp_path / n), n_ctx=64, n_threads=1)) for n in ("base.gguf", "padded.gguf")]
+    loaded.append(Model(ModelOptions(str(tmp_path / "changed.gguf"), n_ctx=64, n_threads=1)))
+    try:  # what loading the pair says
+        assert compatibility_problem(loaded[0], loaded[1]) is None
+        assert compatibility_problem(loaded[0], loaded[2]) == "token 272 differs: draft b'm', target b'\\xc2\\xb5'"
+    finally:
+        for m in loaded:
+            m.close()

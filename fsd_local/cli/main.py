@@ -81,8 +81,8 @@ def generate(prompt, as_json, **kwargs):
 
 
 @cli.command()
-@click.option("--target", type=click.Path(dir_okay=False), help="a target GGUF file to describe")
-@click.option("--draft", type=click.Path(dir_okay=False), help="a draft GGUF file; with --target: are they compatible?")
+@click.option("--target", metavar="NAME|PATH", help="a target GGUF file (or local model name) to describe")
+@click.option("--draft", metavar="NAME|PATH", help="a draft GGUF file or name; with --target: are they compatible?")
 @click.option("--pair", help="a pair from models.toml instead of --target/--draft")
 @click.option(
     "--ctx",
@@ -100,9 +100,9 @@ def doctor(target, draft, pair, n_ctx, as_json):
     automatic GPU placement. Exit code 1 when the draft and target are incompatible."""
     from fsd_local.llama.doctor import render, report
 
-    if pair:
+    if pair or target:  # a pair, or names from `fsd-local models --local`, to files
         target, draft = resolve_models(target, draft, pair)
-    elif draft and not target:
+    elif draft:
         raise click.UsageError("--draft given without --target")
     r = report(target=target, draft=draft, n_ctx=n_ctx)
     click.echo(json.dumps(r, indent=2) if as_json else render(r))
@@ -145,9 +145,10 @@ def serve(host, port, api_key, max_queue, model_name, in_process, **kwargs):
     settings = pop_settings(kwargs)
     with load_engine(**kwargs, settings=settings, say=say, engine_class=None if in_process else Supervisor) as engine:
         say(f"serving the OpenAI API on http://{host}:{port}/v1 and the chat page on http://{host}:{port}/")
-        run_server(
-            engine, host=host, port=port, api_key=api_key, max_queue=max_queue, model_name=model_name or kwargs["pair"]
-        )
+        from fsd_local.pairs.names import given_name  # --target qwen2.5:7b is served as "qwen2.5:7b"
+
+        name = model_name or kwargs["pair"] or given_name(kwargs["target"])
+        run_server(engine, host=host, port=port, api_key=api_key, max_queue=max_queue, model_name=name)
 
 
 def _server_part(name: str):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from fsd_local.errors import ModelLoadError
 from fsd_local.llama import ggml as g
-from fsd_local.llama.vocab import FIRST_CHECKED_TOKEN, MAX_SIZE_DIFFERENCE, HeaderVocab
+from fsd_local.llama.vocab import FIRST_CHECKED_TOKEN, MAX_SIZE_DIFFERENCE, TOKENIZERS, HeaderVocab
 
 _SCALARS: dict[int, type[ctypes._SimpleCData]] = {
     g.GGUF_UINT8: ctypes.c_uint8,
@@ -29,17 +29,6 @@ _SCALARS: dict[int, type[ctypes._SimpleCData]] = {
 }
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _SPLIT = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
-# tokenizer.ggml.model -> the name llama.cpp's vocabulary types go by (vocab.py VOCAB_TYPES)
-TOKENIZERS = {
-    "llama": "SPM (sentencepiece)",
-    "gpt2": "BPE",
-    "bert": "WPM",
-    "t5": "UGM",
-    "rwkv": "RWKV",
-    "plamo2": "PLaMo-2",
-    "gemma4": "BPE (gemma4)",
-    "no_vocab": "none",
-}
 
 
 @dataclass

@@ -10,6 +10,17 @@ MAX_SIZE_DIFFERENCE = 128  # Qwen2.5 0.5B vs 7B differ by exactly 128 padding en
 FIRST_CHECKED_TOKEN = 5  # ids below are control tokens that families renumber freely
 
 VOCAB_TYPES = {0: "none", 1: "SPM (sentencepiece)", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo-2"}
+# tokenizer.ggml.model -> the name llama.cpp's vocabulary types go by (VOCAB_TYPES)
+TOKENIZERS = {
+    "llama": "SPM (sentencepiece)",
+    "gpt2": "BPE",
+    "bert": "WPM",
+    "t5": "UGM",
+    "rwkv": "RWKV",
+    "plamo2": "PLaMo-2",
+    "gemma4": "BPE (gemma4)",
+    "no_vocab": "none",
+}
 
 
 def compatibility_problem(draft, target) -> str | None:
@@ -83,7 +94,8 @@ def header_problem(draft: HeaderVocab, target: HeaderVocab) -> str | None:
     """compatibility_problem's checks on two headers: None when compatible, else the failed check in words.
     Loading the pair runs the full check again (check_compatible)."""
     if draft.tokenizer != target.tokenizer:
-        return f"tokenizer types differ: draft uses {draft.tokenizer}, target uses {target.tokenizer}"
+        td, tt = (TOKENIZERS.get(x or "", x) for x in (draft.tokenizer, target.tokenizer))
+        return f"tokenizer types differ: draft uses {td}, target uses {tt}"
     if draft.adds_bos != target.adds_bos:
         return f"BOS handling differs: draft add_bos={draft.adds_bos}, target add_bos={target.adds_bos}"
     if draft.adds_bos and draft.bos != target.bos:

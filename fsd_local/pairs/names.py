@@ -21,6 +21,13 @@ def looks_like_path(value: str) -> bool:
     return os.path.isabs(value) or value.startswith((".", "~")) or "\\" in value
 
 
+def given_name(value: str | None) -> str | None:
+    """`value` when it names a model of the local stores rather than a file: what a server calls the model."""
+    if not value or looks_like_path(value) or os.path.exists(os.path.expanduser(value)):
+        return None
+    return value
+
+
 def _ollama_key(name: str) -> str:
     """registry/namespace/model:tag, the defaults filled in (qwen2.5 -> registry.ollama.ai/library/qwen2.5:latest)."""
     base, _, tag = name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "")
