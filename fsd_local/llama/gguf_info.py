@@ -161,11 +161,13 @@ def _vocab(lib, ctx, meta: dict) -> HeaderVocab | None:
     n = lib.gguf_get_arr_n(ctx, kid)
     start = min(FIRST_CHECKED_TOKEN, n)
     first = max(start, n - MAX_SIZE_DIFFERENCE)
-    h, digests, get = hashlib.blake2b(digest_size=8), [], lib.gguf_get_arr_str
-    for i in range(start, n):
-        if i >= first:
-            digests.append(h.hexdigest())  # tokens[start:i]
-        h.update((get(ctx, kid, i) or b"") + b"\0")
+    get = lib.gguf_get_arr_str
+    tokens = [(get(ctx, kid, i) or b"") + b"\0" for i in range(start, n)]
+    h = hashlib.blake2b(b"".join(tokens[: first - start]), digest_size=8)
+    digests = []
+    for token in tokens[first - start :]:
+        digests.append(h.hexdigest())  # of the tokens before this one
+        h.update(token)
     digests.append(h.hexdigest())
     ids = {}
     for key in ("bos_token_id", "eos_token_id", "add_bos_token"):

@@ -42,6 +42,10 @@ def _summary(path: str) -> dict:
     }
 
 
+def _same(entry: dict, inode: dict) -> bool:
+    return all(entry.get(k) == v for k, v in inode.items())
+
+
 class HeaderIndex:
     """header(path) -> the summary of its GGUF header, from the index when the file is unchanged."""
 
@@ -63,14 +67,20 @@ class HeaderIndex:
             st = os.stat(key)
         except OSError as exc:
             return {"error": f"cannot read {path}: {exc.strerror or exc}"}
+        stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
         known = self.files.get(key)
-        if isinstance(known, dict) and known.get("size") == st.st_size and known.get("mtime_ns") == st.st_mtime_ns:
-            summary = known.get("summary")
-            if isinstance(summary, dict):
-                return summary
-        summary = _summary(key)
-        self.read_now += 1
-        self.files[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "summary": summary}
+        if isinstance(known, dict) and all(known.get(k) == v for k, v in stamp.items()):
+            if isinstance(known.get("summary"), dict):
+                return known["summary"]
+        # the same file under another name (a hub snapshot link, a hard link into another app's folder)
+        inode = {**stamp, "dev": st.st_dev, "ino": st.st_ino}
+        twin = next((v for v in self.files.values() if isinstance(v, dict) and _same(v, inode)), None)
+        if twin is not None and isinstance(twin.get("summary"), dict) and "error" not in twin["summary"]:
+            summary = twin["summary"]
+        else:
+            summary = _summary(key)
+            self.read_now += 1
+        self.files[key] = {**inode, "summary": summary}
         self._dirty = True
         return summary
 
