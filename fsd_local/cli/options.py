@@ -292,6 +292,19 @@ def resolve_models(target, draft, pair, say=None, demo_precision: str = "q4_1") 
     return resolve(target, "target"), None if draft in (None, NONE) else resolve(draft, "draft")
 
 
+def models_and_settings(target, draft, pair, settings: Settings, say, demo_precision: str):
+    """(target path, draft path or None, settings): resolve_models, then for a target given alone the draft
+    chosen by cli/drafts.py (which may switch the settings to prompt lookup, or to plain decoding)."""
+    t, d = resolve_models(target, draft, pair, say=say, demo_precision=demo_precision)
+    if d is None and target is not None and settings.needs_draft:
+        from fsd_local.cli.drafts import auto_draft
+
+        d, settings = auto_draft(t, target, draft, settings, say)
+    if d is None and settings.needs_draft:
+        raise click.UsageError(f"mode {settings.mode} needs --draft (or use --mode ar)")
+    return t, d, settings
+
+
 def load_engine(
     target,
     draft,
@@ -326,13 +339,7 @@ def load_engine(
     from fsd_local.llama.options import ModelOptions
     from fsd_local.llama.placement import resolve
 
-    t, d = resolve_models(target, draft, pair, say=say, demo_precision=demo_precision)
-    if d is None and target is not None and settings.needs_draft:
-        from fsd_local.cli.drafts import auto_draft
-
-        d, settings = auto_draft(t, target, draft, settings, say)
-    if d is None and settings.needs_draft:
-        raise click.UsageError(f"mode {settings.mode} needs --draft (or use --mode ar)")
+    t, d, settings = models_and_settings(target, draft, pair, settings, say, demo_precision)
     both = dict(
         n_threads=n_threads,
         flash_attn={"on": True, "off": False, "auto": None}[flash_attn],

@@ -185,6 +185,41 @@ def _vocab(lib, ctx, meta: dict) -> HeaderVocab | None:
     )
 
 
+GENERAL_KEYS = (
+    "general.architecture",
+    "general.name",
+    "general.file_type",
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.tokens",
+    "tokenizer.chat_template",
+    "split.count",
+)
+ARCH_KEYS = (  # read as "<architecture>.<key>", stored under the key alone
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "vocab_size",
+)
+
+
+def _meta(lib, ctx) -> dict:
+    meta = {}
+    for key in GENERAL_KEYS:
+        kid = lib.gguf_find_key(ctx, key.encode())
+        if kid >= 0:
+            meta[key] = _value(lib, ctx, kid)
+    arch = meta.get("general.architecture") or "unknown"
+    for suffix in ARCH_KEYS:
+        kid = lib.gguf_find_key(ctx, f"{arch}.{suffix}".encode())
+        if kid >= 0:
+            meta[suffix] = _value(lib, ctx, kid)
+    return meta
+
+
 def read(path: str, role: str = "model", vocab: bool = False) -> GGUFInfo:
     """The header of `path` (and of its split parts). vocab=True also reads the token list into
     meta["vocab"] (a vocab.HeaderVocab: ~0.1 s for 150,000 tokens)."""
@@ -197,38 +232,13 @@ def read(path: str, role: str = "model", vocab: bool = False) -> GGUFInfo:
     ctx = _open(lib, path, role)
     tensors = _Tensors()
     try:
-        meta = {}
-        for key in (
-            "general.architecture",
-            "general.name",
-            "general.file_type",
-            "tokenizer.ggml.model",
-            "tokenizer.ggml.tokens",
-            "tokenizer.chat_template",
-            "split.count",
-        ):
-            kid = lib.gguf_find_key(ctx, key.encode())
-            if kid >= 0:
-                meta[key] = _value(lib, ctx, kid)
-        arch = meta.get("general.architecture") or "unknown"
-        for suffix in (
-            "block_count",
-            "context_length",
-            "embedding_length",
-            "attention.head_count",
-            "attention.head_count_kv",
-            "attention.key_length",
-            "attention.value_length",
-            "vocab_size",
-        ):
-            kid = lib.gguf_find_key(ctx, f"{arch}.{suffix}".encode())
-            if kid >= 0:
-                meta[suffix] = _value(lib, ctx, kid)
+        meta = _meta(lib, ctx)
         tensors.add(lib, ctx)
         if vocab:
             meta["vocab"] = _vocab(lib, ctx, meta)
     finally:
         lib.gguf_free(ctx)
+    arch = meta.get("general.architecture") or "unknown"
     files = split_files(path, meta.get("split.count") or 1)
     for other in files[1:]:
         check_gguf_file(other, f"{role} (split part)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from fsd_local.errors import VocabularyMismatchError
@@ -23,30 +24,52 @@ TOKENIZERS = {
 }
 
 
+@dataclass(frozen=True)
+class _Facts:
+    """What both checks compare: the tokenizer type (in words) and the special tokens."""
+
+    kind: object
+    add_bos: bool
+    bos: int | None
+    eos: int | None
+    n_vocab: int
+
+
+def _problem(d: _Facts, t: _Facts, tokens_differ: Callable[[int], str | None]) -> str | None:
+    """The checks in order; tokens_differ(k) compares the first k token texts (from FIRST_CHECKED_TOKEN on)."""
+    if d.kind != t.kind:
+        return f"tokenizer types differ: draft uses {d.kind}, target uses {t.kind}"
+    if d.add_bos != t.add_bos:
+        return f"BOS handling differs: draft add_bos={d.add_bos}, target add_bos={t.add_bos}"
+    if d.add_bos and d.bos != t.bos:
+        return f"BOS token ids differ: draft {d.bos}, target {t.bos}"
+    if d.eos != t.eos:
+        return f"EOS token ids differ: draft {d.eos}, target {t.eos}"
+    diff = abs(d.n_vocab - t.n_vocab)
+    if diff > MAX_SIZE_DIFFERENCE:
+        return (
+            f"vocabulary sizes differ by {diff} (draft {d.n_vocab}, target {t.n_vocab}); "
+            f"at most {MAX_SIZE_DIFFERENCE} is allowed"
+        )
+    return tokens_differ(min(d.n_vocab, t.n_vocab))
+
+
 def compatibility_problem(draft, target) -> str | None:
     """None when compatible, else one sentence naming the failed check."""
     import llama_cpp as lc
 
-    td, tt = lc.llama_vocab_type(draft.vocab), lc.llama_vocab_type(target.vocab)
-    if td != tt:
-        return f"tokenizer types differ: draft uses {VOCAB_TYPES.get(td, td)}, target uses {VOCAB_TYPES.get(tt, tt)}"
-    if draft.add_bos != target.add_bos:
-        return f"BOS handling differs: draft add_bos={draft.add_bos}, target add_bos={target.add_bos}"
-    if draft.add_bos and draft.bos != target.bos:
-        return f"BOS token ids differ: draft {draft.bos}, target {target.bos}"
-    if draft.eos != target.eos:
-        return f"EOS token ids differ: draft {draft.eos}, target {target.eos}"
-    diff = abs(draft.n_vocab - target.n_vocab)
-    if diff > MAX_SIZE_DIFFERENCE:
-        return (
-            f"vocabulary sizes differ by {diff} (draft {draft.n_vocab}, target {target.n_vocab}); "
-            f"at most {MAX_SIZE_DIFFERENCE} is allowed"
-        )
-    for i in range(FIRST_CHECKED_TOKEN, min(draft.n_vocab, target.n_vocab)):
-        a, b = draft.token_text(i), target.token_text(i)
-        if a != b:
-            return f"token {i} differs: draft {a!r}, target {b!r}"
-    return None
+    def facts(m) -> _Facts:
+        kind = lc.llama_vocab_type(m.vocab)
+        return _Facts(VOCAB_TYPES.get(kind, kind), m.add_bos, m.bos, m.eos, m.n_vocab)
+
+    def tokens_differ(k: int) -> str | None:
+        for i in range(FIRST_CHECKED_TOKEN, k):
+            a, b = draft.token_text(i), target.token_text(i)
+            if a != b:
+                return f"token {i} differs: draft {a!r}, target {b!r}"
+        return None
+
+    return _problem(facts(draft), facts(target), tokens_differ)
 
 
 def check_compatible(draft, target) -> None:
@@ -93,22 +116,12 @@ class HeaderVocab:
 def header_problem(draft: HeaderVocab, target: HeaderVocab) -> str | None:
     """compatibility_problem's checks on two headers: None when compatible, else the failed check in words.
     Loading the pair runs the full check again (check_compatible)."""
-    if draft.tokenizer != target.tokenizer:
-        td, tt = (TOKENIZERS.get(x or "", x) for x in (draft.tokenizer, target.tokenizer))
-        return f"tokenizer types differ: draft uses {td}, target uses {tt}"
-    if draft.adds_bos != target.adds_bos:
-        return f"BOS handling differs: draft add_bos={draft.adds_bos}, target add_bos={target.adds_bos}"
-    if draft.adds_bos and draft.bos != target.bos:
-        return f"BOS token ids differ: draft {draft.bos}, target {target.bos}"
-    if draft.eos != target.eos:
-        return f"EOS token ids differ: draft {draft.eos}, target {target.eos}"
-    diff = abs(draft.n_vocab - target.n_vocab)
-    if diff > MAX_SIZE_DIFFERENCE:
-        return (
-            f"vocabulary sizes differ by {diff} (draft {draft.n_vocab}, target {target.n_vocab}); "
-            f"at most {MAX_SIZE_DIFFERENCE} is allowed"
-        )
-    k = min(draft.n_vocab, target.n_vocab)
-    if draft.digest(k) != target.digest(k):
-        return f"the token lists differ within their first {k} tokens"
-    return None
+
+    def facts(v: HeaderVocab) -> _Facts:
+        return _Facts(TOKENIZERS.get(v.tokenizer or "", v.tokenizer), v.adds_bos, v.bos, v.eos, v.n_vocab)
+
+    def tokens_differ(k: int) -> str | None:
+        same = draft.digest(k) == target.digest(k)
+        return None if same else f"the token lists differ within their first {k} tokens"
+
+    return _problem(facts(draft), facts(target), tokens_differ)
