@@ -257,6 +257,12 @@ def test_headers_are_read_once_and_the_index_survives_damage(tmp_path, monkeypat
     third = HeaderIndex(index_path)
     list_local_models(index=third)
     assert third.read_now == 1  # only the changed file
+    data = json.loads(index_path.read_text())
+    entry = data["files"][str(touched)]
+    entry["summary"] = {"architecture": 3, "vocab": "?"}  # well-formed JSON, not what fsd-local writes
+    index_path.write_text(json.dumps(data))
+    edited = HeaderIndex(index_path)
+    assert len(list_local_models(index=edited).models) == 36 and edited.read_now == 1
     index_path.write_text('{"version": 1, "files": {"x": 3')  # cut short, as by a crash
     broken = HeaderIndex(index_path)
     assert len(list_local_models(index=broken).models) == 36 and broken.read_now == 36

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from fsd_local.errors import VocabularyMismatchError
 
@@ -110,7 +111,8 @@ class HeaderVocab:
 
     @classmethod
     def from_dict(cls, d: dict) -> HeaderVocab:
-        return cls(**{**d, "digests": tuple(d["digests"])})
+        known: dict[str, Any] = {f.name: d.get(f.name) for f in fields(cls)}
+        return cls(**{**known, "digests": tuple(d["digests"])})
 
 
 def header_problem(draft: HeaderVocab, target: HeaderVocab) -> str | None:

@@ -43,7 +43,25 @@ def _summary(path: str) -> dict:
 
 
 def _same(entry: dict, inode: dict) -> bool:
-    return all(entry.get(k) == v for k, v in inode.items())
+    return all(entry.get(k) == v for k, v in inode.items()) and _valid(entry.get("summary"))
+
+
+SUMMARY_KEYS = {"architecture": str, "quantisation": str, "file_bytes": int, "n_layer": int, "n_embd": int}
+VOCAB_KEYS = {"n_vocab": int, "first": int, "digests": list}
+
+
+def _valid(summary) -> bool:
+    """A summary as _summary writes it (an index edited or written by another version is read again)."""
+    if not isinstance(summary, dict):
+        return False
+    if "error" in summary:
+        return isinstance(summary["error"], str)
+    if not all(isinstance(summary.get(k), t) for k, t in SUMMARY_KEYS.items()):
+        return False
+    vocab = summary.get("vocab")
+    if vocab is None:
+        return True
+    return isinstance(vocab, dict) and all(isinstance(vocab.get(k), t) for k, t in VOCAB_KEYS.items())
 
 
 class HeaderIndex:
@@ -70,12 +88,12 @@ class HeaderIndex:
         stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
         known = self.files.get(key)
         if isinstance(known, dict) and all(known.get(k) == v for k, v in stamp.items()):
-            if isinstance(known.get("summary"), dict):
+            if _valid(known.get("summary")):
                 return known["summary"]
         # the same file under another name (a hub snapshot link, a hard link into another app's folder)
         inode = {**stamp, "dev": st.st_dev, "ino": st.st_ino}
         twin = next((v for v in self.files.values() if isinstance(v, dict) and _same(v, inode)), None)
-        if twin is not None and isinstance(twin.get("summary"), dict) and "error" not in twin["summary"]:
+        if twin is not None and "error" not in twin["summary"]:
             summary = twin["summary"]
         else:
             summary = _summary(key)

@@ -328,4 +328,8 @@ def scan(root: Root) -> list[Entry]:
     if not os.access(root.path, os.R_OK | os.X_OK):
         root.state = "cannot be read (permission denied)"
         return []
-    return SCANNERS[root.store](root.path)
+    try:
+        return SCANNERS[root.store](root.path)
+    except OSError as exc:  # e.g. a blob in a folder this user may not read
+        root.state = f"cannot be read ({exc.strerror or exc}: {exc.filename})"
+        return []
