@@ -193,3 +193,23 @@ def test_doctor_takes_names(stores):
     refused = invoke(["doctor", "--target", "tiny:big", "--draft", "odd:tiny"])
     assert refused.exit_code == 1
     assert "draft -> target: INCOMPATIBLE: vocabulary sizes differ by 256 (draft 36, target 292)" in refused.output
+
+
+@pytest.mark.parametrize(
+    "label, name, pair",
+    [
+        ("Meta Llama 3.1 8B Instruct", "x", "llama3.2-1b-3.1-8b"),
+        ("Qwen2.5 7B Instruct", "x", "qwen2.5-0.5b-7b"),
+        (None, "gemma-2-9b-it-Q8_0.gguf", "gemma2-2b-9b"),
+        ("tiny-3", "tiny:big", None),
+    ],
+)
+def test_the_note_says_which_pair_would_bring_a_draft(label, name, pair):
+    from fsd_local.pairs.local import LocalModel
+    from fsd_local.pairs.names import pull_hint
+
+    hint = pull_hint(LocalModel("folder", name, None, label=label))
+    if pair:
+        assert f"(`fsd-local pull {pair}` fetches it with its target)" in hint, hint
+    else:
+        assert hint.startswith("Pull a smaller model of the same family"), hint

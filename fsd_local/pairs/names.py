@@ -116,16 +116,17 @@ def pull_hint(target: LocalModel) -> str:
     from fsd_local.errors import RegistryError
     from fsd_local.pairs.registry import load_registry
 
-    text = target.label or os.path.basename(target.name)
-    m = _FAMILY.match(text)
-    family = m.group(1).casefold().replace("-", "").replace("_", "") if m and m.group(1) else None
+    def family(text: str) -> str | None:  # "Meta Llama 3.1 8B Instruct", "Meta-Llama-3.1-8B-..." -> "metallama3.1"
+        m = _FAMILY.match(text)
+        return re.sub(r"[^a-z0-9.]", "", m.group(1).casefold()) or None if m else None
+
+    mine = family(target.label or os.path.basename(target.name))
     try:
         pairs = load_registry()
     except RegistryError:
         pairs = {}
     for pair in pairs.values():
-        f = _FAMILY.match(pair.target.file)
-        if family and f and f.group(1).casefold().replace("-", "").replace("_", "") == family:
+        if mine and family(pair.target.file) == mine:
             return (
                 f"A draft of its family: {pair.draft.repo}/{pair.draft.file} (`fsd-local pull {pair.name}` fetches it "
                 f"with its target); a smaller size of the same family from Ollama or LM Studio is found too"
