@@ -129,7 +129,15 @@ def test_a_name_that_matches_nothing_says_where_it_looked(stores):
     assert f"llama.cpp cache {stores['llama.cpp']} (not found)" in errors[0]
 
 
-def test_bench_and_calibrate_with_a_target_alone(stores, tmp_path, monkeypatch, family):
+def test_a_missing_target_path_alone_is_reported_as_missing(stores, tmp_path):
+    result = invoke(["generate", "abc", "--target", str(tmp_path / "nope.gguf"), *RUN])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: target model file not found: {tmp_path / 'nope.gguf'} (check the path, or `fsd-local pull` a pair)"
+    )
+
+
+def test_bench_with_a_target_alone(stores):
     args = ["--threads", "1", "--ctx", "256", "--max-tokens", "4", "--repeats", "1", "--taus", "0.1"]
     bench = invoke(["bench", "--target", "tiny:big", "--modes", "fsd", "--draft-policy", "fixed", *args, "--json"])
     assert bench.exit_code == 0, bench.output

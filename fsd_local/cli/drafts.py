@@ -38,9 +38,9 @@ def auto_draft(
     if choice.draft is not None:
         say(choice.chosen_note(target_arg))
         return choice.draft.path, settings
-    if choice.target.problem:  # let the loader report the target's own problem
-        return None, settings
     fallback = settings.with_(drafter="ngram")
+    if choice.target.problem and not fallback.needs_draft:  # the loader says what is wrong with the target
+        return None, fallback
     if fallback.needs_draft:  # draft-only: prompt lookup cannot stand in for the draft model
         raise click.UsageError(f"mode {settings.mode} needs --draft: {choice.missing_note(target_arg)}")
     say(f"{choice.missing_note(target_arg)}. Meanwhile prompt lookup drafts (--drafter ngram).")
