@@ -394,8 +394,10 @@ def test_bench_usage_errors(tiny_pair):
     assert "only apply to --kernels" in _invoke(["bench", *_models(tiny_pair), "--rows", "2"]).output
     bad = _invoke(["bench", *_models(tiny_pair), "--taus", "0,x"])
     assert bad.exit_code == 2 and "'x' is not a valid tau value" in bad.output
-    draftless = _invoke(["bench", "--target", tiny_pair[1]])
-    assert draftless.exit_code == 2 and "--draft" in draftless.output
+    # calibrate measures fsd against sd: a target alone with no local model to draft for it is refused
+    draftless = _invoke(["calibrate", "--target", tiny_pair[1], "--min-agreement", "0.5"])
+    assert draftless.exit_code == 2 and "give --draft too" in draftless.output
+    assert "no model on this disk can draft for" in draftless.output
 
 
 def test_calibrate_finds_the_largest_tau_within_an_agreement_budget(tiny_pair, prompts_file):

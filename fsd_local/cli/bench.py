@@ -1,4 +1,4 @@
-"""The options and bodies of `fsd-local bench` and `fsd-local calibrate` (registered in cli.py)."""
+"""The options and body of `fsd-local bench` (registered in cli/main.py; `fsd-local calibrate` is cli/calibrate.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from fsd_local.cli.drafts import bench_drafters, require_draft
 from fsd_local.kernels.names import DIVERGENCES, DRAFT_POLICIES, DRAFTERS, MODES, TAU_MODES
 
 MODEL_KEYS = ("target", "draft", "pair")
@@ -247,6 +248,7 @@ def bench_command(
         from fsd_local.bench.plot import require_matplotlib
 
         require_matplotlib()  # before the long run, not after it
+    drafters = bench_drafters(model_kwargs, drafters, _say)  # a target alone: its draft, or prompt lookup
     configs = build_configs(
         modes, divergences, taus, draft_maxes, temperatures, drafters, policies, budgets or (), states
     )
@@ -312,8 +314,6 @@ def _engine(model_kwargs: dict, needs_draft: bool = True):
     from fsd_local.cli.options import load_engine
     from fsd_local.settings import Settings
 
-    if needs_draft and model_kwargs.get("target") and not model_kwargs.get("draft") and not model_kwargs.get("pair"):
-        raise click.UsageError(
-            "give --draft too (or --drafter ngram): bench and calibrate compare against speculative decoding"
-        )
+    if needs_draft:
+        require_draft(model_kwargs, _say)
     return load_engine(**model_kwargs, settings=Settings(drafter="model" if needs_draft else "ngram"), say=_say)
