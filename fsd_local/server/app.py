@@ -91,13 +91,26 @@ def create_app(
 
     guarded = [Depends(authorised)]
 
+    _install_openai(app, runner, guarded, name)  # OpenAI's API under /v1/, /health and /metrics
+    install(app, engine, guarded, name)  # the chat page at / and the settings it may send
+    install_ollama(app, runner, guarded, name)  # Ollama's API under /api/
+    _install_error_handlers(app)
+    app.add_middleware(Guard, policy=AccessPolicy(host, allow_hosts, allow_origins))
+    app.add_middleware(_CountResponses, metrics=metrics, retry_after=lambda: retry_after(engine, worker))
+    return app
+
+
+def _install_openai(app: FastAPI, runner: Runner, guarded: list[Any], name: str) -> None:
+    """OpenAI's routes (/v1/...), /health and /metrics."""
+    engine, worker, metrics = runner.engine, runner.worker, runner.metrics
+
     @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat_completions(request: Request) -> Response:
-        return await _complete(request, "chat")
+        return await _complete(runner, request, "chat", name)
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(request: Request) -> Response:
-        return await _complete(request, "text")
+        return await _complete(runner, request, "text", name)
 
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict[str, Any]:
@@ -139,35 +152,31 @@ def create_app(
             "draft": engine.draft.path if engine.draft else None,
         }
 
-    async def _complete(request: Request, kind: Literal["chat", "text"]) -> Response:
-        req = parse(kind, await request.body())
-        check_available(engine)
-        settings = settings_for(engine, req)
-        prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
-        reply = Reply(kind, req.model or name, engine.token_bytes)
-        cancel = CancelToken()
-        if req.stream:
-            pieces = runner.stream(prompt, settings, cancel)
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(
-                _events(reply, pieces, cancel, include_usage, TokenTrail(engine.token_bytes)),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        try:
-            c = await runner.whole(request, prompt, settings, cancel)
-        except Exception as exc:
-            raise as_api_error(exc) from exc
-        if c is None:  # the client left
-            return Response(status_code=499)
-        return JSONResponse(reply.full(c))
 
-    install(app, engine, guarded, name)  # the chat page at / and the settings it may send
-    install_ollama(app, runner, guarded, name)  # Ollama's API under /api/
-    _install_error_handlers(app)
-    app.add_middleware(Guard, policy=AccessPolicy(host, allow_hosts, allow_origins))
-    app.add_middleware(_CountResponses, metrics=metrics, retry_after=lambda: retry_after(engine, worker))
-    return app
+async def _complete(runner: Runner, request: Request, kind: Literal["chat", "text"], name: str) -> Response:
+    """One OpenAI request: validated before it is queued, then streamed as server-sent events or answered whole."""
+    engine = runner.engine
+    req = parse(kind, await request.body())
+    check_available(engine)
+    settings = settings_for(engine, req)
+    prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
+    reply = Reply(kind, req.model or name, engine.token_bytes)
+    cancel = CancelToken()
+    if req.stream:
+        pieces = runner.stream(prompt, settings, cancel)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(
+            _events(reply, pieces, cancel, include_usage, TokenTrail(engine.token_bytes)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    try:
+        c = await runner.whole(request, prompt, settings, cancel)
+    except Exception as exc:
+        raise as_api_error(exc) from exc
+    if c is None:  # the client left
+        return Response(status_code=499)
+    return JSONResponse(reply.full(c))
 
 
 async def _events(
