@@ -170,6 +170,20 @@ def test_num_ctx_smaller_than_the_servers_holds_prompt_and_reply(tiny_engine, oc
     assert big.eval_count == 4  # larger than the server's --ctx: the server's context applies
 
 
+def test_logprobs(tiny_engine, oc):
+    expected = tiny_engine.chat(HELLO, max_tokens=10, top_logprobs=3, **GREEDY)
+    options = {"temperature": 0, "num_predict": 10}
+    r = oc.chat(model="m", messages=HELLO, options=options, logprobs=True, top_logprobs=3)
+    assert [x.logprob for x in r.logprobs] == pytest.approx(expected.logprobs, abs=1e-4)
+    assert [len(x.top_logprobs) for x in r.logprobs] == [3] * 10
+    assert all(x.top_logprobs[0].logprob >= x.logprob - 1e-6 for x in r.logprobs)  # greedy: the top is emitted
+    streamed = list(oc.chat(model="m", messages=HELLO, options=options, logprobs=True, stream=True))
+    assert [x.logprob for c in streamed for x in (c.logprobs or [])] == pytest.approx(expected.logprobs, abs=1e-4)
+    assert oc.chat(model="m", messages=HELLO, options=options).logprobs is None  # off unless asked
+    with pytest.raises(ollama.ResponseError, match="logprobs"):
+        oc.chat(model="m", messages=HELLO, options=options, top_logprobs=2)
+
+
 def test_a_request_without_a_prompt_loads_the_model(oc):
     r = oc.generate(model="m", prompt="")
     assert r.done and r.done_reason == "load" and r.response == ""

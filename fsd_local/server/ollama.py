@@ -98,7 +98,7 @@ async def _answer(runner: Runner, request: Request, route: Literal["chat", "gene
     body = parse_body("chat" if route == "chat" else "text", await request.body())
     check_available(engine)
     asked = translate(body, engine.defaults, engine.target.n_ctx)
-    reply = OllamaReply(route, body.model, started, asked.ignored)
+    reply = OllamaReply(route, body.model, started, asked.ignored, engine.token_bytes)
     stream = asked.request.stream
     if asked.empty:  # Ollama's way to load a model: it is loaded
         return _single(reply.loaded(), stream)
@@ -117,7 +117,7 @@ async def _answer(runner: Runner, request: Request, route: Literal["chat", "gene
         raise as_api_error(exc) from exc
     if c is None:  # the client left
         return Response(status_code=499)
-    return JSONResponse(reply.final(c, c.text))
+    return JSONResponse(reply.final(c, c.text, whole=True))
 
 
 def _within(settings: Settings, prompt_len: int, num_ctx: int | None) -> Settings:
@@ -150,8 +150,8 @@ async def _ndjson(reply: OllamaReply, pieces: asyncio.Queue, cancel: CancelToken
             if isinstance(item, BaseException):
                 yield _line({"error": as_api_error(item).message})
                 return
-            if item.text:
-                yield _line(reply.chunk(item.text))
+            if item.text or (item.token_ids and item.logprobs is not None):
+                yield _line(reply.chunk(item.text, item))
             if item.completion is not None:
                 yield _line(reply.final(item.completion))
                 return

@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fsd_local.results import Completion
+from fsd_local.results import Completion, Piece
+from fsd_local.server.logprobs import TokenBytes, chat_logprobs
 from fsd_local.server.openai_schema import SETTING_FIELDS, APIError, ChatRequest, CompletionRequest, fsd_stats, parse
 from fsd_local.settings import FIELD, Settings, chat_sampling
 
@@ -61,6 +62,8 @@ class _Body(_Strict):
     keep_alive: str | int | float | None = None  # accepted: the pair stays loaded while the server runs
     think: bool | str | None = None
     images: list[str] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class ChatBody(_Body):
@@ -115,6 +118,8 @@ def translate(body: ChatBody | GenerateBody, defaults: Settings, n_ctx: int) -> 
     fmt = _format(body.format)
     if fmt is not None:
         fields["response_format"] = fmt
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true")
     if isinstance(body, ChatBody):
         kind: Literal["chat", "text"] = "chat"
         fields["messages"] = [_message(i, m) for i, m in enumerate(body.messages)]
@@ -127,6 +132,11 @@ def translate(body: ChatBody | GenerateBody, defaults: Settings, n_ctx: int) -> 
         kind, empty = "chat", not body.prompt
         system = [{"role": "system", "content": body.system}] if body.system else []
         fields["messages"] = [*system, {"role": "user", "content": body.prompt}]
+    if body.logprobs:  # OpenAI's fields for them differ between chat and completions
+        if kind == "chat":
+            fields["logprobs"], fields["top_logprobs"] = True, body.top_logprobs or 0
+        else:
+            fields["logprobs"] = body.top_logprobs or 0
     try:
         request = parse(kind, json.dumps(fields).encode())
     except APIError as exc:  # name the field as the client sent it
@@ -228,21 +238,37 @@ def created_at() -> str:
 class OllamaReply:
     """The NDJSON objects of one /api/chat or /api/generate answer."""
 
-    def __init__(self, route: Literal["chat", "generate"], model: str, started: float, ignored: list[str]):
+    def __init__(
+        self,
+        route: Literal["chat", "generate"],
+        model: str,
+        started: float,
+        ignored: list[str],
+        token_bytes: TokenBytes | None = None,
+    ):
         self.route, self.model, self.started, self.ignored = route, model, started, ignored
+        self.token_bytes = token_bytes or (lambda t: b"")
 
-    def chunk(self, text: str) -> dict[str, Any]:
+    def chunk(self, text: str, tokens: Piece | Completion | None = None) -> dict[str, Any]:
+        """An object with `text`; with the log-probabilities of `tokens` when the request asked for them (each
+        {"token", "logprob", "bytes", "top_logprobs", "origin"}, as OpenAI's chat entries)."""
         out: dict[str, Any] = {"model": self.model, "created_at": created_at()}
         if self.route == "chat":
             out["message"] = {"role": "assistant", "content": text}
         else:
             out["response"] = text
+        if tokens is not None and tokens.logprobs is not None:
+            lps = chat_logprobs(
+                self.token_bytes, tokens.token_ids, tokens.origins, tokens.logprobs, tokens.top_logprobs
+            )
+            out["logprobs"] = (lps or {}).get("content", [])
         out["done"] = False
         return out
 
-    def final(self, c: Completion, text: str = "") -> dict[str, Any]:
-        """The last object: done, why, Ollama's counters (nanoseconds) and fsd-local's statistics."""
-        out = self.chunk(text)
+    def final(self, c: Completion, text: str = "", whole: bool = False) -> dict[str, Any]:
+        """The last object: done, why, Ollama's counters (nanoseconds) and fsd-local's statistics (`whole`: the
+        answer in one object, with its text's log-probabilities)."""
+        out = self.chunk(text, c if whole else None)
         stats = c.stats
         out.update(
             done=True,
