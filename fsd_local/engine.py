@@ -1,9 +1,11 @@
-"""The FSD loop: prompt -> tokens -> draft -> verify -> accept -> trim -> stream.
+"""The FSD loop: prompt -> tokens -> rounds -> stream (FSD.md, "One round").
 
-One round (FSD.md): the draft proposes up to k tokens, the target scores [last accepted, d_1..d_k] in ONE
-decode, `accept_round` keeps the longest acceptable prefix and picks one more token, then both KV caches are
-cut back to their longest common prefix with the accepted text. Every model's cache is always a prefix of
-the accepted text, so the next round, the next call and the next chat turn only evaluate what is new.
+A round is a proposal in and emitted tokens out (round.py): the drafters propose up to k tokens (drafting/), the
+target scores [last accepted, d_1..d_k] in ONE decode and `accept_round` keeps the longest acceptable prefix and
+picks one more token; a plain step (ar, draft-only, or auto's k = 0 through the same verify) emits one token.
+After every round both KV caches are cut back to their longest common prefix with the accepted text
+(generation.py), so every model's cache is always a prefix of it, and the next round, the next call and the next
+chat turn only evaluate what is new.
 """
 
 from __future__ import annotations
@@ -11,45 +13,25 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Generator, Mapping, Sequence
-from functools import partial
 from time import perf_counter
 from typing import Any
 
-import numpy as np
-
 from fsd_local.chain import Chain
 from fsd_local.conversation import fit_conversation, reply_room, splice_cached
-from fsd_local.drafting.proposer import Proposer
+from fsd_local.drafting.calibration import CostStore, measure_costs
+from fsd_local.drafting.proposer import Proposer, new_drafts
 from fsd_local.errors import FSDError
-from fsd_local.kernels.accept import (
-    AR,
-    BY_FUZZY,
-    DRAFT_ONLY,
-    MODES,
-    accept_round,
-    emit_one,
-    rule_of,
-    sampling_of,
-    warm_up,
-)
-from fsd_local.kernels.budget import Budgets, stop_at, threshold
+from fsd_local.generation import Generation
+from fsd_local.kernels.accept import round_out, warm_up
+from fsd_local.kernels.budget import Budgets
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
-from fsd_local.results import (
-    CancelToken,
-    Completion,
-    Emitted,
-    Piece,
-    check_prompt_ids,
-    final_completion,
-    length_detail,
-)
+from fsd_local.results import CancelToken, Completion, Piece, check_prompt_ids, final_completion
+from fsd_local.round import Step, plain_step, verify
 from fsd_local.settings import Settings
-from fsd_local.stats import Stats
-from fsd_local.stream import TextStream
 
 __all__ = ["CancelToken", "Completion", "Engine", "Piece"]
 
@@ -108,9 +90,12 @@ class Engine:
             raise
         # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries)
         self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft else self.target.n_vocab
-        self._proposer = Proposer(self.draft, self.n_vocab, self.defaults.draft_max)
+        self._proposer = Proposer(self.draft, self.n_vocab)
         self._lengths = self._proposer.lengths
         self._budgets = Budgets()  # the thresholds a quality budget settled on, for the next reply
+        self._buffers_key: tuple | None = None  # the round buffers (owned here, lent to each call) fit these settings
+        self._costs = CostStore.for_engine(self)  # the machine's measured costs, kept on disk per model and machine
+        self._costs.load(self)
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
         warm_chain()
 
@@ -206,6 +191,19 @@ class Engine:
         the quality budget's settled gains); `set_policy_state` puts it back. Measured costs are not part of it."""
         return {"lengths": self._lengths.evidence(), "budgets": self._budgets.copy()}
 
+    def measure_costs(self, k_max: int) -> float:
+        """Time every target batch size 1..k_max + 1 and the draft model's token and catch-up not measured yet
+        (drafting/calibration.py): what a benchmark does before its timed runs, so that every configuration is
+        priced from the same complete curve. Generations never wait for this; returns the seconds it took."""
+        with self._lock:
+            self._check_open()
+            self.reset()
+            token = self.target.bos if self.target.bos >= 0 else 0
+            seconds = measure_costs(self._lengths, self.target, self.draft, k_max + 1, token)
+            self.reset()
+            self._costs.save(self)
+            return seconds
+
     def set_policy_state(self, state: dict | None) -> None:
         """Put back a `policy_state` copy, or with None forget all of it, as a freshly loaded engine (the measured
         costs of the machine stay): what a benchmark gives each configuration."""
@@ -256,195 +254,82 @@ class Engine:
         return check_prompt_ids(tokens, self.n_vocab, n_ctx)
 
     def _run(self, prompt, s: Settings, cancel, dropped: int = 0) -> Generator[Piece, None, None]:
-        mode = MODES.index(s.mode)
-        speculative = s.mode in SPECULATIVE_MODES
-        rule, sampling = rule_of(s), sampling_of(s)  # the kernels' view of the settings, once per call
         with self._lock:
-            self._check_open()
-            self._cancel.clear()
-            if s.needs_draft:  # the draft model runs (prompt lookup alone needs none)
-                assert self.draft is not None, "stream() checked that this mode has its draft"
-                models = [self.target, self.draft] if speculative else [self.draft]
-            else:
-                models = [self.target]
-            seq = self.prompt_tokens(prompt, models)
-            chain = self._proposer.chain = Chain(s, seq, self.n_vocab, self.target)  # penalties, bias, grammar
-            n_ctx = min(m.n_ctx for m in models)
-            self._proposer.reserve(s.draft_max, s.top_logprobs)
-            self._proposer.start(s)
-            rng = np.random.default_rng(s.seed)
-            stats = Stats(prompt_tokens=len(seq))
-            stats.budget = self._budgets.start(s, self._proposer.drafts.tokens.shape[0])
-            text = TextStream(s.stop)
-            ends = partial(self._ends_reply, text, s.ignore_eos)  # which draft would end the reply (budget's cap)
-            reply = Emitted()  # the tokens shown so far, with their origins and log-probabilities
+            g = self._generation(prompt, s, dropped)
+            step = self._speculative if s.mode in SPECULATIVE_MODES else self._plain
             finish = None
             try:
-                t0 = perf_counter()
-                for m in models:
-                    evaluated = self._prefill(m, seq, cancel, cut=dropped > 0 and s.context_shift)
-                    if m is models[0]:
-                        stats.prompt_evaluated = evaluated
-                if speculative and s.draft_policy == "auto":  # the target's cost per batch size, measured once
-                    self._proposer.calibrate(self.target, seq, s.draft_max + 1)
-                    if s.drafter != "ngram":
-                        self._proposer.calibrate_draft(seq)
-                stats.prompt_seconds = perf_counter() - t0
-                t_start = perf_counter()
-                lengths = self._lengths
-                lengths.start(s)
-                while finish is None:
-                    if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
-                        finish = "cancelled"
-                        break
-                    remaining = s.max_tokens - stats.tokens
-                    if remaining <= 0 or len(seq) > n_ctx:
-                        finish = "length"
-                        break
-                    if speculative:
-                        n_drafts, source, k, t_draft = self._proposer.propose(
-                            seq, min(remaining - 1, n_ctx - len(seq)), s, _threshold(rule, stats.budget), rng, stats
-                        )
-                        t_target = stats.seconds_target
-                        step = self._verify(seq, n_drafts, rule, sampling, rng, stats, ends)
-                        new = step.tokens
-                        lengths.observe(source, n_drafts, len(new) - 1, t_draft, stats.seconds_target - t_target)
-                        stats.record_k(k)
-                    else:
-                        step = self._plain_step(models[0], seq, sampling, rng, stats, mode)
-                        new = step.tokens
-                    start = len(seq)
-                    seq.extend(new)
-                    for m in models:  # trim: each cache keeps its longest common prefix with the accepted text
-                        m.keep_common_prefix(seq, start - 1)
-                    shown = []
-                    for t in new:
-                        if not s.ignore_eos and self.target.is_eog(t):
-                            finish = "stop"
-                            break
-                        shown.append(t)
-                    step = step.head(len(shown))
-                    reply.extend(step)
-                    released = text.push(b"".join(self.target.piece(t) for t in shown))
-                    if text.stopped or chain.finished:  # a stop string, or the grammar is complete
-                        finish = "stop"
-                    stats.seconds_total = perf_counter() - t_start
-                    if released or shown:
-                        yield step.piece(released, s.logprobs, s.top_logprobs > 0)
-                stats.seconds_total = perf_counter() - t_start
+                self._prefill(g, cancel, cut=dropped > 0 and s.context_shift)
+                clock = g.stats.start_clock(self.target, self.draft)
+                while finish is None and (finish := g.stop_reason(self._cancel, cancel)) is None:
+                    done = step(g)
+                    t = perf_counter()
+                    finish, piece = g.advance(done)  # everything that follows a round
+                    clock.tick(perf_counter() - t)
+                    if piece is not None:
+                        yield piece
             finally:
-                for m in models if not self._closed else ():  # close() from this thread while a stream was paused
+                for m in g.models if not self._closed else ():  # close() from this thread while a stream was paused
                     m.forget_unknown_tail()  # whatever happened (Ctrl-C, errors), leave each cache a prefix of seq
-                    m.keep_common_prefix(seq)
-            tail = text.flush()
-            completion = Completion(
-                text=text.text,
-                token_ids=reply.tokens,
-                finish_reason=finish,
-                stats=stats.to_dict(),
-                settings=s.to_dict(),
-                prompt_tokens=stats.prompt_tokens,
-                origins=reply.origins,
-                finish_detail=length_detail(finish, stats.tokens, s.max_tokens),
-                dropped_messages=dropped,
-            )
-            completion.logprobs, completion.top_logprobs = reply.logprob_fields(s.logprobs, s.top_logprobs > 0)
-            if mode == DRAFT_ONLY:
-                completion.stats["target_logprob_mean"] = completion.stats["loss_per_token"] = None
-            plain = self._lengths.plain_tokens_per_second_est
-            completion.stats["plain_tokens_per_second_est"] = plain
-            completion.stats["speedup_vs_plain_est"] = completion.stats["tokens_per_second"] / plain if plain else None
-            yield Piece(tail, [], [], completion)
+                    m.keep_common_prefix(g.seq)
+            self._costs.save(self)
+            tail = g.text.flush()  # before the completion takes the text
+            yield Piece(tail, [], [], g.completion(finish, self._lengths.plain_tokens_per_second_est))
 
-    def _prefill(self, m: Model, seq: list[int], cancel, cut: bool = False) -> int:
-        """Make the cache hold seq[:-1], reusing the common prefix (and with `cut`, after a chat dropped its oldest
-        turns under context_shift, what followed them); the last token goes into the first round."""
-        if cut:
-            m.reuse_after_cut(seq)
-        keep = m.keep_common_prefix(seq)
-        todo = seq[keep:-1]
-        for i in range(0, len(todo), m.n_batch):
-            if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
-                break
-            m.decode(todo[i : i + m.n_batch], logits="none")
-        return len(todo) + 1
+    def _speculative(self, g: Generation) -> Step:
+        """Draft, verify, and let the policy learn from the round (each phase timed: Stats.phases)."""
+        t0 = perf_counter()
+        proposal = self._proposer.propose(g, self._drafts)
+        t1 = perf_counter()
+        step = verify(self.target, g, proposal)
+        t2 = perf_counter()
+        self._proposer.observe(g, step)
+        g.stats.add_phases(t1 - t0, t2 - t1, perf_counter() - t2)
+        return step
 
-    def _ends_reply(self, text: TextStream, ignore_eos: bool, drafts: list[int]) -> int | None:
-        """The first of these drafts that would end the reply if emitted: end of generation or a stop string."""
-        eog = None if ignore_eos else next((j for j, t in enumerate(drafts) if self.target.is_eog(t)), None)
-        stop = text.stop_index([self.target.piece(t) for t in drafts[:eog]]) if text.stop else None
-        return stop if stop is not None else eog
+    def _plain(self, g: Generation) -> Step:
+        """The baselines: a plain step of the target (ar) or of the draft (draft-only)."""
+        if g.s.mode == "ar":
+            step = plain_step(self.target, g, "target")
+            self._lengths.observe(None, 0, 0, 0.0, step.batch, step.seconds)  # the machine's plain rate
+            return step
+        assert self.draft is not None, "draft-only has its draft (Settings.check_draft)"
+        return plain_step(self.draft, g, "draft")
 
-    def _verify(self, seq, n_drafts, rule, sampling, rng, stats, ends):
-        """Score [last accepted, d_1..d_n] in one target decode, then apply the acceptance rule. ends(drafts): the
-        first draft that would end the reply (the quality budget's cap counts the tokens up to there)."""
-        tgt = self.target
-        pending = seq[len(tgt.tokens) :]
-        drafts = self._proposer.drafts.tokens[:n_drafts].tolist()
-        if stats.budget.bound > 0.0 and sampling.temperature <= 0.0:  # where a greedy round is decided whole
-            stop_at(stats.budget, ends(drafts))
-        t = perf_counter()
-        tgt.decode(pending + drafts, f"from:{len(pending) - 1}")
-        tgt.synchronize()
-        dt = perf_counter() - t
-        stats.seconds_target += dt
-        stats.record_verify(len(pending) + n_drafts, dt)
-        p = tgt.logits(n_drafts + 1)
-        chain = self._proposer.chain
-        chain.target_rows(p, n_drafts)  # the same processing as the draft's rows had
-        if not n_drafts and self._proposer.keeps_rows:  # a plain step: the draft model may be scored on it later
-            self._proposer.keep_target_row(len(seq), p[0])
-        us = rng.random(n_drafts + 1) if sampling.temperature > 0 else np.zeros(n_drafts + 1)
-        out = self._proposer.out
-        drafts_in, budget = self._proposer.drafts, stats.budget
-        accepted, nxt = accept_round(p, drafts_in, n_drafts, self.n_vocab, rule, sampling, us, out, budget)
-        chain.settle(accepted, nxt)
-        stats.record_round(n_drafts, out.reason, out.divergence, out.logprob, accepted + 1, budget.loss)
-        reasons = out.reason[:accepted].tolist()
-        origins = [ORIGINS[r] for r in reasons] + ["target"]
-        # a rescued token's divergence and log-probability gap (the target's top token's log-prob minus its own)
-        rescues: list[tuple[float, float] | None] = [
-            (float(out.divergence[i]), float(p[i, : self.n_vocab].max() - p[i, drafts[i]])) if r == BY_FUZZY else None
-            for i, r in enumerate(reasons)
-        ] + [None]
-        return Emitted(drafts[:accepted] + [int(nxt)], origins, *_logprobs(out, accepted + 1), rescues, n_drafts)
-
-    def _plain_step(self, m: Model, seq, sampling, rng, stats, mode):
-        """The baselines: one token from one model (target for ar, draft for draft-only)."""
-        todo = seq[len(m.tokens) :]
-        t = perf_counter()
-        m.decode(todo, "last")
-        m.synchronize()
-        dt = perf_counter() - t
-        if mode == AR:
-            stats.seconds_target += dt
-            stats.record_verify(len(todo), dt)
-            self._lengths.observe(None, 0, 0, 0.0, dt)
+    def _generation(self, prompt, s: Settings, dropped: int) -> Generation:
+        """A call's state, its buffers sized for its settings (reused across calls while they fit)."""
+        self._check_open()
+        self._cancel.clear()
+        if s.needs_draft:  # the draft model runs (prompt lookup alone needs none)
+            assert self.draft is not None, "stream() checked that this mode has its draft"
+            models = [self.target, self.draft] if s.mode in SPECULATIVE_MODES else [self.draft]
         else:
-            stats.seconds_draft += dt
-        u = rng.random() if sampling.temperature > 0 else 0.0
-        rows, out = m.logits(1), self._proposer.out
-        self._proposer.chain.target_rows(rows, 0)  # the same processing as every target row
-        tok, lp = emit_one(rows[0], m.n_vocab, sampling, u, self._proposer.drafts.stats[0], out)
-        self._proposer.chain.settle(0, tok)
-        stats.rounds += 1
-        stats.tokens += 1
-        stats.target_calls += mode == AR
-        if mode == AR:
-            stats.logprob_sum += lp
-            stats.logprob_count += 1
-        return Emitted([int(tok)], ["draft" if mode == DRAFT_ONLY else "target"], *_logprobs(out, 1), [None])
+            models = [self.target]
+        seq = self.prompt_tokens(prompt, models)
+        key = (s.draft_max, s.top_logprobs, s.logprobs)
+        if self._buffers_key != key:
+            self._drafts = new_drafts(s.draft_max, self.n_vocab)
+            self._out = round_out(s.draft_max, s.top_logprobs, s.logprobs)
+            self._buffers_key = key
+        chain = Chain(s, self.n_vocab, self.target).start(seq)  # penalties, bias, grammar
+        budget = self._budgets.start(s, s.draft_max)
+        g = Generation(s, seq, models, self.target, self.n_vocab, budget, self._out, chain, dropped)
+        if s.mode in SPECULATIVE_MODES:
+            self._proposer.start(g)
+        return g
 
-
-def _threshold(rule, budget) -> float:
-    """The rule's threshold this round: tau, or the one a quality budget set (B = 0: exactly sd)."""
-    if budget.bound < 0.0:
-        return rule.tau
-    return threshold(budget) if budget.bound > 0.0 else 0.0
-
-
-def _logprobs(out, n: int) -> tuple[list[float], list[list[tuple[int, float]]]]:
-    """The log-probabilities of a round's n emitted tokens and their top alternatives, from the kernel's RoundOut."""
-    lps = out.logprob[:n].tolist()
-    ids, top = out.top_ids[:n].tolist(), out.top_logprob[:n].tolist()
-    return lps, [[(i, v) for i, v in zip(ri, rv) if i >= 0] for ri, rv in zip(ids, top)]
+    def _prefill(self, g: Generation, cancel, cut: bool = False) -> None:
+        """Make each model's cache hold seq[:-1], reusing the common prefix (and with `cut`, after a chat dropped
+        its oldest turns under context_shift, what followed them); the last token goes into the first round."""
+        t0 = perf_counter()
+        for m in g.models:
+            if cut:
+                m.reuse_after_cut(g.seq)
+            todo = g.seq[m.keep_common_prefix(g.seq) : -1]
+            for i in range(0, len(todo), m.n_batch):
+                if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
+                    break
+                m.decode(todo[i : i + m.n_batch], logits="none")
+            if m is g.models[0]:
+                g.stats.prompt_evaluated = len(todo) + 1
+        g.stats.prompt_seconds = perf_counter() - t0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ _LOSS, _TOKENS, _TAU, _TAU_SUM, _TAU_MIN, _TAU_MAX, _ROUNDS, _REFUSED = range(8)
 _CAPPED = 12
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+PHASES = ("draft", "verify", "policy", "advance")
 
 
 @dataclass
@@ -39,7 +41,18 @@ class Stats:
     not_chosen: int = 0  # emitted tokens with a positive loss: the target would not have chosen them
     loss_unknown: bool = False  # a sampled rescue without a budget: its loss is not computed (kernels/budget.py)
     budget: Any = None  # the reply's kernels.budget.Budget (its bound is < 0 when there is no budget)
+    # wall seconds of each phase of the speculative rounds (drafting, verifying, the policy's bookkeeping) and of
+    # the loop's work after every round (advance): with the seconds inside each model, the loop's own time
+    phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     verify_by_batch: dict = field(default_factory=dict)  # target batch size n -> [decodes, seconds] (the oracle's)
+
+    def add_phases(self, draft: float, verify: float, policy: float) -> None:
+        ph = self.phases
+        ph["draft"], ph["verify"], ph["policy"] = ph["draft"] + draft, ph["verify"] + verify, ph["policy"] + policy
+
+    def start_clock(self, target, draft) -> _Clock:
+        """Time the loop from now: wall seconds, and those inside each model's decodes (their own counters)."""
+        return _Clock(self, target, draft)
 
     def record_verify(self, n: int, seconds: float) -> None:
         """One target decode of n tokens in the loop (a verification, or a plain step for n = 1)."""
@@ -52,8 +65,31 @@ class Stats:
             self.k_histogram.extend([0] * (k + 1 - len(self.k_histogram)))
         self.k_histogram[k] += 1
 
+    def record(self, step) -> None:
+        """One round (round.py `Step`): the target's decode by batch size, and for a verified proposal what was
+        drafted, accepted and why, the divergences computed, and the emitted tokens' log-probabilities and losses.
+        (The seconds inside each model are read off the models' own counters: Generation.advance.)"""
+        p, out = step.proposal, step.out
+        if p is None:  # a plain step: ar (the target decided) or draft-only
+            self.rounds += 1
+            self.tokens += 1
+            if step.emitted.origins[0] == "draft":
+                return
+            self.target_calls += 1
+            self.record_verify(step.batch, step.seconds)
+            if out.logprob.shape[0]:
+                self.logprob_sum += float(out.logprob[0])
+                self.logprob_count += 1
+            return
+        self.record_verify(step.batch, step.seconds)
+        self.record_k(p.k)
+        self.probed += p.probed
+        losses = self.budget.loss if self.budget is not None else np.zeros(step.accepted + 1)
+        self.record_round(p.n, out.reason, out.divergence, out.logprob, step.accepted + 1, losses)
+
     def record_round(self, n_drafts, reasons, divs, logprobs, emitted, losses):
-        """One round: reasons/divs are the kernel's per-slot arrays, logprobs and losses the emitted tokens'."""
+        """One round: reasons/divs are the kernel's per-slot arrays, logprobs (empty: not computed) and losses
+        the emitted tokens'."""
         self.rounds += 1
         self.target_calls += 1
         self.drafted += n_drafts
@@ -73,15 +109,16 @@ class Stats:
             d = divs[i]
             if d == d:
                 self.divergences.append(float(d))
+        if len(logprobs):
+            self.logprob_sum += float(np.sum(logprobs[:emitted]))
+            self.logprob_count += emitted
         for j in range(emitted):
-            self.logprob_sum += float(logprobs[j])
             loss = float(losses[j])
             if loss == loss:
                 self.loss_sum += loss
             else:
                 self.loss_unknown = True
             self.not_chosen += not loss <= 0.0  # NaN: a rescue, not the target's choice
-        self.logprob_count += emitted
         self.tokens += emitted
 
     @property
@@ -139,9 +176,11 @@ class Stats:
             if finite.size
             else {},
             "divergences_computed": int(divs.size),
-            "target_logprob_mean": self.logprob_sum / self.logprob_count if self.logprob_count else 0.0,
-            "target_logprob_sum": self.logprob_sum,
+            # the target's log-probability of the emitted tokens, where it was computed (logprobs asked)
+            "target_logprob_mean": self.logprob_sum / self.logprob_count if self.logprob_count else None,
+            "target_logprob_sum": self.logprob_sum if self.logprob_count else None,
             "seconds": {"draft": self.seconds_draft, "target": self.seconds_target, "other": other},
+            "phase_seconds": dict(self.phases),
             "seconds_total": self.seconds_total,
             "prompt_tokens": self.prompt_tokens,
             "prompt_evaluated": self.prompt_evaluated,
@@ -149,3 +188,22 @@ class Stats:
             "tokens_per_second": self.tokens / self.seconds_total if self.seconds_total > 0 else 0.0,
             **self.budget_dict(),
         }
+
+
+class _Clock:
+    """The generation's seconds since the loop began: in all, and inside each model's llama.cpp calls (the rest,
+    `other`, is the loop's own time)."""
+
+    def __init__(self, stats: Stats, target, draft) -> None:
+        self.stats, self.target, self.draft = stats, target, draft
+        self.t0 = perf_counter()
+        self.target0 = target.decode_seconds
+        self.draft0 = draft.decode_seconds if draft is not None else 0.0
+
+    def tick(self, advance: float) -> None:
+        """A round and its bookkeeping are done (advance: the seconds of Generation.advance)."""
+        st = self.stats
+        st.phases["advance"] += advance
+        st.seconds_total = perf_counter() - self.t0
+        st.seconds_target = self.target.decode_seconds - self.target0
+        st.seconds_draft = self.draft.decode_seconds - self.draft0 if self.draft is not None else 0.0

@@ -105,12 +105,12 @@ def run_auto(outcomes, costs: Costs, n_tokens: int, k_max: int = 16, lengths: Dr
             acc = 0
             while acc < k and outcomes[res.tokens + acc]:
                 acc += 1
-            dl.observe(MODEL, k, acc, k * costs.draft, costs.v(k + 1))
+            dl.observe(MODEL, k, acc, k * costs.draft, k + 1, costs.v(k + 1))
             res.seconds += k * costs.draft + costs.v(k + 1)
             res.tokens += acc + 1
             behind = 1 if acc < k else 2  # the draft evaluated d_1..d_{k-1}; the replacement, or d_k and the bonus
         else:
-            dl.observe(None, 0, 0, 0.0, costs.v(1))
+            dl.observe(None, 0, 0, 0.0, 1, costs.v(1))
             res.seconds += costs.v(1)
             kept = [*kept[-(ROWS_KEPT - 1) :], res.tokens]
             res.tokens += 1

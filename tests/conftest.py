@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from tinymodels import write_tiny_gguf  # noqa: E402
 
 # built once per session; the demo target is also rebuilt from scratch into this session's temporary cache
 os.environ.setdefault("FSD_LOCAL_CACHE", str(Path(os.environ.get("PYTEST_FSD_CACHE", "/tmp")) / "fsd-local-test-cache"))
+# the machine's measured costs (drafting/calibration.py) start empty in every session: a test's policy decisions
+# must not depend on what an earlier run measured
+os.environ["FSD_LOCAL_COSTS"] = str(Path(tempfile.mkdtemp(prefix="fsd-costs-")) / "costs.json")
 # the model stores fsd-local searches (pairs/stores.py) point at folders that do not exist, whatever the user's home
 # holds, so that a target given alone drafts the same way on every machine; tests that need a store lay one out
 _NO_STORES = Path(os.environ.get("PYTEST_FSD_CACHE", "/tmp")) / "fsd-local-test-no-stores"

@@ -219,12 +219,12 @@ def test_settings_seen_before_get_their_evidence_back():
     dl = DraftLength()
     dl.start(Settings(mode="fsd", tau=0.2, draft_policy="auto"))
     for _ in range(30):
-        dl.observe(MODEL, 4, 4, 0.01, 0.05)
+        dl.observe(MODEL, 4, 4, 0.01, 5, 0.05)
     high = dl.cost(MODEL).acceptance()
     dl.start(Settings(mode="sd", draft_policy="auto"))
     assert sum(dl.cost(MODEL)._seen) < 0.2 * 30 * 4  # new settings: the old evidence, discounted
     for _ in range(30):
-        dl.observe(MODEL, 4, 0, 0.01, 0.05)
+        dl.observe(MODEL, 4, 0, 0.01, 5, 0.05)
     low = dl.cost(MODEL).acceptance()
     dl.start(Settings(mode="fsd", tau=0.2, draft_policy="auto"))
     assert dl.cost(MODEL).acceptance() == pytest.approx(high)  # its own evidence back, untouched

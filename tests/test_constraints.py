@@ -86,7 +86,7 @@ def _ids(target, text: str) -> list[int]:
 
 
 def _fresh_mask(s, n, target, text):
-    fresh = Chain(s, [], n, target)
+    fresh = Chain(s, n, target)
     for t in _ids(target, text):
         fresh.push(t)
     return _allowed(fresh.constraint.mask(fresh.constraint.depth), n)
@@ -95,7 +95,7 @@ def _fresh_mask(s, n, target, text):
 def test_each_row_is_masked_with_the_state_after_the_drafts_before_it_and_rejected_ones_roll_back(tiny_engine):
     n, target = tiny_engine.n_vocab, tiny_engine.target
     s = Settings(grammar=GBNF)
-    chain = Chain(s, [], n, target)
+    chain = Chain(s, n, target)
     drafts = _ids(target, "yes, ab")
     for j, t in enumerate(drafts):
         assert chain.allows(j, t)
@@ -114,7 +114,7 @@ def test_each_row_is_masked_with_the_state_after_the_drafts_before_it_and_reject
 
 def test_prompt_lookup_drafts_are_cut_at_the_first_disallowed_token(tiny_engine):
     target = tiny_engine.target
-    chain = Chain(Settings(grammar=GBNF), [], tiny_engine.n_vocab, target)
+    chain = Chain(Settings(grammar=GBNF), tiny_engine.n_vocab, target)
     tokens = _ids(target, "yes! no")
     kept = list(tokens)
     chain.admit(kept)
@@ -179,7 +179,7 @@ def test_sampled_sd_under_a_grammar_follows_the_masked_target_distribution(tiny_
     with Engine(target=target, draft=draft, n_ctx=128, n_threads=1) as eng:
         prompt = eng.tokenize("the sky")
         n = eng.n_vocab
-        allowed = _allowed(Chain(Settings(grammar=grammar), [], n, eng.target).constraint.mask(0), n)
+        allowed = _allowed(Chain(Settings(grammar=grammar), n, eng.target).constraint.mask(0), n)
         counts = np.zeros(n, np.int64)
         for seed in range(2000):
             out = eng.generate(

@@ -653,7 +653,7 @@ def test_draft_length_keeps_acceptance_per_source_and_drafts_long_only_where_it_
         source = good if rng.random() < 0.5 else bad
         k = lengths.choose(source, 64)
         n_acc = k if source == good else 0
-        lengths.observe(source if k else None, k, n_acc, 0.0, q4_verify(k + 1) * 0.4 + 6 * MS)
+        lengths.observe(source if k else None, k, n_acc, 0.0, k + 1, q4_verify(k + 1) * 0.4 + 6 * MS)
         chosen[source].append(k)
     assert min(chosen[good][50:]) >= 6, chosen[good][-20:]
     assert share(chosen[bad][50:], lambda k: k == 0) >= 0.9, chosen[bad][-20:]
@@ -668,7 +668,7 @@ def test_declined_lookup_proposals_are_scored_against_the_text_and_bring_draftin
     src = ("ngram", 2)
     for _ in range(30):  # a compute-bound target and matches that are always rejected: plain steps
         k = lengths.choose(src, 64)
-        lengths.observe(src if k else None, k, 0, 0.0, q4_verify(k + 1) * 0.4 + 6 * MS)
+        lengths.observe(src if k else None, k, 0, 0.0, k + 1, q4_verify(k + 1) * 0.4 + 6 * MS)
     assert lengths.choose(src, 64) == 0
     cm = lengths.cost(src)
     probes = cm.probes
@@ -682,7 +682,7 @@ def test_declined_lookup_proposals_are_scored_against_the_text_and_bring_draftin
         if k == 0:
             lengths.shadow(src, text[i : i + 8], len(seq))
         seq.append(text[i])  # a plain step writes one token; the shadow is scored once all 8 are known
-        lengths.observe(src if k else None, k, k, 0.0, q4_verify(k + 1) * 0.4 + 6 * MS)
+        lengths.observe(src if k else None, k, k, 0.0, k + 1, q4_verify(k + 1) * 0.4 + 6 * MS)
         if k:
             seq.extend(text[i + 1 : i + 1 + k])
             break
@@ -714,8 +714,8 @@ def test_a_draft_model_far_behind_the_text_drafts_only_if_it_pays_for_its_catch_
 
     lengths = auto_lengths()
     for i in range(40):  # plain steps 20 ms; k = 1 rounds: 2 ms drafting + 24 ms verifying, half accepted
-        lengths.observe(None, 0, 0, 0.0, 20 * MS)
-        lengths.observe(MODEL, 1, i % 2, 2 * MS, 24 * MS)
+        lengths.observe(None, 0, 0, 0.0, 1, 20 * MS)
+        lengths.observe(MODEL, 1, i % 2, 2 * MS, 2, 24 * MS)
     lengths.observe_catch_up(30, 60 * MS)  # 2 ms a token to evaluate skipped text
     assert lengths.choose(MODEL, 64, behind=2) >= 1  # current: 1.5 tokens in 26 ms beat 1 in 20 ms
     cm = lengths.cost(MODEL)

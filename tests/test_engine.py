@@ -260,6 +260,10 @@ def test_statistics_are_consistent(tiny_engine):
     assert st["accepted_sd"] + st["accepted_fuzzy"] == round(st["acceptance_rate"] * st["drafted"])
     assert st["mean_tokens_per_round"] == pytest.approx(st["tokens"] / st["rounds"])
     assert sum(st["drafted_by_position"]) == st["drafted"]
-    assert st["target_logprob_mean"] < 0
+    # the target's log-probability of the tokens costs a log-sum-exp per emitted row: measured where asked for
+    assert st["target_logprob_mean"] is None
+    asked = tiny_engine.generate("we ran", tau=0.05, max_tokens=60, draft_max=5, logprobs=True)
+    assert asked.token_ids == out.token_ids
+    assert asked.stats["target_logprob_mean"] == pytest.approx(sum(asked.logprobs) / len(asked.logprobs))
     assert st["seconds"]["draft"] > 0 and st["seconds"]["target"] > 0 and st["seconds"]["other"] >= 0
     assert st["tokens_per_second"] > 0

@@ -67,7 +67,7 @@ def test_chain_scores_each_position_as_if_the_drafts_before_it_were_accepted():
     n = 50
     s = Settings(**PEN, logit_bias=["7+1.5", "9-inf"])
     seq = [1, 2, 3, 2, 5]
-    chain = Chain(s, seq, n)
+    chain = Chain(s, n).start(seq)
     rng = np.random.default_rng(1)
     rows = (rng.standard_normal((4, n)) * 2).astype(np.float32)
     drafts = [2, 7, 8]
@@ -93,7 +93,7 @@ def test_chain_scores_each_position_as_if_the_drafts_before_it_were_accepted():
 
 
 def test_default_settings_leave_the_rows_alone():
-    chain = Chain(Settings(), [1, 2, 3], 10)
+    chain = Chain(Settings(), 10).start([1, 2, 3])
     assert not chain.active
     row = np.arange(10, dtype=np.float32)
     chain.target_rows(row[None], 0)

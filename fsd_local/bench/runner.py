@@ -5,7 +5,8 @@ seeds, from the state a freshly loaded engine has: an empty cache, and no accept
 policy (or quality budget) to start from. The `auto` policy runs twice: "cold", every run from nothing (what
 a first reply gets), and "warm", each run from what the configuration's own earlier runs taught it (what the
 later replies of a session get). The machine's measured costs (the target's per-batch times, the draft's) are
-kept between configurations, as a user's engine keeps them. Configurations are interleaved: for each repeat
+measured once before the timed runs (Engine.measure_costs) and kept between configurations, as a user's engine
+keeps them on disk. Configurations are interleaved: for each repeat
 and each prompt, all of them run once in a seeded
 shuffled order, so a noisy neighbour on the machine slows all of them alike, and ratios are taken within a
 repeat (paired) before the median. The `ar` and `sd` baselines are always measured, at every temperature
@@ -50,6 +51,8 @@ class Config:
 
     def settings(self, max_tokens: int, seed: int) -> dict:
         s = {"mode": self.mode, "temperature": self.temperature, "max_tokens": max_tokens, "seed": seed}
+        if self.mode != "draft-only":  # the target's log-probability of every token: the logp/tok column
+            s["logprobs"] = True
         if self.draft_max is not None:
             s.update(draft_max=self.draft_max, drafter=self.drafter or "model", draft_policy=self.policy or "fixed")
         if self.tau is not None:
@@ -183,6 +186,7 @@ def run_bench(
         raise ConfigError("--repeats must be >= 1")
     tokens = prompt_tokens(engine, prompts, chat)
     _warm_up(engine, tokens[0], configs)
+    engine.measure_costs(max((c.draft_max or 0 for c in configs), default=0))  # every size the policy may price
     data = BenchData(configs, prompts, repeats, [[] for _ in configs])
     learned: dict[int, dict] = {}  # what each "warm" configuration's runs taught the policy so far
     for r in range(repeats):

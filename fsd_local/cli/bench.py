@@ -161,6 +161,12 @@ def bench_options(f):
             help="benchmark the divergence kernels against vectorised NumPy instead (no models)",
         ),
         click.option(
+            "--overhead",
+            is_flag=True,
+            help="measure the loop's own time instead: per round and per draft token, by phase, as wall time minus "
+            "the time inside llama.cpp's decodes (what a GPU round cannot afford)",
+        ),
+        click.option(
             "--vocab",
             "vocabs",
             type=CommaList(int, "vocabulary size", minimum=2),
@@ -229,6 +235,7 @@ def bench_command(
     as_csv,
     plot_path,
     kernels,
+    overhead,
     vocabs,
     rows,
     **model_kwargs,
@@ -239,6 +246,8 @@ def bench_command(
         return _kernels_command(model_kwargs, divergences, vocabs, rows, repeats or 7, as_json, as_csv)
     if vocabs or rows:
         raise click.UsageError("--vocab and --rows only apply to --kernels")
+    if overhead:
+        return _overhead_command(model_kwargs, locals(), as_json)
     from fsd_local.bench.frontier import mark_frontier
     from fsd_local.bench.prompts import load_prompts
     from fsd_local.bench.report import format_table, to_csv, to_json
@@ -260,7 +269,8 @@ def bench_command(
         if any(c.state for c in configs):
             _say(
                 "each run starts from a freshly loaded engine's policy state; auto runs cold (every run from "
-                "nothing) and warm (from its own earlier runs); the machine's measured costs are kept throughout"
+                "nothing) and warm (from its own earlier runs); the machine's costs are measured once first and "
+                "kept throughout, as an engine keeps them on disk"
             )
         with _progress(total, "bench") as bar:
             data = run_bench(
@@ -303,6 +313,35 @@ def _kernels_command(model_kwargs, divergences, vocabs, rows, repeats, as_json, 
     with _progress(len(names) * len(vocabs) * len(rows), "kernels") as bar:
         results = bench_kernels(names, vocabs, rows, repeats, progress=lambda: bar.update(1))
     click.echo(json.dumps(results, indent=1) if as_json else format_table(results))
+
+
+def _overhead_command(model_kwargs, a: dict, as_json: bool) -> None:
+    import json
+
+    from fsd_local.bench.overhead import format_rows, measure
+    from fsd_local.bench.prompts import load_prompts
+    from fsd_local.bench.runner import build_configs, prompt_tokens
+
+    if a["as_csv"]:
+        raise click.UsageError("--overhead prints a table or --json")
+    configs = build_configs(
+        a["modes"], a["divergences"], a["taus"], a["draft_maxes"], a["temperatures"], a["drafters"], a["policies"],
+        a["budgets"] or (), ["cold"],
+    )  # fmt: skip
+    labelled = [(_label(c), c.settings(a["max_tokens"], a["seed"])) for c in configs]
+    prompts = load_prompts(a["prompts_file"])
+    with _engine(model_kwargs, needs_draft=any(d != "ngram" for d in a["drafters"])) as engine:
+        tokens = prompt_tokens(engine, prompts, a["chat"])
+        _say(f"the loop's own time: {len(labelled)} configurations x {len(prompts)} prompts, {a['max_tokens']} tokens")
+        out = measure(engine, tokens, labelled, a["max_tokens"], a["repeats"] or 1)
+    click.echo(json.dumps(out, indent=1) if as_json else format_rows(out))
+
+
+def _label(c) -> str:
+    parts = [c.mode] + ([c.divergence] if c.divergence else []) + ([f"tau {c.tau:g}"] if c.tau is not None else [])
+    parts += [f"B {c.budget:g}"] if c.budget is not None else []
+    parts += [f"{c.policy} k {c.draft_max}"] if c.draft_max else []
+    return " ".join(parts + [f"T {c.temperature:g}"])
 
 
 def _given(param: str) -> bool:

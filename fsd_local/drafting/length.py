@@ -190,10 +190,17 @@ class DraftLength:
             self.cost(("model", 0)).draft_cost_hint = self._catch_up_mean / CATCH_UP_PRIOR
 
     def observe(
-        self, source: Source | None, n_drafted: int, n_accepted: int, draft_seconds: float, verify_seconds: float
+        self,
+        source: Source | None,
+        n_drafted: int,
+        n_accepted: int,
+        draft_seconds: float,
+        batch: int,
+        verify_seconds: float,
     ) -> None:
-        """One round: what was drafted (by `source`) and accepted, and what the draft and the verification cost."""
-        self.verify.observe(n_drafted + 1, verify_seconds)
+        """One round: what was drafted (by `source`) and accepted, what drafting cost, and the target's decode of
+        `batch` tokens that verified it (or, with nothing drafted, that was a plain step)."""
+        self.verify.observe(batch, verify_seconds)
         if source is None or not n_drafted:
             return
         cm = self.cost(source)

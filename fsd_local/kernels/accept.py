@@ -384,6 +384,8 @@ def warm_up() -> None:
             sampling = Sampling(temperature, 0, 1.0, 0.0)
             pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], False)
             pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], True)
+            pick_kept(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], out.kept[0], False)
+            pick_kept(Q[0], n, temperature, 8, 0.9, 0.05, 0.5, q_stats[0], out.kept[0], True)
             emit_one(P[0], n, sampling, 0.5, q_stats[0], out)
             for mode in (FSD, FSD_PAPER, SD, TYPICAL, CASCADE, RELAXED, FSD_ENTROPY):
                 for budget in budgets:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from time import perf_counter
 
 import numpy as np
 
@@ -161,6 +162,7 @@ class Model:
         self._steps = np.arange(nb, dtype=np.int32)
         self.tokens: list[int] = []
         self.n_outputs = 0
+        self.decode_seconds = 0.0  # time spent inside llama.cpp's decode calls, for the loop's own time (stats)
 
     # ---------------------------------------------------------------- metadata
     def meta(self, key: str) -> str | None:
@@ -299,7 +301,9 @@ class Model:
             self._want[:n] = 0
             self._want[max(0, first_row - start) : n] = 1
             b.n_tokens = n
+            t = perf_counter()
             rc = lc.llama_decode(self.ctx, b)
+            self.decode_seconds += perf_counter() - t
             if rc != 0:
                 # on failure llama.cpp restores the cache except after an abort or a fatal error
                 self.tokens = self.tokens[: self._pos_max() + 1]
@@ -311,7 +315,9 @@ class Model:
         return lc.llama_memory_seq_pos_max(self.mem, SEQ)
 
     def synchronize(self) -> None:
+        t = perf_counter()
         lc.llama_synchronize(self.ctx)
+        self.decode_seconds += perf_counter() - t
 
     def logits(self, rows: int | None = None) -> np.ndarray:
         """Zero-copy view of the last decode's last `rows` logit rows (default: all it output), shape (rows,

@@ -1,0 +1,101 @@
+"""`fsd-local bench --overhead`: what the loop itself costs per round and per draft token, for a pair and settings.
+
+The loop's own time is measured from outside the kernels that matter: wall time minus the time inside llama.cpp's
+decode calls (each Model counts its own, llama/model.py), split by phase (Stats.phases): drafting (the draft
+model's picks, row copies and bookkeeping between its decodes), verifying (the acceptance kernel and the round's
+record), the policy's bookkeeping, and the work after every round (the text, both caches cut back, the stream).
+On a CPU target a round takes 40-150 ms and this is noise; on a GPU a round takes 10-20 ms and every
+millisecond here comes straight off the speed-up: this is the number to read on a GPU machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsd_local.stats import PHASES
+
+
+@dataclass
+class Overhead:
+    """The loop's own seconds of one configuration, summed over its runs."""
+
+    label: str
+    rounds: int = 0
+    drafted: int = 0
+    tokens: int = 0
+    wall: float = 0.0
+    draft_decode: float = 0.0
+    target_decode: float = 0.0
+    draft: float = 0.0  # the drafting phase, draft decodes excluded
+    verify: float = 0.0  # the verifying phase, the target's decode excluded
+    policy: float = 0.0
+    advance: float = 0.0
+
+    def add(self, stats: dict) -> None:
+        ph, sec = stats["phase_seconds"], stats["seconds"]
+        self.rounds += stats["rounds"]
+        self.drafted += stats["drafted"]
+        self.tokens += stats["tokens"]
+        self.wall += stats["seconds_total"]
+        self.draft_decode += sec["draft"]
+        self.target_decode += sec["target"]
+        if ph["verify"] > 0:  # speculative rounds: the phases hold the decodes
+            self.draft += ph["draft"] - sec["draft"]
+            self.verify += ph["verify"] - sec["target"]
+        else:  # plain steps (ar): the round's own time is everything outside the decode and the bookkeeping
+            self.verify += stats["seconds_total"] - sec["target"] - sec["draft"] - ph["advance"]
+        self.policy += ph["policy"]
+        self.advance += ph["advance"]
+
+    @property
+    def own(self) -> float:
+        """Wall seconds outside llama.cpp's decodes."""
+        return self.wall - self.draft_decode - self.target_decode
+
+    def row(self) -> dict:
+        per_round = 1e6 / max(1, self.rounds)
+        return {
+            "config": self.label,
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "tokens": self.tokens,
+            "own_us_per_round": self.own * per_round,
+            **{f"{p}_us_per_round": getattr(self, p) * per_round for p in PHASES},
+            "draft_us_per_draft_token": self.draft * 1e6 / self.drafted if self.drafted else None,
+            "own_share_of_wall": self.own / self.wall if self.wall else None,
+            "decode_ms_per_round": (self.draft_decode + self.target_decode) * 1e3 / max(1, self.rounds),
+        }
+
+
+def measure(engine, prompts: list[list[int]], configs: list[tuple[str, dict]], max_tokens: int, repeats: int = 1):
+    """Run each (label, settings) on every prompt (token ids) `repeats` times, from an empty cache (an untimed
+    short run of each first: kernels and caches warm); returns one Overhead row per configuration."""
+    rows = []
+    for label, settings in configs:
+        engine.reset()
+        engine.generate(prompts[0], **{**settings, "max_tokens": 4})  # untimed: JIT cache, first decodes
+        o = Overhead(label)
+        for _ in range(repeats):
+            for p in prompts:
+                engine.reset()
+                o.add(engine.generate(p, **{**settings, "max_tokens": max_tokens}).stats)
+        rows.append(o.row())
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    cols = [
+        ("config", 34, lambda r: r["config"]),
+        ("rounds", 6, lambda r: str(r["rounds"])),
+        ("own us/round", 12, lambda r: f"{r['own_us_per_round']:.0f}"),
+        ("draft", 7, lambda r: f"{r['draft_us_per_round']:.0f}"),
+        ("verify", 7, lambda r: f"{r['verify_us_per_round']:.0f}"),
+        ("policy", 7, lambda r: f"{r['policy_us_per_round']:.0f}"),
+        ("advance", 7, lambda r: f"{r['advance_us_per_round']:.0f}"),
+        ("us/draft tok", 12, lambda r: "-" if r["draft_us_per_draft_token"] is None else f"{r['draft_us_per_draft_token']:.1f}"),
+        ("own share", 9, lambda r: f"{r['own_share_of_wall']:.1%}"),
+        ("decode ms/round", 15, lambda r: f"{r['decode_ms_per_round']:.1f}"),
+    ]  # fmt: skip
+    lines = ["  ".join(h.rjust(w) for h, w, _ in cols)]
+    lines += ["  ".join(cell(r).rjust(w) for _, w, cell in cols) for r in rows]
+    return "\n".join(lines)

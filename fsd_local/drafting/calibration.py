@@ -1,0 +1,191 @@
+"""What the `auto` policy knows of the machine before it has measured anything in this process: costs measured
+earlier, kept on disk per model file and machine (`CostStore`), and `measure_costs`, which times them on purpose.
+
+No generation ever waits for a calibration: an engine reads the store when it loads, measures each batch size
+as the loop uses it (verify_cost.py, drafting/length.py), and writes what it measured back after each reply.
+A first reply on a new machine prices the sizes it has not used from a fitted line and explores them while its
+evidence is thin (cost_model.py); every later engine of the same files starts where the last one stopped.
+`fsd-local bench` calls `measure_costs` before its timed runs (and says so), so that every configuration it
+compares is priced from the same, complete curve.
+
+The store is one JSON file under the cache directory (FSD_LOCAL_COSTS names another, or "off"). Its key holds
+what a cost depends on: each model file (path, size, modification time), the CPU, the threads, the layers
+offloaded and the cache types, the devices llama.cpp sees, and llama-cpp-python's version. A stored curve is
+trusted as a shape with a small weight, so the machine's load today moves it at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from time import perf_counter, time
+from typing import TYPE_CHECKING
+
+from fsd_local.paths import cache_dir
+
+if TYPE_CHECKING:
+    from fsd_local.drafting.length import DraftLength
+    from fsd_local.engine import Engine
+    from fsd_local.llama.model import Model
+
+STORED_WEIGHT = 2.0  # how many decodes a stored size counts for: a shape to start from, not a measurement today
+SAVE_EVERY = 30.0  # seconds: a reply that measured nothing new is written back at most this often
+CATCH_UP_BATCH = 8  # the catch-up batch measure_costs times on the draft model
+MEASURE_PASSES = 2  # each size timed this often (the fastest kept: other jobs only ever slow a decode down)
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _model_key(m: Model) -> list:
+    o = m.opts
+    st = os.stat(m.path)
+    return [
+        os.path.realpath(m.path), st.st_size, int(st.st_mtime), o.n_threads, o.n_threads_batch, o.n_gpu_layers,
+        o.n_batch, o.flash_attn, o.cache_type_k, o.cache_type_v, o.split_mode, o.rpc_servers, m.repack.repack,
+    ]  # fmt: skip
+
+
+class CostStore:
+    """The measured costs of one pair on this machine, read when an engine loads and written after its replies."""
+
+    def __init__(self, path: Path | None, key: str):
+        self.path, self.key = path, key
+        self._saved_at = 0.0
+        self._saved: dict | None = None
+
+    @classmethod
+    def for_engine(cls, engine: Engine) -> CostStore:
+        where = os.environ.get("FSD_LOCAL_COSTS")
+        path = None if where == "off" else Path(where) if where else cache_dir() / "costs.json"
+        try:
+            from importlib.metadata import version
+
+            llama = version("llama-cpp-python")
+        except Exception:
+            llama = "?"
+        devices = _devices()
+        parts = [_cpu(), os.cpu_count(), llama, devices, _model_key(engine.target)]
+        parts.append(_model_key(engine.draft) if engine.draft else None)
+        return cls(path, json.dumps(parts, separators=(",", ":")))
+
+    def _read(self) -> dict:
+        if self.path is None:
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}  # none yet, or unreadable: start afresh (it is only a head start)
+        return data if isinstance(data, dict) else {}
+
+    def load(self, engine: Engine) -> None:
+        entry = self._read().get(self.key)
+        if isinstance(entry, dict):
+            try:
+                restore(engine._lengths, entry)
+            except (TypeError, ValueError, KeyError, IndexError):
+                pass  # a malformed entry: measured afresh
+        self._saved = snapshot(engine._lengths)
+
+    def save(self, engine: Engine) -> None:
+        """Write the engine's costs back if it measured something new (a size, the draft), or every SAVE_EVERY s."""
+        if self.path is None:
+            return
+        now = snapshot(engine._lengths)
+        before = self._saved or {"sizes": {}, "draft": None}
+        new = set(now["sizes"]) != set(before["sizes"]) or now["draft"] != before["draft"]
+        if not new and time() - self._saved_at < SAVE_EVERY:
+            return
+        data = self._read()
+        data[self.key] = now
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(self.path)
+        except OSError:
+            return  # a read-only cache: the costs are measured again next time
+        self._saved, self._saved_at = now, time()
+
+
+def _devices() -> list[str]:
+    try:
+        from fsd_local.llama.backend import list_devices
+
+        return sorted(f"{d.backend}:{d.description}" for d in list_devices())
+    except Exception:
+        return []
+
+
+def snapshot(lengths: DraftLength) -> dict:
+    """The measured costs of a policy as plain numbers: each measured batch size's seconds, the draft model's
+    seconds per drafted token and per caught-up token (0: not measured)."""
+    v = lengths.verify
+    sizes = {str(n): v.seconds(n) for n in range(1, len(v._weight)) if v._weight[n] > 0}
+    cm = lengths.costs.get(("model", 0))
+    draft = cm._draft_mean if cm is not None and cm.draft_measured else 0.0
+    return {"sizes": sizes, "draft": draft, "catch_up": lengths._catch_up_mean if lengths._catch_up_weight else 0.0}
+
+
+def restore(lengths: DraftLength, entry: dict) -> None:
+    """Start a policy from stored costs, each size worth STORED_WEIGHT decodes."""
+    sizes = {int(n): float(s) for n, s in entry.get("sizes", {}).items()}
+    for n in sorted(sizes):
+        for _ in range(int(STORED_WEIGHT)):
+            lengths.verify.observe(n, sizes[n])
+    if float(entry.get("draft", 0)) > 0:
+        lengths.cost(("model", 0)).observe_draft(1, float(entry["draft"]))
+    if float(entry.get("catch_up", 0)) > 0:
+        lengths.observe_catch_up(CATCH_UP_BATCH, CATCH_UP_BATCH * float(entry["catch_up"]))
+
+
+def measure_costs(lengths: DraftLength, target: Model, draft: Model | None, n_hi: int, token: int) -> float:
+    """Time the target's decode of every batch size 1..n_hi not measured yet, the draft model's one-token decode
+    and a catch-up batch of CATCH_UP_BATCH tokens, each MEASURE_PASSES times (the fastest kept), after whatever
+    each cache holds; the timed positions are dropped again. What a benchmark does before its timed runs, so
+    that every configuration is priced from the same complete curve. Returns the seconds it took."""
+    t0 = perf_counter()
+    todo = [n for n in range(1, n_hi + 1) if not lengths.verify.measured_at(n)]
+    for n, seconds in _time_sizes(target, todo, token).items():
+        lengths.verify.observe(n, seconds)
+    cm = lengths.cost(("model", 0))
+    if draft is not None and not cm.draft_measured:
+        timed = _time_sizes(draft, [1, CATCH_UP_BATCH], token)
+        if 1 in timed:
+            cm.observe_draft(1, timed[1])
+        if CATCH_UP_BATCH in timed:
+            lengths.observe_catch_up(CATCH_UP_BATCH, timed[CATCH_UP_BATCH])
+    return perf_counter() - t0
+
+
+def _time_sizes(m: Model, sizes: list[int], token: int) -> dict[int, float]:
+    """The fastest of MEASURE_PASSES decodes of each size (logits on every row), the largest first (llama.cpp
+    sizes its buffers for it), up then down; the cache is as it was on return."""
+    base = len(m.tokens)
+    sizes = [n for n in sizes if base + n <= m.n_ctx]
+    if not sizes:
+        return {}
+    best = dict.fromkeys(sizes, float("inf"))
+    try:
+        m.decode([token] * max(sizes), "from:0")
+        m.synchronize()
+        m.truncate(base)
+        for p in range(MEASURE_PASSES):
+            for n in sizes if p % 2 == 0 else sizes[::-1]:
+                t = perf_counter()
+                m.decode([token] * n, "from:0")
+                m.synchronize()
+                best[n] = min(best[n], perf_counter() - t)
+                m.truncate(base)
+    finally:
+        m.truncate(base)
+    return best

@@ -1,0 +1,172 @@
+"""The kernels' fast paths against the plain ones and float64 references, on recorded rows: real logit rows of
+the F16 demo pair (the target's and the draft's at the same positions of the target's own text) and of Gemma 3
+270M (a 262,144-token vocabulary). Greedy: the argmax at memory speed; sampled: the processed distribution,
+draws and SD replacements over the kept set (top-k / top-p / min-p) instead of whole-row passes; the round:
+every mode, greedy and sampled, with and without log-probabilities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fsd_local.kernels import sampling as S
+from fsd_local.kernels.accept import Drafts, Rule, Sampling, accept_round, round_out
+from fsd_local.kernels.budget import new_budget
+from fsd_local.kernels.names import DIVERGENCES, MODES
+from fsd_local.kernels.reference import divergence as ref_divergence
+from fsd_local.kernels.reference import log_softmax
+from fsd_local.kernels.rows import max_argmax
+
+
+def _rows(model, tokens: list[int], first: int) -> np.ndarray:
+    model.clear()
+    model.decode(tokens, f"from:{first}")
+    rows = np.array(model.logits(len(tokens) - first), copy=True)
+    model.clear()
+    return rows
+
+
+@pytest.fixture(scope="module")
+def recorded(real_engine_f16):
+    """(target rows, draft rows, the target's greedy text): 24 positions of a chat reply, F16 demo pair."""
+    eng = real_engine_f16
+    ids = eng.chat_prompt([{"role": "user", "content": "Explain how a refrigerator keeps food cold."}])
+    eng.reset()
+    reply = eng.generate(ids, mode="ar", max_tokens=24, ignore_eos=True).token_ids
+    text, first = ids + reply, len(ids) - 1
+    rows = _rows(eng.target, text, first)[: len(reply)], _rows(eng.draft, text, first)[: len(reply)], reply
+    eng.reset()
+    return rows
+
+
+@pytest.fixture(scope="module")
+def gemma_rows(gemma_path):
+    from fsd_local.llama.model import Model
+    from fsd_local.llama.options import ModelOptions
+
+    m = Model(ModelOptions(path=gemma_path, n_ctx=256, n_threads=2), "target")
+    try:
+        toks = m.tokenize("The water cycle begins when the sun warms the oceans and lakes, and")
+        return _rows(m, toks, 0)
+    finally:
+        m.close()
+
+
+def test_argmax_at_memory_speed_is_the_argmax(recorded, gemma_rows):
+    P, Q, _ = recorded
+    for x in [*P, *Q, *gemma_rows]:
+        x = np.ascontiguousarray(x)
+        mx, i = max_argmax(x, x.shape[0])
+        assert i == int(np.argmax(x)) and mx == x.max()
+        y = x.copy()
+        y[: i + 1] = -np.inf  # the max gone: the next one, found further on
+        assert max_argmax(y, y.shape[0])[1] == int(np.argmax(y))
+        y[7] = y[len(y) - 3] = np.float32(1e9)  # ties: the first
+        assert max_argmax(y, y.shape[0])[1] == 7
+
+
+SAMPLED = [(0.8, 40, 0.95, 0.05), (1.0, 0, 1.0, 0.1), (0.7, 0, 0.9, 0.0), (1.2, 5, 1.0, 0.0), (1.0, 0, 1.0, 0.0)]
+
+
+@pytest.mark.parametrize(("t", "top_k", "top_p", "min_p"), SAMPLED)
+def test_kept_set_sampling_equals_the_whole_row(recorded, gemma_rows, t, top_k, top_p, min_p):
+    """The processed distribution, its draws and the SD replacement over the kept set are the whole-row ones
+    (a draw at the same uniform is the same token: both walk the tokens in index order)."""
+    P, Q, _ = recorded
+    kept = np.empty(S.KEPT_MAX, np.int64)
+    rng = np.random.default_rng(0)
+    for x, y in [*zip(P, Q), *zip(gemma_rows[1:], gemma_rows[:-1])]:
+        x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+        n = x.shape[0]
+        dense = S.processed(x, n, t, top_k, top_p, min_p)
+        mx, cut, lz, m = S.processed_kept(x, n, t, top_k, top_p, min_p, kept)
+        assert (mx, cut) == dense[:2] and lz == pytest.approx(dense[2], abs=1e-5)
+        truncated = top_k > 0 or top_p < 1.0 or min_p > 0.0
+        assert (m >= 0) == truncated or m < 0
+        if m >= 0:
+            assert list(kept[:m]) == list(np.flatnonzero(x >= cut))
+        px = np.array(dense, np.float32)
+        py = np.array(S.processed(y, n, t, top_k, top_p, min_p), np.float32)
+        for u in rng.random(6):
+            assert S.sample_kept(x, n, t, mx, cut, lz, kept, m, u) == S.sample(x, n, t, *dense, u)
+            fast = S.residual_kept(x, y, n, t, px, py, kept, m, u, False, 0)
+            assert fast == S.sample_residual(x, y, n, t, px, py, u)
+
+
+def _reference_round(P, Q, drafts, mode, div, tau):
+    """Greedy, float64, straight from FSD.md: the SD test (the draft is the target's argmax), then the rule."""
+    from fsd_local.kernels.reference_rules import critical_tau
+
+    for i, d in enumerate(drafts):
+        x, y = P[i].astype(np.float64), Q[i].astype(np.float64)
+        if mode != "fsd-paper" and d == int(np.argmax(x)):
+            continue
+        if mode == "sd" or tau == 0 and mode != "fsd-paper":
+            return i, int(np.argmax(x))
+        if mode in ("fsd", "fsd-paper", "fsd-entropy"):
+            dv = ref_divergence(div, x, y)
+            ok = critical_tau(mode, x, d, dv) <= tau if mode == "fsd-entropy" else dv <= tau
+        else:
+            ok = critical_tau(mode, x, d) <= tau
+        if not ok:
+            return i, int(np.argmax(x))
+    return len(drafts), int(np.argmax(P[len(drafts)]))
+
+
+TAUS = {"fsd": 0.2, "fsd-paper": 0.2, "fsd-entropy": 0.3, "typical": 0.5, "cascade": 0.4, "relaxed": 0.2, "sd": 0.0}
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m in TAUS])
+def test_the_round_matches_the_reference_on_recorded_rows_greedy(recorded, mode):
+    """Every mode, greedy, drafts of the draft model's own picks at each position: the fast kernel accepts
+    exactly what the float64 reference accepts (except where a divergence is within rounding of tau), and its
+    losses and gaps are the rows' max minus the token's logit."""
+    P, Q, reply = recorded
+    k, n = 4, P.shape[1]
+    for start in range(0, 16, 3):
+        rows = np.ascontiguousarray(P[start : start + k + 1])
+        q = np.ascontiguousarray(Q[start : start + k])
+        drafts = np.array([int(np.argmax(r)) for r in q], np.int32)
+        for div in ("js", "tv") if mode.startswith("fsd") else ("js",):
+            out, budget = round_out(k), new_budget(None, k)
+            d = Drafts(q, drafts, np.ones(k), np.zeros((k + 1, 3), np.float32), np.zeros(k, np.uint8))
+            rule = Rule(MODES.index(mode), DIVERGENCES.index(div), TAUS[mode], 50)
+            acc, nxt = accept_round(rows, d, k, n, rule, Sampling(0.0, 0, 1.0, 0.0), np.zeros(k + 1), out, budget)
+            want_acc, want_nxt = _reference_round(rows, q, list(drafts), mode, div, TAUS[mode])
+            if (acc, nxt) != (want_acc, want_nxt):  # allowed only at a divergence within rounding of tau
+                dv = [v for v in out.divergence[: min(acc, want_acc) + 1] if v == v]
+                assert dv and min(abs(v - TAUS[mode]) for v in dv) < 1e-5, (mode, div, start, acc, want_acc)
+                continue
+            emitted = list(drafts[:acc]) + [nxt]
+            for j, tok in enumerate(emitted):
+                gap = float(rows[j].max()) - float(rows[j][tok])
+                assert out.gap[j] == pytest.approx(gap, abs=1e-6) and budget.loss[j] == pytest.approx(gap, abs=1e-6)
+                assert out.logprob[j] == pytest.approx(log_softmax(rows[j])[tok], abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["sd", "fsd", "typical"])
+@pytest.mark.parametrize(("t", "top_k", "top_p", "min_p"), SAMPLED[:3])
+def test_the_sampled_round_takes_the_same_decisions_over_the_kept_set(recorded, mode, t, top_k, top_p, min_p):
+    """Sampled, the same uniforms: the kernel over kept sets decides as the whole-row computation does (the SD
+    test's p~(d), the replacement's residual), checked against p~ computed in float64 from the row."""
+    P, Q, _ = recorded
+    k, n = 3, P.shape[1]
+    rng = np.random.default_rng(1)
+    kept = np.empty(S.KEPT_MAX, np.int64)
+    for start in range(0, 18, 2):
+        rows = np.ascontiguousarray(P[start : start + k + 1])
+        q = np.ascontiguousarray(Q[start : start + k])
+        stats = np.zeros((k + 1, 3), np.float32)
+        drafts, probs = np.empty(k, np.int32), np.empty(k)
+        for i in range(k):
+            tok, p_tok, _ = S.pick_kept(q[i], n, t, top_k, top_p, min_p, rng.random(), stats[i], kept, False)
+            drafts[i], probs[i] = tok, p_tok
+        us = rng.random(k + 1)
+        out = round_out(k)
+        d = Drafts(q, drafts, probs, stats, np.zeros(k, np.uint8))
+        rule = Rule(MODES.index(mode), 0, TAUS.get(mode, 0.2), 50)
+        acc, nxt = accept_round(rows, d, k, n, rule, Sampling(t, top_k, top_p, min_p), us, out, new_budget(None, k))
+        for i in range(acc):  # every accepted slot passed the SD test or was rescued; the first failure did not
+            p_d = S.prob(rows[i], drafts[i], t, *S.processed(rows[i], n, t, top_k, top_p, min_p))
+            assert out.reason[i] == 2 or us[i] * probs[i] < p_d
+        assert 0 <= nxt < n and S.prob(rows[acc], nxt, t, *S.processed(rows[acc], n, t, top_k, top_p, min_p)) > 0

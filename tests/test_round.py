@@ -1,0 +1,150 @@
+"""One round as a unit (round.py): a proposal in, emitted tokens out, the caches cut back to the accepted text;
+the hot path allocates no row-sized memory per round; and the first request is not kept waiting by a
+calibration (drafting/calibration.py)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from fsd_local import Engine
+from fsd_local.drafting.proposer import MODEL
+from fsd_local.round import Proposal, verify
+from fsd_local.settings import Settings
+
+
+def _start(eng: Engine, prompt: str, **kw):
+    """A generation of `eng` set up as the loop sets it up (its state, its prefill), for driving rounds by hand."""
+    s = eng.defaults.with_(**kw)
+    g = eng._generation(eng.tokenize(prompt), s, 0)
+    eng._prefill(g, None)
+    return g
+
+
+def _propose(eng: Engine, tokens: list[int]) -> Proposal:
+    """A proposal of these tokens, drafted by the draft model (its rows computed for them, as _sample does)."""
+    d = eng._drafts
+    for i, t in enumerate(tokens):
+        d.tokens[i], d.prob[i], d.onehot[i] = t, 1.0, 0
+    return Proposal(len(tokens), d, MODEL, len(tokens), 0.0)
+
+
+def test_a_proposal_in_emitted_tokens_out_and_the_caches_cut_back(tiny_engine):
+    """Greedy sd: drafts that are the target's own tokens are accepted, the first wrong one is replaced by the
+    target's token, nothing after it is kept; both caches then hold a prefix of the accepted text."""
+    ar = tiny_engine.generate("the cat sat", mode="ar", max_tokens=12).token_ids
+    g = _start(tiny_engine, "the cat sat", mode="sd")
+    wrong = (ar[2] + 1) % tiny_engine.n_vocab
+    step = verify(tiny_engine.target, g, _propose(tiny_engine, [ar[0], ar[1], wrong, ar[3]]))
+    assert step.accepted == 2 and step.emitted.tokens == ar[:3]
+    assert step.emitted.origins == ["sd", "sd", "target"] and step.batch == 5
+    assert step.seconds > 0 and step.rows.shape == (5, tiny_engine.target.n_vocab)
+    before = list(g.seq)
+    finish, piece = g.advance(step)
+    assert finish is None and piece is not None and piece.token_ids == ar[:3]
+    assert g.seq == before + ar[:3]
+    tgt = tiny_engine.target.tokens
+    assert tgt == g.seq[: len(tgt)] and len(tgt) == len(g.seq) - 1  # the rejected drafts are gone
+    assert tiny_engine.draft.tokens == g.seq[: len(tiny_engine.draft.tokens)]
+    # the next round goes on from there: a full accept emits the bonus token too
+    step = verify(tiny_engine.target, g, _propose(tiny_engine, ar[3:6]))
+    assert step.accepted == 3 and step.emitted.tokens == ar[3:7] and step.emitted.origins[-1] == "target"
+
+
+def test_rounds_driven_by_hand_write_the_targets_own_text(tiny_engine):
+    """Whatever is proposed, greedy sd emits what ar writes (the tiny models are F32: ids compare exactly)."""
+    ar = tiny_engine.generate("we ran far", mode="ar", max_tokens=30, ignore_eos=True).token_ids
+    g = _start(tiny_engine, "we ran far", mode="sd", ignore_eos=True)
+    rng = np.random.default_rng(0)
+    out: list[int] = []
+    while len(out) < 30:
+        k = min(int(rng.integers(0, 5)), 29 - len(out))
+        guess = [ar[len(out) + i] if rng.random() < 0.6 else int(rng.integers(3, 259)) for i in range(k)]
+        step = verify(tiny_engine.target, g, _propose(tiny_engine, guess))
+        g.advance(step)
+        out += step.emitted.tokens
+    assert out[:30] == ar
+
+
+@pytest.fixture(scope="module")
+def wide_vocab_pair(tmp_path_factory):
+    """A tiny pair over a 32,768-token vocabulary: one logit row is 128 KiB, so copying or allocating a row per
+    round stands out from the round's few hundred bytes of Python objects."""
+    from tests.tinymodels import WORDS, write_tiny_gguf
+
+    words = WORDS + [f"▁w{i}" for i in range(32768 - 259 - len(WORDS))]
+    d = tmp_path_factory.mktemp("widevocab")
+    return (
+        str(write_tiny_gguf(d / "draft.gguf", seed=1, words=words)),
+        str(write_tiny_gguf(d / "target.gguf", seed=2, noise=0.1, words=words)),
+    )
+
+
+SETTINGS = {
+    "greedy sd": {"mode": "sd"},
+    "greedy fsd": {"mode": "fsd", "tau": 0.3},
+    "chat defaults": {"mode": "sd", "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.1},
+}
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_no_row_sized_allocation_on_the_hot_path(wide_vocab_pair, name):
+    """Count what a round allocates (tracemalloc sees NumPy's buffers): after the first rounds, no round's peak
+    of new memory comes near one logit row. The call's own buffers (the chain, the round buffers) are set up
+    before its first round and reused."""
+    d, t = wide_vocab_pair
+    row_bytes = 4 * 32768
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
+        eng.generate("the cat", max_tokens=8, **SETTINGS[name])  # buffers, kernels, caches: all warm
+        import fsd_local.generation as G
+
+        peaks: list[int] = []
+        advance = G.Generation.advance
+
+        def measured(self, step):
+            current, peak = tracemalloc.get_traced_memory()
+            peaks.append(peak - current)
+            out = advance(self, step)
+            tracemalloc.reset_peak()
+            return out
+
+        tracemalloc.start()
+        try:
+            G.Generation.advance = measured
+            eng.reset()
+            tracemalloc.reset_peak()
+            out = eng.generate("the cat sat on", max_tokens=40, seed=1, ignore_eos=True, **SETTINGS[name])
+        finally:
+            G.Generation.advance = advance
+            tracemalloc.stop()
+    assert out.stats["rounds"] == len(peaks) >= 8
+    assert max(peaks[1:]) < row_bytes // 4, (name, peaks)
+
+
+def test_the_first_request_decodes_only_what_it_uses_and_the_next_engine_starts_from_its_costs(tiny_pair):
+    """No calibration inside a request: a fresh engine's first auto reply decodes the target only for its own
+    rounds (every batch it timed is one of them); the sizes it measured are on disk for the next engine."""
+    d, t = tiny_pair
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as eng:
+        assert not eng._lengths.verify.measured
+        out = eng.generate("the cat sat", mode="sd", max_tokens=24)
+        used = {n for n, _, _ in out.stats["verify_by_batch"]}
+        assert sum(c for _, c, _ in out.stats["verify_by_batch"]) == out.stats["target_calls"]
+        assert {n for n in range(1, 18) if eng._lengths.verify.measured_at(n)} == used
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as again:
+        assert all(again._lengths.verify.measured_at(n) for n in used)
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=2) as other:  # another thread count is another machine
+        assert not other._lengths.verify.measured
+
+
+def test_a_broken_cost_store_is_measured_afresh(tiny_pair, tmp_path, monkeypatch):
+    store = tmp_path / "costs.json"
+    store.write_text("{not json")
+    monkeypatch.setenv("FSD_LOCAL_COSTS", str(store))
+    d, t = tiny_pair
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as eng:
+        out = eng.generate("the cat", mode="sd", max_tokens=6, settings=Settings())
+    assert out.finish_reason in ("stop", "length")
+    assert "sizes" in next(iter(__import__("json").loads(store.read_text()).values()))
