@@ -36,8 +36,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fsd_local.engine import CancelToken, Completion, Engine, Piece
 from fsd_local.errors import ConfigError, ContextOverflowError
 from fsd_local.llama.options import ModelOptions
+from fsd_local.server import openai_tools
 from fsd_local.server.metrics import Metrics
-from fsd_local.server.openai_schema import APIError, Reply, parse, prompt_tokens, settings_for
+from fsd_local.server.openai_schema import APIError, ChatRequest, Reply, parse, prompt_tokens, settings_for
 from fsd_local.server.supervisor import ModelProcessError, Supervisor
 from fsd_local.server.web import TokenTrail, install
 from fsd_local.server.worker import Worker, retry_after
@@ -135,8 +136,14 @@ def create_app(
         if getattr(engine, "state", "ok") == "failed":  # the supervisor gave up on the model process
             raise APIError(503, str(getattr(engine, "reason", "")), type="server_error", code="model_unavailable")
         settings = settings_for(engine, req)
-        prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
+        tools = None  # the tools path's plan (tools offered, or tool calls and results in the conversation)
+        if isinstance(req, ChatRequest) and openai_tools.uses_tools(req):
+            tools, settings = await run_in_threadpool(openai_tools.plan, engine, req, settings)
+            prompt = tools.prompt
+        else:
+            prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
         reply = Reply(kind, req.model or name, engine.token_bytes)
+        extra_headers = openai_tools.headers(tools) if tools is not None else None
         cancel = CancelToken()
         if req.stream:
             pieces: asyncio.Queue[Piece | BaseException] = asyncio.Queue()
@@ -153,10 +160,11 @@ def create_app(
 
             worker.submit(stream_job, cancel)
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            streamed = openai_tools.StreamedTools(tools) if tools is not None else None
             return StreamingResponse(
-                _events(reply, pieces, cancel, include_usage, TokenTrail(engine.token_bytes)),
+                _events(reply, pieces, cancel, include_usage, TokenTrail(engine.token_bytes), streamed),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(extra_headers or {})},
             )
 
         def job() -> Completion:
@@ -174,7 +182,10 @@ def create_app(
             cancel.cancel()
             done.add_done_callback(_consume)
             return Response(status_code=499)
-        return JSONResponse(reply.full(_result(done)))
+        c = _result(done)
+        return JSONResponse(
+            reply.full(c) if tools is None else openai_tools.full(reply, tools, c), headers=extra_headers
+        )
 
     install(app, engine, guarded, name)  # the chat page at / and the settings it may send
     _install_error_handlers(app)
@@ -216,10 +227,15 @@ def _as_api_error(exc: BaseException) -> APIError:
 
 
 async def _events(
-    reply: Reply, pieces: asyncio.Queue, cancel: CancelToken, include_usage: bool, trail: TokenTrail
+    reply: Reply,
+    pieces: asyncio.Queue,
+    cancel: CancelToken,
+    include_usage: bool,
+    trail: TokenTrail,
+    tools: openai_tools.StreamedTools | None = None,
 ) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`; each chunk with new tokens
-    carries them in the `fsd_delta` extension field (web.py)."""
+    carries them in the `fsd_delta` extension field (web.py). On the tools path, `tools` shapes the chunks."""
     try:
         if reply.kind == "chat":
             yield _sse(reply.chunk(role=True))
@@ -229,9 +245,14 @@ async def _events(
                 yield _sse(_as_api_error(item).body())  # the openai client raises on an error event
                 return
             if item.text or item.token_ids:
-                yield _sse({**reply.piece_chunk(item), "fsd_delta": trail.delta(item)})
+                chunk = reply.piece_chunk(item) if tools is None else tools.piece_chunk(reply, item)
+                yield _sse({**chunk, "fsd_delta": trail.delta(item)})
             if item.completion is not None:
-                yield _sse(reply.last_chunk(item.completion))
+                last = (
+                    [reply.last_chunk(item.completion)] if tools is None else tools.last_chunks(reply, item.completion)
+                )
+                for chunk in last:
+                    yield _sse(chunk)
                 if include_usage:
                     yield _sse(reply.usage_chunk(item.completion))
                 yield "data: [DONE]\n\n"
