@@ -28,7 +28,7 @@ HEADER = "X-FSD-Tools"
 
 def uses_tools(req: ChatRequest) -> bool:
     """The request offers tools or its conversation holds tool calls or results (the template renders those)."""
-    return bool(req.tools) or any(m.tool_calls or m.role == "tool" for m in req.messages)
+    return bool(req.tools) or req.tool_choice is not None or any(m.tool_calls or m.role == "tool" for m in req.messages)
 
 
 def tool_model(engine: Engine | Supervisor) -> ToolModel:
@@ -98,6 +98,12 @@ def wire_calls(parsed: Parsed) -> list[dict[str, Any]]:
     ]
 
 
+def finish_reason(parsed: Parsed, c: Completion) -> str | None:
+    """tool_calls, or the completion's own reason when the last call was cut short (length: the whole calls
+    before it are still returned)."""
+    return c.finish_reason if parsed.truncated else "tool_calls"
+
+
 def extension(p: ToolPlan, c: Completion) -> dict[str, Any]:
     out = p.summary()
     if p.active:
@@ -112,7 +118,7 @@ def full(reply: Reply, p: ToolPlan, c: Completion) -> dict[str, Any]:
     parsed = p.parse(c.token_ids) if p.active else Parsed(c.text)
     if parsed.calls:
         choice["message"] = {"role": "assistant", "content": parsed.content, "tool_calls": wire_calls(parsed)}
-        choice["finish_reason"] = "tool_calls"
+        choice["finish_reason"] = finish_reason(parsed, c)
     out["fsd"]["tools"] = extension(p, c)
     return out
 
@@ -145,6 +151,6 @@ class StreamedTools:
                 chunk["choices"][0]["delta"] = {"tool_calls": [{"index": i, **call}]}
                 chunks.append(chunk)
             if parsed.calls:
-                last["choices"][0]["finish_reason"] = "tool_calls"
+                last["choices"][0]["finish_reason"] = finish_reason(parsed, c)
         last["fsd"]["tools"] = extension(self.plan, c)
         return [*chunks, last]

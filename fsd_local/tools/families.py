@@ -19,7 +19,6 @@ grammar as that token (`<[id]>`): special tokens cannot be spelled by text. `lit
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import string
 from collections.abc import Callable
@@ -44,7 +43,8 @@ class Call:
 class Parsed:
     content: str | None
     calls: list[Call] = field(default_factory=list)
-    malformed: bool = False  # a call was opened but does not parse (e.g. cut by max_tokens): kept as content
+    malformed: bool = False  # a call was opened but does not parse: the reply is kept as content
+    truncated: bool = False  # the last call was cut short (max_tokens): the whole calls before it are kept
 
 
 def closed(schema: Any) -> Any:
@@ -142,10 +142,13 @@ class Hermes(Family):
         if start is None:
             return Parsed(text)
         calls = []
-        for block in text[start:].split(self.trigger)[1:]:
+        blocks = text[start:].split(self.trigger)[1:]
+        for i, block in enumerate(blocks):
             inner, closed, _ = block.partition(self.close)
             call = _call(inner, self.args_key) if closed else None
             if call is None:
+                if i == len(blocks) - 1 and calls:  # cut short after whole calls
+                    return Parsed(self._content(text, start), calls, truncated=True)
                 return Parsed(text, malformed=True)
             calls.append(call)
         return Parsed(self._content(text, start), calls)
@@ -168,14 +171,13 @@ class Mistral(Family):
         start = self.call_start(text)
         if start is None:
             return Parsed(text)
-        try:
-            items = json.loads(text[start + len(self.trigger) :])
-        except ValueError:
-            return Parsed(text, malformed=True)
-        calls = [_as_call(item, self.args_key) for item in (items if isinstance(items, list) else [items])]
+        body = text[start + len(self.trigger) :].strip()
+        items, whole = _objects(body[1:] if body.startswith("[") else body, ",")
+        calls = [_as_call(item, self.args_key) for item in items]
         if not calls or any(c is None for c in calls):
             return Parsed(text, malformed=True)
-        return Parsed(self._content(text, start), [c for c in calls if c is not None])
+        complete = whole.strip() == "]" if body.startswith("[") else not whole.strip()
+        return Parsed(self._content(text, start), [c for c in calls if c is not None], truncated=not complete)
 
     def new_id(self) -> str:
         # Mistral's templates require 9 letters and digits
@@ -215,11 +217,27 @@ class Llama3(Family):
         if start is None:
             return Parsed(text)
         body = text[start:].removeprefix(self.python_tag).strip()
-        parts = [p for p in re.split(r"(?<=\})\s*;\s*(?=\{)", body) if p]  # several calls: joined by ';'
-        calls = [_call(p, self.args_key) for p in parts]
+        items, rest = _objects(body, ";")  # several calls: joined by ';'
+        calls = [_as_call(item, self.args_key) for item in items]
         if not calls or any(c is None for c in calls):
             return Parsed(text, malformed=True)
-        return Parsed(None, [c for c in calls if c is not None])
+        return Parsed(None, [c for c in calls if c is not None], truncated=bool(rest.strip()))
+
+
+def _objects(text: str, sep: str) -> tuple[list[Any], str]:
+    """The JSON values at the start of `text`, separated by `sep`, and what follows the last whole one."""
+    decoder, items, i = json.JSONDecoder(), [], 0
+    while True:
+        j = len(text) - len(text[i:].lstrip())
+        try:
+            value, end = decoder.raw_decode(text, j)
+        except ValueError:
+            return items, text[i:]
+        items.append(value)
+        rest = text[end:].lstrip()
+        if not rest.startswith(sep):
+            return items, rest
+        i = len(text) - len(rest) + len(sep)
 
 
 def _call(text: str, args_key: str) -> Call | None:
