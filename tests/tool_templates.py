@@ -13,7 +13,8 @@ HERMES = r"""
 {%- if tools -%}
 {{- '<|im_start|>system\n' -}}
 {%- if sys %}{{ sys + '\n\n' }}{% endif -%}
-{{- 'You may call functions to answer. Their signatures, one JSON object a line, are inside <tools></tools>:\n<tools>\n' -}}
+{{- 'You may call functions to answer. Their signatures, one JSON object a line, are in <tools></tools>:\n' -}}
+{{- '<tools>\n' -}}
 {%- for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor -%}
 {{- '</tools>\nTo call one, answer with its name and arguments inside <tool_call></tool_call> tags:\n' -}}
 {{- '<tool_call>\n{"name": <function name>, "arguments": <arguments object>}\n</tool_call><|im_end|>\n' -}}
