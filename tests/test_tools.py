@@ -277,3 +277,47 @@ def test_the_supervised_server_calls_tools(targets, tiny_pair):
         r = call(client, tool_choice="required", max_tokens=300, extra_body=SPEC).parse()
     assert r.choices[0].finish_reason == "tool_calls"
     check_calls(r.choices[0].message)
+
+
+FUNCTIONS = '''
+def get_weather(city: str) -> str:
+    """The weather now in a city."""
+    return "sunny"
+'''
+
+
+def test_llm_sends_its_tools_and_gets_the_reply(clients, tmp_path, caplog):
+    """`llm` (a real agent client) against the server, as docs/tools.md shows it: its tools reach the template
+    (its reply is the one the openai client gets with the same tool), and a template without tools answers it
+    as plain chat and says so in the log."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def llm(family: str) -> str:
+        url = clients[family][1]
+        (tmp_path / "extra-openai-models.yaml").write_text(
+            f"- model_id: fsd-local\n  model_name: tiny\n  api_base: {url}/v1\n  supports_tools: true\n"
+        )
+        exe = Path(sys.executable).parent / "llm"
+        args = [str(exe), "-m", "fsd-local", "--functions", FUNCTIONS, "-o", "max_tokens", "24", "-n", "hi"]
+        env = {**os.environ, "LLM_USER_PATH": str(tmp_path), "OPENAI_API_KEY": "x"}
+        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    fn = {"name": "get_weather", "description": "The weather now in a city.", "parameters": params}
+    weather = [{"type": "function", "function": fn}]
+    same = clients["hermes"][0].chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], tools=weather, max_tokens=24
+    )
+    plain = clients["hermes"][0].chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=24
+    )
+    assert plain.choices[0].message.content != same.choices[0].message.content  # the tools change the prompt
+    assert llm("hermes") == same.choices[0].message.content.strip()
+    with caplog.at_level("WARNING", logger="fsd_local.tools"):
+        assert llm("none")
+    assert "answering without tools" in caplog.text
