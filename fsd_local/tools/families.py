@@ -141,7 +141,7 @@ class Hermes(Family):
         start = self.call_start(text)
         if start is None:
             return Parsed(text)
-        calls = []
+        calls: list[Call] = []
         blocks = text[start:].split(self.trigger)[1:]
         for i, block in enumerate(blocks):
             inner, closed, _ = block.partition(self.close)
@@ -226,7 +226,8 @@ class Llama3(Family):
 
 def _objects(text: str, sep: str) -> tuple[list[Any], str]:
     """The JSON values at the start of `text`, separated by `sep`, and what follows the last whole one."""
-    decoder, items, i = json.JSONDecoder(), [], 0
+    decoder, i = json.JSONDecoder(), 0
+    items: list[Any] = []
     while True:
         j = len(text) - len(text[i:].lstrip())
         try:
