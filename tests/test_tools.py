@@ -104,6 +104,7 @@ def test_a_required_call_has_schema_valid_arguments_in_every_mode(clients, mode)
     assert r.choices[0].finish_reason == "tool_calls"
     assert r.choices[0].message.content is None
     assert len(check_calls(r.choices[0].message)) == 1
+    assert r.model_extra["fsd"]["settings"]["grammar"] is None  # the request sent none
     stats = r.model_extra["fsd"]["tools"]
     assert stats["family"] == "hermes" and stats["constrained"] and stats["offered"] == 2
     calls = stats["calls"]  # every token of a forced reply is inside the call, and each has its origin

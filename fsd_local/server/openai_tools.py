@@ -104,7 +104,10 @@ def finish_reason(parsed: Parsed, c: Completion) -> str | None:
     return c.finish_reason if parsed.truncated else "tool_calls"
 
 
-def extension(p: ToolPlan, c: Completion) -> dict[str, Any]:
+def extension(p: ToolPlan, c: Completion, fsd: dict[str, Any]) -> dict[str, Any]:
+    """fsd.tools; the tool-call grammar is left out of fsd.settings (the request did not send it)."""
+    if p.active and fsd.get("settings"):
+        fsd["settings"] = {**fsd["settings"], "grammar": None}
     out = p.summary()
     if p.active:
         out["calls"] = call_stats(p, c.token_ids, c.origins)
@@ -119,7 +122,7 @@ def full(reply: Reply, p: ToolPlan, c: Completion) -> dict[str, Any]:
     if parsed.calls:
         choice["message"] = {"role": "assistant", "content": parsed.content, "tool_calls": wire_calls(parsed)}
         choice["finish_reason"] = finish_reason(parsed, c)
-    out["fsd"]["tools"] = extension(p, c)
+    out["fsd"]["tools"] = extension(p, c, out["fsd"])
     return out
 
 
@@ -152,5 +155,5 @@ class StreamedTools:
                 chunks.append(chunk)
             if parsed.calls:
                 last["choices"][0]["finish_reason"] = finish_reason(parsed, c)
-        last["fsd"]["tools"] = extension(self.plan, c)
+        last["fsd"]["tools"] = extension(self.plan, c, last["fsd"])
         return [*chunks, last]
