@@ -33,7 +33,7 @@ def model_of(engine: Engine, family: str) -> ToolModel:
 
 
 def test_the_family_is_detected_from_the_template():
-    for name in ("hermes", "llama3", "mistral"):
+    for name in ("hermes", "llama3", "mistral", "mistral-args"):
         assert detect(TEMPLATES[name]).name == name  # type: ignore[union-attr]
     assert detect(TEMPLATES["none"]) is None
 
@@ -42,6 +42,7 @@ REPLY_SPAN = {  # where each template writes an assistant turn with calls
     "hermes": ("<|im_start|>assistant\n", "<|im_end|>"),
     "llama3": ("assistant<|end_header_id|>\n\n", "<|eot_id|>"),
     "mistral": ("[/INST]", "</s>"),
+    "mistral-args": ("[/INST]", "</s>"),
 }
 
 
@@ -86,6 +87,7 @@ CALL_TEXT = {
     ),
     "llama3": ('{"name": "get_time", "parameters": {"zone": "utc"}}', '{"name": "got'),
     "mistral": ('[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "utc"}}]', '[TOOL_CALLS][{"name": "got'),
+    "mistral-args": ('[TOOL_CALLS]get_time[ARGS]{"zone": "utc"}', "[TOOL_CALLS]got"),
 }
 
 
@@ -115,7 +117,7 @@ def test_a_forced_call_starts_at_the_first_token(engine, family):
 
 
 def test_content_is_held_back_only_while_it_may_open_a_call():
-    hermes, _, llama3 = FAMILIES
+    hermes, _, llama3, _ = FAMILIES
     assert hermes.releasable("Sure <tool") == len("Sure ")
     assert hermes.releasable("Sure <tool_call>\n{") == len("Sure ")
     assert hermes.releasable("a < b") == len("a < b")

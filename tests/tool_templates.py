@@ -101,6 +101,28 @@ MISTRAL = r"""
 {%- endfor -%}
 """
 
+# Mistral's newer style: [TOOL_CALLS]name[ARGS]{...} per call
+MISTRAL_ARGS = r"""
+{{- bos_token -}}
+{%- if tools %}{{ '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}{% endif -%}
+{%- for m in messages -%}
+{%- if m.role == 'system' -%}
+{{- '[SYSTEM_PROMPT]' + m.content + '[/SYSTEM_PROMPT]' -}}
+{%- elif m.role == 'user' -%}
+{{- '[INST]' + m.content + '[/INST]' -}}
+{%- elif m.role == 'assistant' and m.tool_calls -%}
+{%- for c in m.tool_calls -%}
+{{- '[TOOL_CALLS]' + c.function.name + '[ARGS]' + (c.function.arguments | tojson) -}}
+{%- endfor -%}
+{{- eos_token -}}
+{%- elif m.role == 'tool' -%}
+{{- '[TOOL_RESULTS]' + m.content + '[/TOOL_RESULTS]' -}}
+{%- else -%}
+{{- m.content + eos_token -}}
+{%- endif -%}
+{%- endfor -%}
+"""
+
 # a template that ignores tools (ChatML, as SmolLM2's own)
 NO_TOOLS = r"""
 {%- for m in messages -%}
@@ -109,7 +131,7 @@ NO_TOOLS = r"""
 {%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif -%}
 """
 
-TEMPLATES = {"hermes": HERMES, "llama3": LLAMA3, "mistral": MISTRAL, "none": NO_TOOLS}
+TEMPLATES = {"hermes": HERMES, "llama3": LLAMA3, "mistral": MISTRAL, "mistral-args": MISTRAL_ARGS, "none": NO_TOOLS}
 
 
 def with_template(src: str | os.PathLike, dst: str | os.PathLike, template: str) -> Path:

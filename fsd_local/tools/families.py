@@ -5,6 +5,8 @@
 - llama3 (Llama 3.1-3.3 JSON tool calling): the reply is one `{"name": ..., "parameters": {...}}` object
   (optionally after `<|python_tag|>`).
 - mistral (Mistral v3 tokenizer templates): text, then `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+- mistral-args (Mistral's newer templates: Small 3.2, Devstral, Magistral): text, then
+  `[TOOL_CALLS]name[ARGS]{...}` per call.
 
 Each grammar is one llguidance Lark grammar: with tool_choice `required` or a named function it starts with the
 call; with `auto` it is free text until the model writes the family's trigger (a lazy lexeme ending at the
@@ -184,6 +186,40 @@ class Mistral(Family):
         return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
 
 
+class MistralArgs(Mistral):
+    name, args = "mistral-args", "[ARGS]"
+
+    def grammar(self, req: ToolRequest, lit: Lit) -> str:
+        tools = req.offered()
+        rules = [
+            f"call_{i}: {json.dumps(t.name)} {lit(self.args)} {_json(closed(t.parameters))}"
+            for i, t in enumerate(tools)
+        ]
+        more = f" ({lit(self.trigger)} call)*" if req.parallel else ""
+        if req.choice.forced:
+            start = f"start: {lit(self.trigger)} call{more}"
+        else:
+            start = f"start: TEXT | head call{more}\n{_head(lit, self.trigger)}"
+        calls = " | ".join(f"call_{i}" for i in range(len(tools)))
+        return f"%llguidance {{}}\n{start}\ncall: {calls}\n" + "\n".join(rules) + f"\n{TEXT}\n"
+
+    def parse(self, text: str) -> Parsed:
+        start = self.call_start(text)
+        if start is None:
+            return Parsed(text)
+        calls: list[Call] = []
+        blocks = text[start:].split(self.trigger)[1:]
+        for i, block in enumerate(blocks):
+            name, sep, rest = block.partition(self.args)
+            args, tail = _objects(rest, "\0")
+            if not sep or len(args) != 1 or not isinstance(args[0], dict) or tail.strip():
+                if i == len(blocks) - 1 and calls:  # cut short after whole calls
+                    return Parsed(self._content(text, start), calls, truncated=True)
+                return Parsed(text, malformed=True)
+            calls.append(Call(name.strip(), args[0]))
+        return Parsed(self._content(text, start), calls)
+
+
 class Llama3(Family):
     """The JSON form: the reply is the call (free text must not start with '{')."""
 
@@ -260,7 +296,7 @@ def _as_call(obj: Any, args_key: str) -> Call | None:
     return Call(obj["name"], args) if isinstance(args, dict) else None
 
 
-FAMILIES: tuple[Family, ...] = (Hermes(), Mistral(), Llama3())
+FAMILIES: tuple[Family, ...] = (Hermes(), Mistral(), Llama3(), MistralArgs())
 
 
 def detect(source: str) -> Family | None:
@@ -268,7 +304,7 @@ def detect(source: str) -> Family | None:
     if "<tool_call>" in source:
         return FAMILIES[0]
     if "[TOOL_CALLS]" in source:
-        return FAMILIES[1]
+        return FAMILIES[3] if "[ARGS]" in source else FAMILIES[1]
     if "<|start_header_id|>" in source and ("parameters" in source or "<|python_tag|>" in source):
         return FAMILIES[2]
     return None
