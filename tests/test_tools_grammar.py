@@ -166,3 +166,21 @@ def test_a_marker_that_is_a_special_token_is_written_as_that_token(tmp_path, tin
     assert call.name == "get_time" and len(call.id) == 9
     jsonschema.validate(call.arguments, TIME)
     assert json.loads(c.text)[0]["name"] == "get_time"
+
+
+CUT = {  # two calls, the second cut short by max_tokens
+    "hermes": '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "b", "argu',
+    "llama3": '{"name": "a", "parameters": {}}; {"name": "b", "para',
+    "mistral": '[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b", "argu',
+    "mistral-args": '[TOOL_CALLS]a[ARGS]{}[TOOL_CALLS]b[ARGS]{"x": ',
+}
+
+
+@pytest.mark.parametrize("family", list(CUT))
+def test_a_reply_cut_inside_a_call_keeps_the_whole_calls_before_it(family):
+    parser = next(f for f in FAMILIES if f.name == family)
+    parsed = parser.parse(CUT[family])
+    assert parsed.truncated and not parsed.malformed and [c.name for c in parsed.calls] == ["a"]
+    broken = parser.parse(CUT[family][: CUT[family].index('"a"' if family != "mistral-args" else "a[")] + "{")
+    # nothing whole: the reply stays text
+    assert broken.malformed and not broken.calls and broken.content

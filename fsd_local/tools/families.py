@@ -125,6 +125,25 @@ class Family:
     def _content(self, text: str, start: int) -> str | None:
         return text[:start].strip() or None
 
+    def _start(self, req: ToolRequest, lit: Lit, calls: str) -> str:
+        """The start rule: the calls from the first token (forced), or free text until the trigger (auto)."""
+        if req.choice.forced:
+            return f"start: {lit(self.trigger)} {calls}"
+        return f"start: TEXT | head {calls}\n{_head(lit, self.trigger)}"
+
+    def _blocks(self, text: str, start: int, one: Callable[[str], Call | None]) -> Parsed:
+        """The calls of a reply written as one block per call, each opened by the trigger."""
+        calls: list[Call] = []
+        blocks = text[start:].split(self.trigger)[1:]
+        for i, block in enumerate(blocks):
+            call = one(block)
+            if call is None:
+                if i == len(blocks) - 1 and calls:  # cut short after whole calls
+                    return Parsed(self._content(text, start), calls, truncated=True)
+                return Parsed(text, malformed=True)
+            calls.append(call)
+        return Parsed(self._content(text, start), calls)
+
 
 class Hermes(Family):
     name, trigger = "hermes", "<tool_call>"
@@ -133,27 +152,16 @@ class Hermes(Family):
     def grammar(self, req: ToolRequest, lit: Lit) -> str:
         body = _json(call_schema(req.offered(), self.args_key))
         more = f' ("\\n" {lit(self.trigger)} call)*' if req.parallel else ""
-        if req.choice.forced:
-            start = f"start: {lit(self.trigger)} call{more}"
-        else:
-            start = f"start: TEXT | head call{more}\n{_head(lit, self.trigger)}"
+        start = self._start(req, lit, "call" + more)
         return f'%llguidance {{}}\n{start}\ncall: "\\n" body "\\n" {lit(self.close)}\nbody: {body}\n{TEXT}\n'
 
     def parse(self, text: str) -> Parsed:
         start = self.call_start(text)
-        if start is None:
-            return Parsed(text)
-        calls: list[Call] = []
-        blocks = text[start:].split(self.trigger)[1:]
-        for i, block in enumerate(blocks):
-            inner, closed, _ = block.partition(self.close)
-            call = _call(inner, self.args_key) if closed else None
-            if call is None:
-                if i == len(blocks) - 1 and calls:  # cut short after whole calls
-                    return Parsed(self._content(text, start), calls, truncated=True)
-                return Parsed(text, malformed=True)
-            calls.append(call)
-        return Parsed(self._content(text, start), calls)
+        return Parsed(text) if start is None else self._blocks(text, start, self._one)
+
+    def _one(self, block: str) -> Call | None:
+        inner, closed, _ = block.partition(self.close)
+        return _call(inner, self.args_key) if closed else None
 
 
 class Mistral(Family):
@@ -163,11 +171,7 @@ class Mistral(Family):
         schema = {"type": "array", "items": call_schema(req.offered(), self.args_key), "minItems": 1}
         if not req.parallel:
             schema["maxItems"] = 1
-        if req.choice.forced:
-            start = f"start: {lit(self.trigger)} calls"
-        else:
-            start = f"start: TEXT | head calls\n{_head(lit, self.trigger)}"
-        return f"%llguidance {{}}\n{start}\ncalls: {_json(schema)}\n{TEXT}\n"
+        return f"%llguidance {{}}\n{self._start(req, lit, 'calls')}\ncalls: {_json(schema)}\n{TEXT}\n"
 
     def parse(self, text: str) -> Parsed:
         start = self.call_start(text)
@@ -195,29 +199,20 @@ class MistralArgs(Mistral):
             f"call_{i}: {json.dumps(t.name)} {lit(self.args)} {_json(closed(t.parameters))}"
             for i, t in enumerate(tools)
         ]
-        more = f" ({lit(self.trigger)} call)*" if req.parallel else ""
-        if req.choice.forced:
-            start = f"start: {lit(self.trigger)} call{more}"
-        else:
-            start = f"start: TEXT | head call{more}\n{_head(lit, self.trigger)}"
+        start = self._start(req, lit, "call" + (f" ({lit(self.trigger)} call)*" if req.parallel else ""))
         calls = " | ".join(f"call_{i}" for i in range(len(tools)))
         return f"%llguidance {{}}\n{start}\ncall: {calls}\n" + "\n".join(rules) + f"\n{TEXT}\n"
 
     def parse(self, text: str) -> Parsed:
         start = self.call_start(text)
-        if start is None:
-            return Parsed(text)
-        calls: list[Call] = []
-        blocks = text[start:].split(self.trigger)[1:]
-        for i, block in enumerate(blocks):
-            name, sep, rest = block.partition(self.args)
-            args, tail = _objects(rest, "\0")
-            if not sep or len(args) != 1 or not isinstance(args[0], dict) or tail.strip():
-                if i == len(blocks) - 1 and calls:  # cut short after whole calls
-                    return Parsed(self._content(text, start), calls, truncated=True)
-                return Parsed(text, malformed=True)
-            calls.append(Call(name.strip(), args[0]))
-        return Parsed(self._content(text, start), calls)
+        return Parsed(text) if start is None else self._blocks(text, start, self._one)
+
+    def _one(self, block: str) -> Call | None:
+        name, sep, rest = block.partition(self.args)
+        args, tail = _objects(rest, "\0")
+        if not sep or len(args) != 1 or not isinstance(args[0], dict) or tail.strip():
+            return None
+        return Call(name.strip(), args[0])
 
 
 class Llama3(Family):
