@@ -113,6 +113,16 @@ def test_a_required_call_has_schema_valid_arguments_in_every_mode(clients, mode)
     assert (drafted == 0) == (mode["mode"] == "ar")
 
 
+def test_per_token_origins_cover_the_call(clients):
+    r = call(clients["hermes"][0], tool_choice="required", logprobs=True, extra_body=SPEC).parse()
+    entries = r.choices[0].logprobs.content
+    origins = [e.model_extra["origin"] for e in entries]
+    text = "".join(e.token for e in entries)
+    assert text.startswith("<tool_call>") and r.choices[0].message.tool_calls[0].function.name in text
+    counts = r.model_extra["fsd"]["tools"]["calls"]["origins"]
+    assert {o: origins.count(o) for o in set(origins)} == counts and "fuzzy" in counts  # tau rescued some
+
+
 @pytest.mark.parametrize("family", ["hermes", "llama3", "mistral", "mistral-args"])
 def test_a_named_function_is_called_in_each_family_syntax(clients, family):
     choice = {"type": "function", "function": {"name": "get_time"}}
