@@ -56,6 +56,21 @@ class Chain:
             apply_mask(row, n, bits)
             row[n:] = -np.inf  # padding entries past the grammar's vocabulary
 
+    def past_row(self, row: np.ndarray, pos: int) -> bool:
+        """Process a row in place as it was (or would have been) processed at text position pos, after seq[:pos]:
+        the draft's rows of text it skipped, scored after the fact (drafting/proposer.py `catch_up`). False, and
+        the row untouched, under a grammar: its state has moved past that position."""
+        if not self.active:
+            return True
+        if self.constraint is not None:
+            return False
+        if len(self.bias_ids):
+            apply_bias(row, self.bias_ids, self.bias_values)
+        if self.counts is not None:
+            lo = 0 if self.last_n < 0 else max(0, pos - self.last_n)
+            apply_penalties(row, np.array(self.seq[lo:pos], np.int32), self.pen, self.counts)
+        return True
+
     def draft_row(self, row: np.ndarray, j: int) -> None:
         """The draft's row for draft position j (drafts[:j] already pushed)."""
         if self.active:

@@ -32,7 +32,7 @@ from fsd_local.kernels.accept import (
     sampling_of,
     warm_up,
 )
-from fsd_local.kernels.budget import Budgets, stop_at
+from fsd_local.kernels.budget import Budgets, stop_at, threshold
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.llama.model import Model
@@ -201,6 +201,18 @@ class Engine:
         tokens, dropped = fit_conversation(self.chat_prompt, messages, n_ctx, room, self.target.tokens)
         return self._run(tokens, s, cancel, dropped)
 
+    def policy_state(self) -> dict:
+        """A copy of what this engine learned about acceptance under each setting (the `auto` policy's evidence,
+        the quality budget's settled gains); `set_policy_state` puts it back. Measured costs are not part of it."""
+        return {"lengths": self._lengths.evidence(), "budgets": self._budgets.copy()}
+
+    def set_policy_state(self, state: dict | None) -> None:
+        """Put back a `policy_state` copy, or with None forget all of it, as a freshly loaded engine (the measured
+        costs of the machine stay): what a benchmark gives each configuration."""
+        with self._lock:
+            self._lengths.restore(None if state is None else state["lengths"])
+            self._budgets = Budgets() if state is None else state["budgets"].copy()
+
     def cancel(self) -> None:
         """Stop the generation that is running now (if any) at its next round."""
         self._cancel.set()
@@ -259,6 +271,7 @@ class Engine:
             chain = self._proposer.chain = Chain(s, seq, self.n_vocab, self.target)  # penalties, bias, grammar
             n_ctx = min(m.n_ctx for m in models)
             self._proposer.reserve(s.draft_max, s.top_logprobs)
+            self._proposer.start(s)
             rng = np.random.default_rng(s.seed)
             stats = Stats(prompt_tokens=len(seq))
             stats.budget = self._budgets.start(s, self._proposer.drafts.tokens.shape[0])
@@ -274,6 +287,8 @@ class Engine:
                         stats.prompt_evaluated = evaluated
                 if speculative and s.draft_policy == "auto":  # the target's cost per batch size, measured once
                     self._proposer.calibrate(self.target, seq, s.draft_max + 1)
+                    if s.drafter != "ngram":
+                        self._proposer.calibrate_draft(seq)
                 stats.prompt_seconds = perf_counter() - t0
                 t_start = perf_counter()
                 lengths = self._lengths
@@ -288,7 +303,7 @@ class Engine:
                         break
                     if speculative:
                         n_drafts, source, k, t_draft = self._proposer.propose(
-                            seq, min(remaining - 1, n_ctx - len(seq)), s, rng, stats
+                            seq, min(remaining - 1, n_ctx - len(seq)), s, _threshold(rule, stats.budget), rng, stats
                         )
                         t_target = stats.seconds_target
                         step = self._verify(seq, n_drafts, rule, sampling, rng, stats, ends)
@@ -377,6 +392,8 @@ class Engine:
         p = tgt.logits(n_drafts + 1)
         chain = self._proposer.chain
         chain.target_rows(p, n_drafts)  # the same processing as the draft's rows had
+        if not n_drafts and self._proposer.keeps_rows:  # a plain step: the draft model may be scored on it later
+            self._proposer.keep_target_row(len(seq), p[0])
         us = rng.random(n_drafts + 1) if sampling.temperature > 0 else np.zeros(n_drafts + 1)
         out = self._proposer.out
         drafts_in, budget = self._proposer.drafts, stats.budget
@@ -417,6 +434,13 @@ class Engine:
             stats.logprob_sum += lp
             stats.logprob_count += 1
         return Emitted([int(tok)], ["draft" if mode == DRAFT_ONLY else "target"], *_logprobs(out, 1), [None])
+
+
+def _threshold(rule, budget) -> float:
+    """The rule's threshold this round: tau, or the one a quality budget set (B = 0: exactly sd)."""
+    if budget.bound < 0.0:
+        return rule.tau
+    return threshold(budget) if budget.bound > 0.0 else 0.0
 
 
 def _logprobs(out, n: int) -> tuple[list[float], list[list[tuple[int, float]]]]:

@@ -34,6 +34,7 @@ class Stats:
     by_position_accepted: list = field(default_factory=list)
     divergences: list = field(default_factory=list)
     k_histogram: list = field(default_factory=list)  # rounds by the draft length chosen (0 = a plain step)
+    probed: int = 0  # positions of skipped text the draft model was scored on when it caught up (drafting/length.py)
     loss_sum: float = 0.0  # target log-probability given up (kernels/budget.py), over the emitted tokens
     not_chosen: int = 0  # emitted tokens with a positive loss: the target would not have chosen them
     loss_unknown: bool = False  # a sampled rescue without a budget: its loss is not computed (kernels/budget.py)
@@ -132,6 +133,7 @@ class Stats:
             "drafted_by_position": list(self.by_position_drafted),
             "accepted_by_position": list(self.by_position_accepted),
             "k_histogram": list(self.k_histogram),
+            "probed": self.probed,
             "verify_by_batch": [[n, c, t] for n, (c, t) in sorted(self.verify_by_batch.items())],
             "divergence_quantiles": {f"q{int(q * 100)}": float(np.quantile(finite, q)) for q in QUANTILES}
             if finite.size

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 
 from fsd_local.bench.prompts import load_prompts
-from fsd_local.bench.runner import Config, format_table, run_bench, summarise
+from fsd_local.bench.report import format_table
+from fsd_local.bench.runner import Config, run_bench, summarise
 from fsd_local.engine import Engine
 from fsd_local.pairs.demo import demo_pair
 

@@ -1,13 +1,22 @@
 """Drive the `auto` policy (drafting/length.py) like the engine does, on recorded or generated acceptance traces
 and per-batch costs, without models: what it chooses and the tokens per second it would reach, side by side with
-every fixed k on the same trace (the offline oracle's arithmetic)."""
+every fixed k on the same trace.
+
+A trace is one reply's per-position outcomes: trace[i] says whether the rule accepts the draft model's proposal
+at text position i (given the text before it). A round of k drafts starting at position i accepts the leading
+run of trace[i:i + k] and emits one token more; a plain step emits position i. As in the engine, the draft model
+falls behind during plain steps, the target's rows of the last ROWS_KEPT plain steps are kept, and catching up
+(before drafting, or as a probe the policy asks for) scores the kept positions: their outcomes feed the policy
+as teacher-forced evidence (`DraftLength.observe_stream`).
+"""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from fsd_local.drafting.length import PENDING_MAX, DraftLength
-from fsd_local.drafting.proposer import MODEL
+from fsd_local.drafting.proposer import CALIBRATE_CATCH_UP, MODEL, ROWS_KEPT
 from fsd_local.settings import Settings
 
 
@@ -16,10 +25,20 @@ class Costs:
     verify: list[float]  # seconds of a target batch of n tokens, index n (0 unused)
     draft: float  # seconds per drafted token
     catch_up: float = 0.0  # seconds per token the draft evaluates in one batch after plain steps
-    per_token_other: float = 0.0  # the loop's own seconds per drafted token (kernels, row copies)
 
     def v(self, n: int) -> float:
         return self.verify[min(n, len(self.verify) - 1)]
+
+
+def interpolated(points: dict[int, float], n_max: int = 17) -> list[float]:
+    """A per-batch cost curve (index n) through measured sizes, linear between them."""
+    known = sorted(points)
+    out = [0.0] * (n_max + 1)
+    for n in range(1, n_max + 1):
+        lo = max((k for k in known if k <= n), default=known[0])
+        hi = min((k for k in known if k >= n), default=known[-1])
+        out[n] = points[lo] if hi == lo else points[lo] + (n - lo) / (hi - lo) * (points[hi] - points[lo])
+    return out
 
 
 @dataclass
@@ -27,58 +46,101 @@ class Result:
     tokens: int = 0
     seconds: float = 0.0
     ks: list[int] = field(default_factory=list)
+    probed: int = 0  # positions scored by catch-ups
 
     @property
     def rate(self) -> float:
         return self.tokens / self.seconds
 
 
-def run_auto(
-    depths, costs: Costs, n_tokens: int, k_max: int = 16, lengths: DraftLength | None = None, calibrate: bool = True
-):
-    """depths[i]: how many leading drafts the target accepts at text position i (a trace); one reply.
-    calibrate: time every batch size first, as the engine does (False: learn only the sizes used)."""
-    dl = lengths or DraftLength()
+def trace(a: float, n: int, seed: int, repeat: float = 0.3) -> list[bool]:
+    """Outcomes accepted with chance a; with chance `repeat` a position repeats the one before (easy and hard
+    stretches, as real text has)."""
+    rng = random.Random(seed)
+    out: list[bool] = []
+    for _ in range(n):
+        out.append(out[-1] if out and rng.random() < repeat else rng.random() < a)
+    return out
+
+
+def calibrated(costs: Costs, k_max: int = 16) -> DraftLength:
+    """A fresh engine's policy after its calibration (every batch size, the draft's token and a catch-up)."""
+    dl = DraftLength()
     dl.start(Settings(draft_policy="auto", draft_max=k_max))
-    for n in range(1, k_max + 2) if calibrate else ():  # the engine's calibration
-        if not dl.verify.measured_at(n):
-            dl.verify.observe(n, costs.v(n))
-    res, behind = Result(), 2
+    for n in range(1, k_max + 2):
+        dl.verify.observe(n, costs.v(n))
+    dl.cost(MODEL).observe_draft(1, costs.draft)
+    dl.observe_catch_up(CALIBRATE_CATCH_UP, CALIBRATE_CATCH_UP * costs.catch_up)
+    return dl
+
+
+def run_auto(outcomes, costs: Costs, n_tokens: int, k_max: int = 16, lengths: DraftLength | None = None):
+    """One reply of n_tokens on `outcomes` (at least n_tokens + k_max long), the policy `lengths` (default: a
+    freshly calibrated one) carried in. The draft model starts current, as after the engine's prefill."""
+    dl = lengths or calibrated(costs, k_max)
+    dl.start(Settings(draft_policy="auto", draft_max=k_max))
+    res, behind, kept = Result(), 1, []
+
+    def catch_up() -> None:
+        nonlocal behind
+        t = costs.catch_up * behind
+        res.seconds += t
+        dl.observe_catch_up(behind, t)
+        scored = [p for p in kept if p > res.tokens - behind]
+        dl.observe_stream(MODEL, [outcomes[p] for p in scored])
+        res.probed += len(scored)
+        behind = 0
+
     while res.tokens < n_tokens:
         limit = n_tokens - res.tokens - 1
+        if behind > PENDING_MAX and dl.probe(
+            MODEL, behind, len([p for p in kept if p > res.tokens - behind]), limit + 1
+        ):
+            catch_up()
         k = dl.choose(MODEL, limit, behind=behind)
         res.ks.append(k)
         if k:
-            t = k * costs.draft + k * costs.per_token_other
             if behind > PENDING_MAX:
-                catch = costs.catch_up * behind
-                dl.observe_catch_up(behind, catch)
-                t += catch
-            acc = min(k, depths[res.tokens % len(depths)])
+                catch_up()
+            acc = 0
+            while acc < k and outcomes[res.tokens + acc]:
+                acc += 1
             dl.observe(MODEL, k, acc, k * costs.draft, costs.v(k + 1))
-            res.seconds += t + costs.v(k + 1)
+            res.seconds += k * costs.draft + costs.v(k + 1)
             res.tokens += acc + 1
-            behind = 2
+            behind = 1 if acc < k else 2  # the draft evaluated d_1..d_{k-1}; the replacement, or d_k and the bonus
         else:
             dl.observe(None, 0, 0, 0.0, costs.v(1))
             res.seconds += costs.v(1)
+            kept = [*kept[-(ROWS_KEPT - 1) :], res.tokens]
             res.tokens += 1
             behind += 1
     return res, dl
 
 
-def run_fixed(depths, costs: Costs, n_tokens: int, k: int) -> Result:
+def run_fixed(outcomes, costs: Costs, n_tokens: int, k: int) -> Result:
     res = Result()
     while res.tokens < n_tokens:
         kk = min(k, n_tokens - res.tokens - 1)
-        acc = min(kk, depths[res.tokens % len(depths)])
-        res.seconds += kk * (costs.draft + costs.per_token_other) + costs.v(kk + 1)
+        acc = 0
+        while acc < kk and outcomes[res.tokens + acc]:
+            acc += 1
+        res.seconds += kk * costs.draft + costs.v(kk + 1)
         res.tokens += acc + 1
         res.ks.append(kk)
     return res
 
 
-def best_fixed(depths, costs: Costs, n_tokens: int, k_max: int = 16) -> tuple[int, float]:
-    rates = [(run_fixed(depths, costs, n_tokens, k).rate, k) for k in range(0, k_max + 1)]
-    rate, k = max(rates)
-    return k, rate
+def session(traces, costs: Costs, n_tokens: int, k_max: int = 16) -> tuple[list[Result], dict[int, list[Result]]]:
+    """One fresh engine replying to each trace in turn with auto, and every fixed k 0..k_max (0 = ar) on the
+    same traces: (auto's replies, {k: fixed k's replies})."""
+    lengths = calibrated(costs, k_max)
+    auto = []
+    for t in traces:
+        res, lengths = run_auto(t, costs, n_tokens, k_max, lengths)
+        auto.append(res)
+    return auto, {k: [run_fixed(t, costs, n_tokens, k) for t in traces] for k in range(k_max + 1)}
+
+
+def rate(results: list[Result]) -> float:
+    return sum(r.tokens for r in results) / sum(r.seconds for r in results)

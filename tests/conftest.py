@@ -13,6 +13,16 @@ from tinymodels import write_tiny_gguf  # noqa: E402
 
 # built once per session; the demo target is also rebuilt from scratch into this session's temporary cache
 os.environ.setdefault("FSD_LOCAL_CACHE", str(Path(os.environ.get("PYTEST_FSD_CACHE", "/tmp")) / "fsd-local-test-cache"))
+# the model stores fsd-local searches (pairs/stores.py) point at folders that do not exist, whatever the user's home
+# holds, so that a target given alone drafts the same way on every machine; tests that need a store lay one out
+_NO_STORES = Path(os.environ.get("PYTEST_FSD_CACHE", "/tmp")) / "fsd-local-test-no-stores"
+for _var, _sub in (
+    ("OLLAMA_MODELS", "ollama"),
+    ("HF_HUB_CACHE", "huggingface"),
+    ("FSD_LOCAL_LMSTUDIO_MODELS", "lmstudio"),
+    ("LLAMA_CACHE", "llama.cpp"),
+):
+    os.environ[_var] = str(_NO_STORES / _sub)
 
 
 @pytest.fixture(scope="session")

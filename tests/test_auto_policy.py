@@ -4,8 +4,6 @@ Traces are generated (tests/autosim.py drives DraftLength like the engine); cost
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from fsd_local.bench.oracle import oracle, verify_curve
@@ -14,73 +12,106 @@ from fsd_local.cli.options import summary_line
 from fsd_local.drafting.cost_model import CostModel
 from fsd_local.drafting.proposer import MODEL
 from fsd_local.settings import Settings
-from tests.autosim import Costs, run_auto, run_fixed
+from tests.autosim import Costs, calibrated, interpolated, rate, run_auto, run_fixed, session, trace
 
-# one target decode of n tokens, seconds (index n): the wide demo target, 2 threads (CPU tiles at 4 and 8)
+MS = 1e-3
+# one target decode of n tokens, seconds (index n): the wide demo target, 2 threads, on an Intel host (CPU tiles at
+# 4 and 8; speculation pays) and on this AMD host (a batch of 2 costs 2.4x one token: only lossy rules pay)
 TILED = [0, 0.150, 0.171, 0.202, 0.225, 0.303, 0.313, 0.355, 0.312, 0.405, 0.41, 0.41, 0.411, 0.48, 0.5, 0.5, 0.506]
 WIDE = Costs(TILED + [0.58], draft=0.013, catch_up=0.004)
+WIDE_AMD_MS = {1: 35.8, 2: 85, 3: 107, 4: 115, 5: 145, 6: 156, 8: 125, 9: 155, 12: 158, 16: 195, 17: 238}
+WIDE_AMD = Costs([v * MS for v in interpolated(WIDE_AMD_MS)], draft=5.2 * MS, catch_up=3.0 * MS)
 # a memory-bound target (the F16 demo): a batch costs little more than one decode; a fast draft
 F16 = Costs([0] + [0.040 * (1 + 0.06 * (n - 1)) for n in range(1, 18)], draft=0.008, catch_up=0.003)
-
-
-def trace(a: float, n: int, seed: int) -> list[int]:
-    """Accepted-prefix lengths (at most 16) with conditional acceptance a at every position."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        d = 0
-        while d < 16 and rng.random() < a:
-            d += 1
-        out.append(d)
-    return out
+# the Q4_1 demo: the draft costs more than half a target step, so no acceptance makes drafting pay
+Q4_1 = Costs([0] + [0.0092 * (1 + 0.9 * (n - 1)) for n in range(1, 18)], draft=0.0052, catch_up=0.003)
 
 
 @pytest.mark.parametrize("unlucky", [2, 3, 6])
 def test_an_unlucky_start_never_locks_auto_into_plain_decoding(unlucky):
     """The issue's k histogram [63, 1]: the first drafts were rejected and the reply went on plainly. Here the
-    first `unlucky` rounds reject everything, then the pair accepts like a real one (0.75)."""
-    depths = [0] * unlucky + trace(0.75, 400, unlucky)
-    res, _ = run_auto(depths, WIDE, 200)
+    first `unlucky` positions reject, then the pair accepts like a real one (0.75)."""
+    res, _ = run_auto([False] * unlucky + trace(0.75, 400, unlucky), WIDE, 200)
     ar = 1 / WIDE.v(1)
     assert sum(1 for k in res.ks[:40] if k) >= 20, res.ks  # drafting again early in the reply
     assert res.rate >= 1.3 * ar, (res.rate, ar, res.ks)
 
 
-@pytest.mark.parametrize(("costs", "a"), [(F16, 0.92), (F16, 0.85), (WIDE, 0.92), (WIDE, 0.75)])
+@pytest.mark.parametrize(("costs", "a"), [(F16, 0.92), (F16, 0.85), (WIDE, 0.92), (WIDE, 0.75), (WIDE_AMD, 0.95)])
 def test_auto_matches_the_best_fixed_k_on_long_sessions(costs, a):
     """Across the replies of one engine (the bench: many prompts), auto reaches >= 0.97 of the best fixed k on
     the same traces, high (fuzzy-like) acceptance included."""
-    lengths, tok, sec = None, 0, 0.0
-    fixed = {k: [0, 0.0] for k in range(17)}
-    for r in range(40):
-        d = trace(a, 300, 100 * r + 7)
-        res, lengths = run_auto(d, costs, 64, lengths=lengths)
-        tok, sec = tok + res.tokens, sec + res.seconds
-        for k in fixed:
-            f = run_fixed(d, costs, 64, k)
-            fixed[k][0] += f.tokens
-            fixed[k][1] += f.seconds
-    best = max(t / s for t, s in fixed.values())
-    assert tok / sec >= 0.97 * best, (tok / sec, best, lengths.costs[MODEL].k_histogram)
+    auto, fixed = session([trace(a, 300, 100 * r + 7) for r in range(40)], costs, 64)
+    best = max(rate(f) for f in fixed.values())
+    assert rate(auto) >= 0.97 * best, (rate(auto), best)
 
 
-def test_without_measuring_every_batch_size_auto_leaves_speed_behind():
-    """Why the engine calibrates: learning only the sizes it uses, the policy prices the others from a fitted
-    line (a compute-bound slope prior while one size is known) and misses the tiled target's cheap batch of 8
-    (k = 7) on high acceptance, in short sessions like the issue's 2 prompts x 96 tokens."""
+def first_reply_ratios(costs, a, seeds=8):
+    """Per seed: a fresh engine's first reply over the same reply at the fixed k that is best over the session
+    of 6 replies (the issue's "within 0.9x of that best")."""
+    out = []
+    for seed in range(seeds):
+        auto, fixed = session([trace(a, 200, 100 * seed + r) for r in range(6)], costs, 64)
+        best = max(fixed, key=lambda k: rate(fixed[k]))
+        out.append(auto[0].rate / fixed[best][0].rate)
+    return out
+
+
+@pytest.mark.parametrize("costs", [WIDE_AMD, WIDE, F16])
+def test_a_cold_policy_drafts_long_within_a_few_rounds_when_nearly_everything_is_accepted(costs):
+    """A freshly loaded engine knows nothing of the rule's acceptance (its prior is sd's): the first plain steps'
+    rows, scored when the draft catches up, show it accepts nearly everything, and the policy drafts long."""
+    for seed in range(10):
+        res, _ = run_auto(trace(0.98, 200, seed), costs, 64)
+        first_long = next(i for i, k in enumerate(res.ks) if k >= 6)
+        assert first_long <= 6 and res.probed <= 8, res.ks
+        assert all(k >= 4 for k in res.ks[first_long : first_long + 4]), res.ks  # and goes on drafting long
+    ratios = first_reply_ratios(costs, 0.98)
+    assert sum(ratios) / len(ratios) >= 0.9, ratios
+
+
+@pytest.mark.parametrize("costs", [WIDE_AMD, WIDE, F16, Q4_1])
+def test_a_cold_policy_settles_on_plain_steps_within_a_few_rounds_when_nothing_is_accepted(costs):
+    for seed in range(10):
+        auto, fixed = session([trace(0.02, 200, 10 * seed + r) for r in range(6)], costs, 64)
+        assert sum(1 for k in auto[0].ks if k) <= 8, auto[0].ks  # a few rounds, then plain steps for good
+        assert all(k == 0 for r in auto[1:] for k in r.ks), [r.ks for r in auto]
+        assert sum(r.probed for r in auto) <= 12  # looked a few times, early, while a look was cheap
+        assert rate(auto) >= 0.97 * rate(fixed[0]), (rate(auto), rate(fixed[0]))
+
+
+def test_no_acceptance_makes_a_draft_that_costs_half_a_target_step_worth_probing():
+    """On the Q4_1 demo the draft costs more than half a target decode: even a draft that is always accepted
+    cannot pay, so the policy neither drafts nor pays a catch-up to look."""
+    res, _ = run_auto(trace(0.99, 200, 1), Q4_1, 64)
+    assert res.ks == [0] * 64 and res.probed == 0
+
+
+@pytest.mark.parametrize("costs", [WIDE_AMD, WIDE, F16])
+@pytest.mark.parametrize("a", [0.3, 0.7, 0.9])
+def test_the_first_reply_of_a_fresh_engine_is_within_0_9_of_the_best_fixed_k(costs, a):
+    """The issue's goal, on generated traces of each kind of host and acceptance."""
+    ratios = first_reply_ratios(costs, a)
+    assert sum(ratios) / len(ratios) >= 0.9, ratios
+
+
+def test_sizes_measured_as_they_are_used_cost_little_against_a_calibration():
+    """A policy that knows only the sizes it has used prices the others from a fitted line (a compute-bound slope
+    prior while one size is known); its optimism while evidence is thin makes it try the long drafts, and so the
+    tiled target's cheap batch of 8 (k = 7), in short sessions like the issue's 2 prompts x 96 tokens."""
+    from fsd_local.drafting.length import DraftLength
+
     ratio = {}
     for cal in (True, False):
         tok, sec = 0, 0.0
         for seed in range(20):
-            lengths = None
+            lengths = calibrated(WIDE) if cal else DraftLength()
             for r in range(2):
-                res, lengths = run_auto(trace(0.92, 300, 1000 * seed + r), WIDE, 96, lengths=lengths, calibrate=cal)
+                res, lengths = run_auto(trace(0.92, 300, 1000 * seed + r), WIDE, 96, lengths=lengths)
                 tok, sec = tok + res.tokens, sec + res.seconds
         ratio[cal] = tok / sec
-    best = max(
-        sum(run_fixed(trace(0.92, 300, 1000 * s + r), WIDE, 96, 7).rate for s in range(20) for r in range(2)) / 40, 0
-    )
-    assert ratio[True] >= 0.95 * best and ratio[False] < 0.93 * best, (ratio, best)
+    best = sum(run_fixed(trace(0.92, 300, 1000 * s + r), WIDE, 96, 7).rate for s in range(20) for r in range(2)) / 40
+    assert ratio[True] >= 0.95 * best and ratio[False] >= 0.93 * best, (ratio, best)
 
 
 def test_cold_prior_resists_two_rejections_on_a_realistic_target():
@@ -199,3 +230,67 @@ def test_settings_seen_before_get_their_evidence_back():
     assert dl.cost(MODEL).acceptance() == pytest.approx(high)  # its own evidence back, untouched
     assert low[0] < 0.2 < 0.9 < high[0]
     assert dl.cost(MODEL).verify is dl.verify
+
+
+@pytest.fixture(scope="module")
+def costly_pair(tmp_path_factory):
+    """(draft, target) with the cost ratio of a real pair: a tiny draft and a memory-bound F16 target of 34M
+    parameters (8 layers, width 512) over the same vocabulary, unrelated weights (sd accepts almost nothing)."""
+    import numpy as np
+
+    from tests.tinymodels import write_tiny_gguf
+
+    d = tmp_path_factory.mktemp("costly")
+    target = write_tiny_gguf(d / "target.gguf", seed=2, n_embd=512, n_layer=8, n_head=8, n_ff=2048, dtype=np.float16)
+    return str(write_tiny_gguf(d / "draft.gguf", seed=1)), str(target)
+
+
+def test_a_fresh_engine_finds_what_a_rule_that_accepts_everything_buys(costly_pair):
+    """The issue's case on real models: a freshly loaded engine, fsd with a js tau above ln 2 (every draft is
+    accepted), the default auto policy. Its prior is sd's, at which plain steps may win; the first plain steps
+    are scored when the draft catches up, and it drafts long within a few rounds."""
+    from fsd_local import Engine
+
+    d, t = costly_pair
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=2) as eng:
+        out = eng.generate("the cat sat", max_tokens=48, mode="fsd", tau=0.7, draft_max=8)
+    hist, st = out.stats["k_histogram"], out.stats
+    assert st["acceptance_rate"] == 1.0 and st["fuzzy_share"] > 0.9
+    assert hist[0] <= 4 and sum(hist[4:]) >= sum(hist) - hist[0] - 2, hist  # a few plain steps, then long drafts
+    assert st["probed"] <= 6
+
+
+def test_a_fresh_engine_settles_on_plain_steps_when_the_draft_is_never_accepted(costly_pair):
+    from fsd_local import Engine
+
+    d, t = costly_pair
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=2) as eng:
+        out = eng.generate("the cat sat", max_tokens=48, mode="sd")
+        again = eng.generate("a dog ran", max_tokens=48, mode="sd")  # what it learned stays for the next reply
+    hist = out.stats["k_histogram"]
+    assert out.stats["acceptance_rate"] < 0.2 or out.stats["drafted"] == 0
+    assert sum(hist[1:]) <= 8 and out.stats["probed"] > 0, hist  # it measured the draft, then decoded plainly
+    assert sum(again.stats["k_histogram"][1:]) <= 2, again.stats["k_histogram"]
+
+
+def recorded(rule: str) -> list[list[bool]]:
+    """Teacher-forced traces of the wide demo pair on 10 chat prompts (benchmarks/record_traces.py): sd accepts
+    where the draft's greedy pick is the target's (0.73-0.91 per prompt), fsd js 0.2 also where js <= 0.2 (0.98+)."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "data" / "traces-wide.json").read_text())
+    tau = {"sd": -1.0, "fsd": 0.2}[rule]
+    return [[bool(sd) or js <= tau for sd, js in t] + [False] * 20 for t in data["traces"]]
+
+
+@pytest.mark.parametrize("rule", ["sd", "fsd"])
+@pytest.mark.parametrize("costs", [WIDE_AMD, WIDE], ids=["amd", "intel"])
+def test_auto_on_recorded_traces_of_the_wide_pair(rule, costs):
+    """The issue's goals on the pair's own traces and each host's measured costs: over a session of fresh-engine
+    replies auto reaches >= 0.97 of the best of ar and every fixed k, and its first reply >= 0.9 of that best."""
+    traces = [t for t in recorded(rule) if len(t) >= 84]
+    auto, fixed = session(traces, costs, 64)
+    best = max(fixed, key=lambda k: rate(fixed[k]))
+    assert rate(auto) >= 0.97 * rate(fixed[best]), (rate(auto), best, rate(fixed[best]))
+    assert auto[0].rate >= 0.9 * fixed[best][0].rate, (auto[0].ks, best)

@@ -13,19 +13,18 @@ from click.testing import CliRunner
 
 from fsd_local.bench.kernels import logit_rows, numpy_rows
 from fsd_local.bench.prompts import EXAMPLE_FILE, extract_answer, load_prompts, parse_prompts
+from fsd_local.bench.report import format_table, to_csv
 from fsd_local.bench.runner import (
     BenchData,
     Config,
     Run,
     build_configs,
-    format_table,
     paired_ratio,
     positionwise_agreement,
     prefix_agreement,
     spread,
     summarise,
     throughput_by_repeat,
-    to_csv,
 )
 from fsd_local.cli import cli
 from fsd_local.errors import ConfigError
@@ -139,9 +138,12 @@ def test_agreement_is_null_when_sampling():
 
 
 def test_build_configs_does_not_multiply_ignored_axes():
-    configs = build_configs(["fsd", "ar", "draft-only"], ["js", "kl"], [0, 0.1, 0.2], [2, 4], [0, 0.7])
+    configs = build_configs(["fsd", "ar", "draft-only"], ["js", "kl"], [0, 0.1, 0.2], [2, 4], [0, 0.7], states=["cold"])
     per_temp = 1 + 2 + 2 * 3 * 2 + 1  # ar, sd per k, fsd per (divergence, tau, k), draft-only
     assert len(configs) == 2 * per_temp == len(set(configs))
+    both = build_configs(["fsd", "ar", "draft-only"], ["js", "kl"], [0, 0.1, 0.2], [2, 4], [0, 0.7])
+    assert len(both) == 2 * (per_temp + 2 + 2 * 3 * 2)  # auto runs cold and warm: sd and fsd twice
+    assert {c.state for c in both if c.policy == "auto"} == {"cold", "warm"}
     assert sum(c.mode == "ar" for c in configs) == 2 and sum(c.mode == "draft-only" for c in configs) == 2
     assert all(c.tau is None and c.draft_max is None for c in configs if c.mode in ("ar", "draft-only"))
     assert {c.draft_max for c in configs if c.mode == "sd"} == {2, 4}  # sd runs although not listed
@@ -364,8 +366,15 @@ def test_bench_table_and_csv(tiny_pair, prompts_file):
     ]
     table = _invoke(args)
     assert table.exit_code == 0 and "tok/s" in table.stdout and "x sd" in table.stdout
+    assert "state" in table.stdout.splitlines()[0] and "cold" in table.stdout and "warm" in table.stdout
     rows = list(csv.DictReader(io.StringIO(_invoke(args + ["--csv"]).stdout)))
-    assert [r["mode"] for r in rows] == ["ar", "sd", "fsd"]
+    assert [(r["mode"], r["policy_state"]) for r in rows] == [
+        ("ar", ""),
+        ("sd", "cold"),
+        ("sd", "warm"),
+        ("fsd", "cold"),
+        ("fsd", "warm"),
+    ]
     assert rows[0]["speedup_vs_ar"] == "1.0"
 
 
@@ -385,8 +394,10 @@ def test_bench_usage_errors(tiny_pair):
     assert "only apply to --kernels" in _invoke(["bench", *_models(tiny_pair), "--rows", "2"]).output
     bad = _invoke(["bench", *_models(tiny_pair), "--taus", "0,x"])
     assert bad.exit_code == 2 and "'x' is not a valid tau value" in bad.output
-    draftless = _invoke(["bench", "--target", tiny_pair[1]])
-    assert draftless.exit_code == 2 and "--draft" in draftless.output
+    # calibrate measures fsd against sd: a target alone with no local model to draft for it is refused
+    draftless = _invoke(["calibrate", "--target", tiny_pair[1], "--min-agreement", "0.5"])
+    assert draftless.exit_code == 2 and "give --draft too" in draftless.output
+    assert "no model on this disk can draft for" in draftless.output
 
 
 def test_calibrate_finds_the_largest_tau_within_an_agreement_budget(tiny_pair, prompts_file):

@@ -21,10 +21,10 @@ from fsd_local.kernels.accept import (
     RELAXED,
     TYPICAL,
     Drafts,
-    RoundOut,
     Rule,
     Sampling,
     accept_round,
+    round_out,
 )
 from fsd_local.kernels.budget import (
     CAPPED,
@@ -154,7 +154,7 @@ def test_sampled_loss_is_defined_on_the_distribution_the_rule_really_emits(mode,
     P, Q = np.stack([x, x]), y[None, :].copy()
     mx, cut, lz = S.processed(y, n, t, 0, 1.0, 0.0)
     stats = np.array([[mx, cut, lz], [0, 0, 0]], np.float32)
-    out = RoundOut(np.zeros(1, np.int8), np.zeros(1), np.zeros(2))
+    out = round_out(1)
     rule, sampling, budget = Rule(mode, 0, tau, 50), Sampling(t, 0, 1.0, 0.0), new_budget(None, 1)
     counts, fuzzy = np.zeros(n), 0
     draws = 20000
@@ -182,7 +182,7 @@ def _forced_round(k, n, costs, plain=()):
 
 
 def _forced_accept(budget, P, drafts, k, n):
-    out = RoundOut(np.zeros(k, np.int8), np.zeros(k), np.zeros(k + 1))
+    out = round_out(k)
     budget.state[TAU] = TAU_HI  # cascade rescues any cost below -log(1 - TAU_HI): all of these,
     budget.state[G] = G_HI  # and every one of them is worth its loss: only the cap refuses
     rule, sampling = Rule(CASCADE, 0, 0.0, 50), Sampling(0.0, 0, 1.0, 0.0)
@@ -443,9 +443,10 @@ def test_bench_budgets_axis_runs_beside_fixed_taus_and_reports_the_worst_reply(t
     from fsd_local.bench.frontier import mark_frontier
     from fsd_local.bench.plot import plot
     from fsd_local.bench.prompts import Prompt
-    from fsd_local.bench.runner import build_configs, format_table, run_bench, summarise
+    from fsd_local.bench.report import format_table
+    from fsd_local.bench.runner import build_configs, run_bench, summarise
 
-    configs = build_configs(["fsd", "typical"], ["js"], [0.3], [4], [0.0], budgets=[0.05, 0.3])
+    configs = build_configs(["fsd", "typical"], ["js"], [0.3], [4], [0.0], policies=["fixed"], budgets=[0.05, 0.3])
     budgeted = [c for c in configs if c.budget is not None]
     assert [(c.mode, c.budget, c.tau) for c in budgeted] == [
         ("fsd", 0.05, None),
@@ -453,7 +454,7 @@ def test_bench_budgets_axis_runs_beside_fixed_taus_and_reports_the_worst_reply(t
         ("typical", 0.05, None),
         ("typical", 0.3, None),
     ]
-    assert len(build_configs(["fsd"], ["js"], [], [4], [0.0], budgets=[0.1])) == 3  # ar, sd, the budget
+    assert len(build_configs(["fsd"], ["js"], [], [4], [0.0], policies=["fixed"], budgets=[0.1])) == 3  # ar, sd, B
     prompts = [Prompt(p) for p in PROMPTS[:3]]
     rows = mark_frontier(summarise(run_bench(tiny_engine, prompts, configs, max_tokens=24, repeats=1)))
     for r in rows:

@@ -112,8 +112,11 @@ def test_bench_axes_multiply_drafters_and_policies_and_pair_sd_with_its_own_draf
     from fsd_local.bench.runner import Config, build_configs
 
     configs = build_configs(["fsd"], ["js"], [0.1], [4], [0.0], ["model", "ngram"], ["fixed", "auto"])
-    assert len(configs) == 1 + 4 + 4  # ar, sd per (drafter, policy), fsd per (drafter, policy)
-    assert Config("sd", 0.0, draft_max=4, drafter="ngram", policy="auto") in configs
+    # ar, sd per (drafter, policy), fsd per (drafter, policy); auto cold and warm
+    assert len(configs) == 1 + 6 + 6
+    assert Config("sd", 0.0, draft_max=4, drafter="ngram", policy="auto", state="cold") in configs
+    assert Config("sd", 0.0, draft_max=4, drafter="ngram", policy="auto", state="warm") in configs
+    assert Config("sd", 0.0, draft_max=4, drafter="ngram", policy="fixed") in configs
     s = Config("fsd", 0.0, "js", 0.1, 4, "ngram", "auto").settings(16, 0)
     assert (s["drafter"], s["draft_policy"], s["draft_max"]) == ("ngram", "auto", 4)
 

@@ -68,7 +68,8 @@ def test_mark_frontier_on_synthetic_summaries():
 
 # ------------------------------------------------------------------------------------------ bench axes
 def test_target_rules_are_not_multiplied_over_divergences():
-    configs = build_configs(["fsd", "typical", "cascade", "relaxed", "fsd-entropy"], ["js", "kl"], [0.1, 0.2], [4], [0])
+    modes = ["fsd", "typical", "cascade", "relaxed", "fsd-entropy"]
+    configs = build_configs(modes, ["js", "kl"], [0.1, 0.2], [4], [0], states=["cold"])
     by_mode = {m: [c for c in configs if c.mode == m] for m in ("fsd", "typical", "cascade", "relaxed", "fsd-entropy")}
     assert len(by_mode["fsd"]) == len(by_mode["fsd-entropy"]) == 4  # 2 divergences x 2 taus
     for m in ("typical", "cascade", "relaxed"):
@@ -159,6 +160,7 @@ def test_bench_marks_the_frontier_of_every_mode(tiny_pair, prompts_file, tmp_pat
     png = tmp_path / "front.png"
     args = ["bench", *_models(tiny_pair), "--prompts", prompts_file, "--taus", "0,0.5", "--max-tokens", "8"]
     args += ["--modes", "fsd,typical,cascade,relaxed,fsd-entropy", "--temp", "0,0.8", "--repeats", "1"]
+    args += ["--policy-state", "cold"]
     result = _invoke(args + ["--json", "--plot", str(png)])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)

@@ -10,7 +10,7 @@ import pytest
 
 from fsd_local.kernels import reference_rules as ref
 from fsd_local.kernels import sampling as S
-from fsd_local.kernels.accept import BY_FUZZY, BY_SD, REJECTED, Drafts, RoundOut, Rule, Sampling, accept_round
+from fsd_local.kernels.accept import BY_FUZZY, BY_SD, REJECTED, Drafts, Rule, Sampling, accept_round, round_out
 from fsd_local.kernels.budget import new_budget
 from fsd_local.kernels.divergence import DIVERGENCES, compute
 from fsd_local.kernels.names import CASCADE, FSD_ENTROPY, MODES, RELAXED, SD, TARGET_RULES, TAU_MODES, TYPICAL
@@ -181,7 +181,7 @@ def run_accept(P, Q, drafts, mode, tau, temperature=0.0, uniforms=None, div="js"
             mx, cut, lz = S.processed(Q[i], n, temperature, 0, 1.0, 0.0)
             q_stats[i] = (mx, cut, lz)
             q_prob[i] = S.prob(Q[i], drafts[i], temperature, mx, cut, lz)
-    out = RoundOut(reason=np.zeros(k, np.int8), divergence=np.zeros(k), logprob=np.zeros(k + 1))
+    out = round_out(k)
     us = np.zeros(k + 1) if uniforms is None else uniforms
     draft = Drafts(Q, np.asarray(drafts, np.int32), q_prob, q_stats, np.full(k, int(onehot), np.uint8))
     rule = Rule(MODES.index(mode), DIVERGENCES.index(div), float(tau), 50, **knobs)

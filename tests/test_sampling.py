@@ -8,7 +8,18 @@ import pytest
 from scipy import stats as sps
 
 from fsd_local.kernels import sampling as S
-from fsd_local.kernels.accept import BY_FUZZY, BY_SD, FSD, FSD_PAPER, SD, Drafts, RoundOut, Rule, Sampling, accept_round
+from fsd_local.kernels.accept import (
+    BY_FUZZY,
+    BY_SD,
+    FSD,
+    FSD_PAPER,
+    SD,
+    Drafts,
+    Rule,
+    Sampling,
+    accept_round,
+    round_out,
+)
 from fsd_local.kernels.budget import new_budget
 from fsd_local.kernels.divergence import DIVERGENCES
 
@@ -105,7 +116,7 @@ def run_accept(P, Q, drafts, mode, div, tau, temperature=0.0, uniforms=None):
             mx, cut, lz = S.processed(Q[i], n, temperature, 0, 1.0, 0.0)
             q_stats[i] = (mx, cut, lz)
             q_prob[i] = S.prob(Q[i], drafts[i], temperature, mx, cut, lz)
-    out = RoundOut(reason=np.zeros(k, np.int8), divergence=np.zeros(k), logprob=np.zeros(k + 1))
+    out = round_out(k)
     us = np.zeros(k + 1) if uniforms is None else uniforms
     draft = Drafts(
         rows=Q, tokens=np.asarray(drafts, np.int32), prob=q_prob, stats=q_stats, onehot=np.zeros(k, np.uint8)

@@ -57,7 +57,10 @@ def write_tiny_gguf(
     logit_scale: float = 1.0,
     dtype=np.float32,
     control=(),
+    split_max_tensors: int = 0,
 ) -> Path:
+    """split_max_tensors > 0: written as llama.cpp's split files (PATH-00001-of-0000N.gguf, ...); the first
+    part's path is returned."""
     import gguf
 
     tokens, scores, types = vocabulary(byte_tokens, words, control)
@@ -72,7 +75,7 @@ def write_tiny_gguf(
             w = w + mine.standard_normal(shape) * scale * noise
         return w.astype(dtype)
 
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_name(f"tiny-{seed}")
     w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
@@ -102,6 +105,8 @@ def write_tiny_gguf(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split_max_tensors:
+        return next(Path(path).parent.glob(Path(path).stem + "-00001-of-*.gguf"))
     return Path(path)
 
 

@@ -1,7 +1,12 @@
 """`fsd-local bench`: the speed / quality trade-off of one loaded pair, measured side by side.
 
 Every configuration (mode, divergence, tau, draft length, temperature) runs on the same prompts with the same
-seeds. Configurations are interleaved: for each repeat and each prompt, all of them run once in a seeded
+seeds, from the state a freshly loaded engine has: an empty cache, and no acceptance evidence for the `auto`
+policy (or quality budget) to start from. The `auto` policy runs twice: "cold", every run from nothing (what
+a first reply gets), and "warm", each run from what the configuration's own earlier runs taught it (what the
+later replies of a session get). The machine's measured costs (the target's per-batch times, the draft's) are
+kept between configurations, as a user's engine keeps them. Configurations are interleaved: for each repeat
+and each prompt, all of them run once in a seeded
 shuffled order, so a noisy neighbour on the machine slows all of them alike, and ratios are taken within a
 repeat (paired) before the median. The `ar` and `sd` baselines are always measured, at every temperature
 (`sd` at every draft length), because every ratio and the agreement refer to them.
@@ -18,9 +23,6 @@ Definitions (README, "Benchmarks"):
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +44,9 @@ class Config:
     drafter: str | None = None  # speculative modes only: model | ngram | ngram+model
     policy: str | None = None  # speculative modes only: fixed | adaptive | auto
     budget: float | None = None  # a quality budget instead of tau (the lossy modes)
+    # what the auto policy knows when a run starts: "cold" (nothing: a freshly loaded engine, every run), "warm"
+    # (what this configuration's own earlier runs taught it: the later replies of a session); None otherwise
+    state: str | None = None
 
     def settings(self, max_tokens: int, seed: int) -> dict:
         s = {"mode": self.mode, "temperature": self.temperature, "max_tokens": max_tokens, "seed": seed}
@@ -56,20 +61,36 @@ class Config:
         return s
 
 
+STATES = ("cold", "warm")  # what the auto policy knows when a run starts (Config.state)
+
+
 def build_configs(
-    modes, divergences, taus, draft_maxes, temperatures, drafters=("model",), policies=("auto",), budgets=()
+    modes,
+    divergences,
+    taus,
+    draft_maxes,
+    temperatures,
+    drafters=("model",),
+    policies=("auto",),
+    budgets=(),
+    states=STATES,
 ) -> list[Config]:
     """Every combination the axes make, without multiplying modes over axes they ignore; the ar and sd
     baselines come first at each temperature whether listed or not (sd once per drafter, policy and k). Each
-    lossy mode runs at every tau and, in place of tau, at every quality budget."""
+    lossy mode runs at every tau and, in place of tau, at every quality budget; the auto policy in each of
+    `states` (Config.state)."""
     for m in modes:
         if m not in MODES:
             raise ConfigError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
     for d in divergences:
         if d not in DIVERGENCES:
             raise ConfigError(f"unknown divergence {d!r}; choose from {', '.join(DIVERGENCES)}")
+    for st in states:
+        if st not in STATES:
+            raise ConfigError(f"unknown policy state {st!r}; choose from {', '.join(STATES)}")
     for name, values in (
         ("--taus", taus),
+        ("--policy-state", states),
         ("--divergence", divergences),
         ("--draft-max", draft_maxes),
         ("--temp", temperatures),
@@ -82,16 +103,28 @@ def build_configs(
     configs = []
     for t in _unique(temperatures):
         configs.append(Config("ar", t))
-        drafting = [(dr, p, k) for dr in _unique(drafters) for p in _unique(policies) for k in _unique(draft_maxes)]
-        configs += [Config("sd", t, draft_max=k, drafter=dr, policy=p) for dr, p, k in drafting]
+        drafting = [
+            (dr, p, k, st)
+            for dr in _unique(drafters)
+            for p in _unique(policies)
+            for k in _unique(draft_maxes)
+            for st in (_unique(states) if p == "auto" else (None,))
+        ]
+        configs += [Config("sd", t, draft_max=k, drafter=dr, policy=p, state=st) for dr, p, k, st in drafting]
         for m in _unique(modes):
             if m in TAU_MODES:
                 divs = _unique(divergences) if m in DIVERGENCE_MODES else [None]
                 configs += [
-                    Config(m, t, d, tau, k, dr, p) for d in divs for tau in _unique(taus) for dr, p, k in drafting
+                    Config(m, t, d, tau, k, dr, p, state=st)
+                    for d in divs
+                    for tau in _unique(taus)
+                    for dr, p, k, st in drafting
                 ]
                 configs += [
-                    Config(m, t, d, None, k, dr, p, b) for d in divs for b in _unique(budgets) for dr, p, k in drafting
+                    Config(m, t, d, None, k, dr, p, b, st)
+                    for d in divs
+                    for b in _unique(budgets)
+                    for dr, p, k, st in drafting
                 ]
             elif m == "draft-only":
                 configs.append(Config(m, t))
@@ -151,13 +184,18 @@ def run_bench(
     tokens = prompt_tokens(engine, prompts, chat)
     _warm_up(engine, tokens[0], configs)
     data = BenchData(configs, prompts, repeats, [[] for _ in configs])
+    learned: dict[int, dict] = {}  # what each "warm" configuration's runs taught the policy so far
     for r in range(repeats):
         for pi, (prompt, toks) in enumerate(zip(prompts, tokens)):
             order = np.random.default_rng([seed, r, pi]).permutation(len(configs))
             for ci in order:
                 engine.reset()  # every configuration starts from the same (empty) cache
+                # and from a freshly loaded engine's policy state, or its own (the machine's costs stay)
+                engine.set_policy_state(learned.get(ci))
                 settings = configs[ci].settings(max_tokens, seed + r * len(prompts) + pi)
                 out = engine.generate(toks, ignore_eos=ignore_eos, **settings)
+                if configs[ci].state == "warm":
+                    learned[ci] = engine.policy_state()
                 data.runs[ci].append(Run(r, pi, out.token_ids, out.stats, prompt.is_correct(out.text)))
                 if progress:
                     progress()
@@ -246,7 +284,9 @@ def summarise(data: BenchData) -> list[dict]:
     for ci, (c, runs) in enumerate(zip(data.configs, data.runs)):
         ar = index[Config("ar", c.temperature)]
         sd = (
-            index.get(Config("sd", c.temperature, draft_max=c.draft_max, drafter=c.drafter, policy=c.policy))
+            index.get(
+                Config("sd", c.temperature, draft_max=c.draft_max, drafter=c.drafter, policy=c.policy, state=c.state)
+            )
             if c.draft_max
             else None
         )
@@ -262,6 +302,7 @@ def summarise(data: BenchData) -> list[dict]:
             "draft_max": c.draft_max,
             "drafter": c.drafter,
             "draft_policy": c.policy,
+            "policy_state": c.state,
             "temperature": c.temperature,
             "tokens_per_second": median(tps[ci]),
             "tokens_per_second_spread": spread(tps[ci]),
@@ -341,87 +382,3 @@ def _k_histogram(runs: list[Run]) -> list[int]:
 def _by_position(runs: list[Run]) -> list[float]:
     drafted, accepted = position_totals(runs)
     return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
-
-
-# ---------------------------------------------------------------------------------------------- output
-def _f(v, fmt):
-    return "-" if v is None else format(v, fmt)
-
-
-TABLE_COLUMNS = (
-    # header, width, cell
-    ("temp", 4, lambda r: f"{r['temperature']:g}"),
-    ("mode", 9, lambda r: r["mode"]),
-    ("div", 8, lambda r: r["divergence"] or "-"),
-    ("drafter", 11, lambda r: r["drafter"] or "-"),
-    ("policy", 8, lambda r: r["draft_policy"] or "-"),
-    ("k", 2, lambda r: _f(r["draft_max"], "d")),
-    ("tau", 5, lambda r: _f(r["tau"], "g")),
-    ("B", 5, lambda r: _f(r["quality_budget"], "g")),
-    ("tok/s", 13, lambda r: f"{_f(r['tokens_per_second'], '.1f')} ±{_f(r['tokens_per_second_spread'], '.1f')}"),
-    ("x ar", 5, lambda r: _f(r["speedup_vs_ar"], ".2f")),
-    ("x sd", 5, lambda r: _f(r["speedup_vs_sd"], ".2f")),
-    ("accept", 6, lambda r: _f(r["acceptance_rate"], ".0%")),
-    ("tok/rnd", 7, lambda r: _f(r["mean_tokens_per_round"], ".2f")),
-    ("fuzzy", 5, lambda r: _f(r["fuzzy_share"], ".0%")),
-    ("logp/tok", 8, lambda r: _f(r["target_logprob_mean"], ".3f")),
-    ("loss/tok", 8, lambda r: _f(r["loss_per_token"], ".4f")),
-    ("worst", 6, lambda r: _f(r["loss_worst_reply"], ".4f")),
-    ("tok/call", 8, lambda r: _f(r["tokens_per_target_call"], ".3f")),
-    ("thr", 5, lambda r: _f(r["threshold_mean"], ".3f")),
-    ("agree", 5, lambda r: _f(r["agreement"], ".2f")),
-    ("task", 4, lambda r: _f(r["accuracy"], ".0%")),
-    ("draft/target/other", 18, lambda r: "/".join(_f(r["time_share"][k], ".0%") for k in ("draft", "target", "other"))),
-    ("front", 5, lambda r: _front(r)),
-    (
-        "oracle k: tok/s",
-        15,
-        lambda r: f"{r['oracle_k']}: {r['oracle_tokens_per_second']:.1f}" if r["oracle_k"] is not None else "-",
-    ),
-    ("k histogram (0..)", 24, lambda r: " ".join(map(str, r["k_histogram"])) if r["draft_policy"] == "auto" else "-"),
-    ("accept by position", 0, lambda r: " ".join(f"{a:.0%}" for a in r["acceptance_by_position"])),
-)
-
-
-def _front(r) -> str:
-    """* on the speed / log-prob frontier, a on the speed / agreement frontier, l on the speed / loss frontier
-    (bench/frontier.py)."""
-    marks = ("*" if r.get("on_frontier") else "") + ("a" if r.get("on_frontier_agreement") else "")
-    return marks + ("l" if r.get("on_frontier_loss") else "") or "-"
-
-
-def format_table(rows: list[dict]) -> str:
-    has_answers = any(r["accuracy"] is not None for r in rows)
-    cols = [c for c in TABLE_COLUMNS if has_answers or c[0] != "task"]
-    lines = ["  ".join(h.rjust(w) for h, w, _ in cols)]
-    prev_temp = None
-    for r in rows:
-        if prev_temp is not None and r["temperature"] != prev_temp:
-            lines.append("")
-        prev_temp = r["temperature"]
-        lines.append("  ".join(cell(r).rjust(w) for _, w, cell in cols))
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def to_json(rows: list[dict]) -> str:
-    return json.dumps(rows, indent=1)
-
-
-def to_csv(rows: list[dict]) -> str:
-    """Flat columns: time_share becomes time_share_draft/..., lists become space-separated values."""
-    flat = []
-    for r in rows:
-        f = {}
-        for k, v in r.items():
-            if isinstance(v, dict):
-                f.update({f"{k}_{sub}": x for sub, x in v.items()})
-            elif isinstance(v, list):
-                f[k] = " ".join(f"{x:.4f}" for x in v)
-            else:
-                f[k] = "" if v is None else v
-        flat.append(f)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(flat[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(flat)
-    return buf.getvalue()

@@ -1,4 +1,4 @@
-"""The options and bodies of `fsd-local bench` and `fsd-local calibrate` (registered in cli.py)."""
+"""The options and body of `fsd-local bench` (registered in cli/main.py; `fsd-local calibrate` is cli/calibrate.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from fsd_local.cli.drafts import bench_drafters, require_draft
 from fsd_local.kernels.names import DIVERGENCES, DRAFT_POLICIES, DRAFTERS, MODES, TAU_MODES
 
 MODEL_KEYS = ("target", "draft", "pair")
@@ -125,6 +126,15 @@ def bench_options(f):
             help="draft-length policies, comma separated: fixed, adaptive, auto (--draft-max is auto's upper bound)",
         ),
         click.option(
+            "--policy-state",
+            "states",
+            type=CommaList(str, "policy state", ("cold", "warm")),
+            default="cold,warm",
+            show_default=True,
+            help="what the auto policy knows when a run starts: cold (nothing, as a freshly loaded engine: a first "
+            "reply), warm (what the configuration's own earlier runs taught it: the later replies of a session)",
+        ),
+        click.option(
             "--temp",
             "temperatures",
             type=CommaList(float, "temperature", minimum=0.0),
@@ -212,6 +222,7 @@ def bench_command(
     draft_maxes,
     drafters,
     policies,
+    states,
     temperatures,
     repeats,
     as_json,
@@ -230,18 +241,27 @@ def bench_command(
         raise click.UsageError("--vocab and --rows only apply to --kernels")
     from fsd_local.bench.frontier import mark_frontier
     from fsd_local.bench.prompts import load_prompts
-    from fsd_local.bench.runner import build_configs, format_table, run_bench, summarise, to_csv, to_json
+    from fsd_local.bench.report import format_table, to_csv, to_json
+    from fsd_local.bench.runner import build_configs, run_bench, summarise
 
     if plot_path:
         from fsd_local.bench.plot import require_matplotlib
 
         require_matplotlib()  # before the long run, not after it
-    configs = build_configs(modes, divergences, taus, draft_maxes, temperatures, drafters, policies, budgets or ())
+    drafters = bench_drafters(model_kwargs, drafters, _say)  # a target alone: its draft, or prompt lookup
+    configs = build_configs(
+        modes, divergences, taus, draft_maxes, temperatures, drafters, policies, budgets or (), states
+    )
     prompts = load_prompts(prompts_file)
     repeats = repeats or 3
     with _engine(model_kwargs, needs_draft=any(d != "ngram" for d in drafters)) as engine:
         total = len(configs) * len(prompts) * repeats
         _say(f"{len(configs)} configurations x {len(prompts)} prompts x {repeats} repeats, {max_tokens} tokens each")
+        if any(c.state for c in configs):
+            _say(
+                "each run starts from a freshly loaded engine's policy state; auto runs cold (every run from "
+                "nothing) and warm (from its own earlier runs); the machine's measured costs are kept throughout"
+            )
         with _progress(total, "bench") as bar:
             data = run_bench(
                 engine,
@@ -294,153 +314,6 @@ def _engine(model_kwargs: dict, needs_draft: bool = True):
     from fsd_local.cli.options import load_engine
     from fsd_local.settings import Settings
 
-    if needs_draft and model_kwargs.get("target") and not model_kwargs.get("draft") and not model_kwargs.get("pair"):
-        raise click.UsageError(
-            "give --draft too (or --drafter ngram): bench and calibrate compare against speculative decoding"
-        )
+    if needs_draft:
+        require_draft(model_kwargs, _say)
     return load_engine(**model_kwargs, settings=Settings(drafter="model" if needs_draft else "ngram"), say=_say)
-
-
-def calibrate_options(f):
-    opts = [
-        click.option("--divergence", type=click.Choice(DIVERGENCES), default="js", show_default=True),
-        click.option("--mode", type=click.Choice(TAU_MODES), default="fsd", show_default=True),
-        click.option(
-            "--modes",
-            type=CommaList(str, "mode", TAU_MODES),
-            help="search several modes, comma separated (e.g. fsd,typical,cascade,relaxed) and answer the "
-            "fastest (mode, tau) within the budget; replaces --mode",
-        ),
-        click.option(
-            "--draft-max", type=click.IntRange(1, 64), default=4, show_default=True, help="tokens drafted per round (k)"
-        ),
-        click.option("--temp", "temperature", type=click.FloatRange(0), default=0.0, show_default=True),
-        click.option(
-            "--min-agreement",
-            type=click.FloatRange(0, 1),
-            help="budget: agreement with the target's greedy output at least this (temperature 0)",
-        ),
-        click.option(
-            "--max-logprob-drop",
-            type=click.FloatRange(0),
-            help="budget: target log-prob per token at most this much below sd's",
-        ),
-        click.option(
-            "--target-acceptance",
-            type=click.FloatRange(0, 1),
-            help="goal: the smallest tau whose acceptance rate reaches this",
-        ),
-        click.option(
-            "--target-speed",
-            type=click.FloatRange(1),
-            help="goal: the smallest quality budget B whose runs reach this many tokens per target call",
-        ),
-        click.option(
-            "--tau-max",
-            type=click.FloatRange(0, min_open=True),
-            help="upper end of the search [default: ln 2 for js, 1 for tv, 2 otherwise; twice that for "
-            "fsd-entropy; 1 for cascade and relaxed, 1/(1 - eps) for typical]",
-        ),
-        click.option(
-            "--steps",
-            type=click.IntRange(1, 20),
-            default=6,
-            show_default=True,
-            help="bisection steps: the answer is within tau-max / 2**steps",
-        ),
-        click.option(
-            "--repeats",
-            type=click.IntRange(1),
-            default=3,
-            show_default=True,
-            help="timed passes at the chosen tau (interleaved with ar and sd)",
-        ),
-        click.option("--json", "as_json", is_flag=True, help="print one JSON object"),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return run_options(f)
-
-
-def calibrate_command(
-    *,
-    prompts_file,
-    chat,
-    max_tokens,
-    seed,
-    ignore_eos,
-    divergence,
-    mode,
-    modes,
-    draft_max,
-    temperature,
-    min_agreement,
-    max_logprob_drop,
-    target_acceptance,
-    target_speed,
-    tau_max,
-    steps,
-    repeats,
-    as_json,
-    **model_kwargs,
-):
-    import json
-
-    from fsd_local.bench.calibrate import Budget, calibrate, format_report
-    from fsd_local.bench.prompts import load_prompts
-
-    given = [
-        (k, v)
-        for k, v in (
-            ("agreement", min_agreement),
-            ("logprob_drop", max_logprob_drop),
-            ("acceptance", target_acceptance),
-            ("speed", target_speed),
-        )
-        if v is not None
-    ]
-    if len(given) != 1:
-        raise click.UsageError(
-            "give exactly one of --min-agreement, --max-logprob-drop, --target-acceptance, --target-speed"
-        )
-    budget = Budget(*given[0])
-    if budget.kind == "agreement" and temperature > 0:  # fail before loading the models
-        raise click.UsageError("--min-agreement needs --temp 0 (agreement is with the target's greedy output)")
-    prompts = load_prompts(prompts_file)
-
-    if modes and _given("mode"):
-        raise click.UsageError("give --mode or --modes, not both")
-    searched = modes or [mode]
-
-    def step(tau, row):
-        agree = "" if row["agreement"] is None else f"agreement {row['agreement']:.3f}, "
-        _say(
-            f"{row['mode']} {'B' if budget.kind == 'speed' else 'tau'} {tau:.4f}: {agree}"
-            f"{row['tokens_per_target_call']:.2f} tokens/call, log-prob drop {row['logprob_drop']:+.3f}, acceptance "
-            f"{row['acceptance_rate']:.0%} -> {'meets' if row['meets'] else 'misses'} the budget"
-        )
-
-    with _engine(model_kwargs) as engine:
-        _say(
-            f"calibrating {','.join(searched)} ({divergence} where a divergence applies) k={draft_max} at "
-            f"temperature {temperature:g} on "
-            f"{len(prompts)} prompts, {max_tokens} tokens each: {budget.describe()}"
-        )
-        result = calibrate(
-            engine,
-            prompts,
-            budget=budget,
-            divergence=divergence,
-            modes=searched,
-            draft_max=draft_max,
-            temperature=temperature,
-            tau_max=tau_max,
-            steps=steps,
-            max_tokens=max_tokens,
-            repeats=repeats,
-            seed=seed,
-            chat=chat,
-            ignore_eos=ignore_eos,
-            on_step=step,
-        )
-    click.echo(json.dumps(result, indent=1) if as_json else format_report(result, budget))

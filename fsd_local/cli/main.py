@@ -8,6 +8,7 @@ import sys
 import click
 
 from fsd_local.cli import bench as bench_cli
+from fsd_local.cli import calibrate as calibrate_cli
 from fsd_local.cli.options import (
     chat_settings_options,
     load_engine,
@@ -81,8 +82,8 @@ def generate(prompt, as_json, **kwargs):
 
 
 @cli.command()
-@click.option("--target", type=click.Path(dir_okay=False), help="a target GGUF file to describe")
-@click.option("--draft", type=click.Path(dir_okay=False), help="a draft GGUF file; with --target: are they compatible?")
+@click.option("--target", metavar="NAME|PATH", help="a target GGUF file (or local model name) to describe")
+@click.option("--draft", metavar="NAME|PATH", help="a draft GGUF file or name; with --target: are they compatible?")
 @click.option("--pair", help="a pair from models.toml instead of --target/--draft")
 @click.option(
     "--ctx",
@@ -100,9 +101,9 @@ def doctor(target, draft, pair, n_ctx, as_json):
     automatic GPU placement. Exit code 1 when the draft and target are incompatible."""
     from fsd_local.llama.doctor import render, report
 
-    if pair:
+    if pair or target:  # a pair, or names from `fsd-local models --local`, to files
         target, draft = resolve_models(target, draft, pair)
-    elif draft and not target:
+    elif draft:
         raise click.UsageError("--draft given without --target")
     r = report(target=target, draft=draft, n_ctx=n_ctx)
     click.echo(json.dumps(r, indent=2) if as_json else render(r))
@@ -145,9 +146,10 @@ def serve(host, port, api_key, max_queue, model_name, in_process, **kwargs):
     settings = pop_settings(kwargs)
     with load_engine(**kwargs, settings=settings, say=say, engine_class=None if in_process else Supervisor) as engine:
         say(f"serving the OpenAI API on http://{host}:{port}/v1 and the chat page on http://{host}:{port}/")
-        run_server(
-            engine, host=host, port=port, api_key=api_key, max_queue=max_queue, model_name=model_name or kwargs["pair"]
-        )
+        from fsd_local.pairs.names import given_name  # --target qwen2.5:7b is served as "qwen2.5:7b"
+
+        name = model_name or kwargs["pair"] or given_name(kwargs["target"])
+        run_server(engine, host=host, port=port, api_key=api_key, max_queue=max_queue, model_name=name)
 
 
 def _server_part(name: str):
@@ -228,13 +230,27 @@ def chat(system, color, as_json, web, **kwargs):
 
 @cli.command(epilog=PAIR_EPILOG)
 @click.option("--json", "as_json", is_flag=True, help="print the pairs as one JSON object")
-def models(as_json):
+@click.option(
+    "--local",
+    is_flag=True,
+    help="list the GGUF models already on this disk instead (Ollama, the Hugging Face cache, LM Studio, "
+    "llama.cpp's cache), with what can draft for what",
+)
+def models(as_json, local):
     """List the curated draft/target pairs of models.toml and which of their files are already in the local
-    Hugging Face cache (FSD_LOCAL_MODELS=FILE reads your own models.toml instead)."""
+    Hugging Face cache (FSD_LOCAL_MODELS=FILE reads your own models.toml instead). --local: every GGUF model
+    found on this disk, its name for --target/--draft, architecture, size, quantisation, vocabulary and the
+    models that can draft for it (docs/models.md)."""
     import dataclasses
 
     from fsd_local.pairs.registry import format_pairs, load_registry
 
+    if local:
+        from fsd_local.pairs.local import format_listing, list_local_models
+
+        listing = list_local_models()
+        click.echo(json.dumps(listing.to_dict(), indent=2) if as_json else format_listing(listing))
+        return
     registry = load_registry()
     if as_json:
         click.echo(
@@ -284,13 +300,13 @@ def bench(**kwargs):
 
 @cli.command()
 @model_options
-@bench_cli.calibrate_options
+@calibrate_cli.calibrate_options
 def calibrate(**kwargs):
     """Find tau for a budget on your prompts: the largest tau whose agreement with the target's greedy output
     (--min-agreement) or target log-prob drop per token vs sd (--max-logprob-drop) stays within budget, or the
     smallest tau reaching an acceptance rate (--target-acceptance). Bisection over [0, --tau-max], assuming
     quality falls and acceptance rises with tau; prints every tau tried and the speed at the answer."""
-    bench_cli.calibrate_command(**kwargs)
+    calibrate_cli.calibrate_command(**kwargs)
 
 
 def main():  # console-script entry point

@@ -140,8 +140,18 @@ def _parse_split(ctx, param, value):
 
 
 MODEL_OPTIONS = [
-    click.option("--target", type=click.Path(dir_okay=False), help="target (large) GGUF file"),
-    click.option("--draft", type=click.Path(dir_okay=False), help="draft (small) GGUF file, same tokenizer"),
+    click.option(
+        "--target",
+        metavar="NAME|PATH",
+        help="target (large) model: a GGUF file, or a name from `fsd-local models --local` (qwen2.5:7b from Ollama, "
+        "org/name/file.gguf from the Hugging Face cache or LM Studio)",
+    ),
+    click.option(
+        "--draft",
+        metavar="NAME|PATH|none",
+        help="draft (small) model with the target's tokenizer, a file or a name; default with --target: the "
+        "smallest local model that can draft for it (else prompt lookup); none = the target alone",
+    ),
     click.option("--pair", help="a pair from models.toml (see `fsd-local models`)"),
     click.option(
         "--demo",
@@ -258,7 +268,8 @@ def model_options(f: Callable) -> Callable:
 
 
 def resolve_models(target, draft, pair, say=None, demo_precision: str = "q4_1") -> tuple[str, str | None]:
-    """Model files from --target/--draft, --pair, or (no model arguments) the offline demo pair."""
+    """Model files from --target/--draft (paths, or names of models in the local stores: pairs/names.py; the
+    draft None for --draft none), --pair, or (no model arguments) the offline demo pair."""
     if pair:
         if target or draft:
             raise click.UsageError("give either --pair or --target/--draft, not both")
@@ -276,7 +287,22 @@ def resolve_models(target, draft, pair, say=None, demo_precision: str = "q4_1") 
         return str(t), str(d)
     if target is None:
         raise click.UsageError("--draft given without --target")
-    return target, draft
+    from fsd_local.pairs.names import NONE, resolve
+
+    return resolve(target, "target"), None if draft in (None, NONE) else resolve(draft, "draft")
+
+
+def models_and_settings(target, draft, pair, settings: Settings, say, demo_precision: str):
+    """(target path, draft path or None, settings): resolve_models, then for a target given alone the draft
+    chosen by cli/drafts.py (which may switch the settings to prompt lookup, or to plain decoding)."""
+    t, d = resolve_models(target, draft, pair, say=say, demo_precision=demo_precision)
+    if d is None and target is not None and settings.needs_draft:
+        from fsd_local.cli.drafts import auto_draft
+
+        d, settings = auto_draft(t, target, draft, settings, say)
+    if d is None and settings.needs_draft:
+        raise click.UsageError(f"mode {settings.mode} needs --draft (or use --mode ar)")
+    return t, d, settings
 
 
 def load_engine(
@@ -313,9 +339,7 @@ def load_engine(
     from fsd_local.llama.options import ModelOptions
     from fsd_local.llama.placement import resolve
 
-    t, d = resolve_models(target, draft, pair, say=say, demo_precision=demo_precision)
-    if d is None and settings.needs_draft:
-        raise click.UsageError(f"mode {settings.mode} needs --draft (or use --mode ar)")
+    t, d, settings = models_and_settings(target, draft, pair, settings, say, demo_precision)
     both = dict(
         n_threads=n_threads,
         flash_attn={"on": True, "off": False, "auto": None}[flash_attn],

@@ -2,56 +2,41 @@
 
 Each round, pick the k in [0, k_max] that maximises expected tokens per second:
 
-    rate(k) = E(k) / (k * c_draft + v(k + 1) + c_round),    E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k
+    rate(k) = E(k) / (k * c_draft + v(k + 1) + c_start),    E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k
 
 c_draft: seconds per draft token; v(n): seconds of one target decode of a batch of n tokens (n = k + 1: the last
-accepted token and k drafts); a_j: the chance that draft position j is accepted given that position j - 1 was;
-c_round: optional fixed seconds per round (the loop's own overhead). k = 0 is a plain target step (rate 1 / v(1)).
+accepted token and k drafts; verify_cost.py); a_j: the chance that draft position j is accepted given that
+position j - 1 was; c_start: what drafting at all costs this round (a draft model catching up on text it
+skipped, length.py). k = 0 is a plain target step (rate 1 / v(1)).
 
 Why each estimate is built the way it is:
 - Everything decays exponentially per observation, so the policy follows the text (code being copied accepts
   far more than free prose) and the machine (other jobs come and go).
-- v(n) is measured per batch size and used as measured: llama.cpp's CPU matmul kernels work in tiles of 4 and 8
-  rows, so a batch of 8 can cost what a batch of 5 costs (measured on a padded 1.4 GB Q8_0 target, 2 threads:
-  n = 4: 225 ms, 5: 303, 7: 355, 8: 312). Smoothing the curve, or forcing it to grow with n, would hide exactly
-  the batches worth paying for. Between measured sizes it interpolates linearly; beyond them it follows a
-  weighted line a + b (n - 1) fitted through all measured n (b >= 0; with a single measured n the slope comes
-  from a prior, b = 0.3 a). The engine measures the whole curve once (`calibrate` in proposer.py: one timed
-  decode of every batch size 1..k_max + 1 at the first use of auto), so the policy never has to guess a size it
-  could use, and every round refines the size it used. The load changes (other jobs come and go) while only
-  one size is in use, so v(n) = level x shape(n): the level follows every decode within ~10 decodes, the
-  shape (each size relative to the others) changes slowly, and a size unused for ~450 decodes is forgotten.
-- Using the batch it pays for: because rate(k) is evaluated on every k with the measured v(k + 1), a k whose
-  batch is cheap for its size wins by itself: when v(5) = v(8), drafting 7 tokens costs three draft tokens
-  more than drafting 4 and earns E(7) - E(4) more tokens, so with good acceptance the policy drafts up to the
-  next efficient size instead of stopping at the k its acceptance alone would suggest.
-- a_j are decayed counts per position, shrunk toward the pooled rate of all positions (worth 8 rounds at each
-  position), itself shrunk toward a cold-start prior (0.7 at position 1, x0.98 per position) worth 6 rounds.
-  Positions beyond the k in use are never reached; their stale counts fade and they take the pooled rate, so
-  when the positions in use accept well the policy tries longer drafts. The weights are what keeps an unlucky
-  start from deciding a reply: with a prior worth 2 rounds, two rejections in the first two rounds (6% of
-  replies for a pair that accepts 0.75) put a_1 near 0.3 and the policy into plain steps, where no probe
-  was affordable for the rest of the reply (the issue's k histogram [63, 1]); a deep position seen rejected
-  once, with little weight toward the pooled rate, kept k below the best for the rest of a short session.
-- Before anything is measured the priors alone are used, in units of one target decode (only ratios matter), so
-  the first round is already a sensible guess (k ~ 2 for a free drafter) rather than a wasted probe.
-- k = 0 measures nothing about drafting, so a policy that settled there would never see conditions improve:
-  after `probe_every` rounds at k = 0 it tries k = `probe_k` once; each probe that changes nothing doubles the
-  wait (up to `probe_max`), so failed probes cost a few % of the time (length.py budgets a model drafter's);
-  a probe that accepted a larger share than the current estimate, or any round that chooses k > 0, resets the
-  wait (after a good probe the next one comes
-  in probe_every / 4 rounds).
+- Using the batch it pays for: rate(k) is evaluated on every k with the measured v(k + 1), so a k whose batch is
+  cheap for its size wins by itself: when v(5) = v(8), drafting 7 tokens costs three draft tokens more than
+  drafting 4 and earns E(7) - E(4) more tokens, and with good acceptance the policy drafts up to the next
+  efficient size instead of stopping at the k its acceptance alone would suggest.
+- a_j are decayed counts per position, shrunk toward the pooled rate of all positions (worth POSITION_WEIGHT
+  rounds at each position), itself shrunk toward a cold-start prior (0.7 at position 1, x0.98 per position, sd's
+  typical acceptance) worth ACCEPT_PRIOR_WEIGHT positions: a weak prior, because it is only a starting point and
+  evidence is cheap (a probe scores a few skipped positions, length.py). Positions beyond the k in use are never
+  reached; they take the pooled rate, so when the positions in use accept well the policy tries longer drafts.
+- While the evidence is thin the choice is optimistic: every a_j is read OPTIMISM standard errors of the pooled
+  rate above its estimate, fading as positions are observed (the factor OPTIMISM_FADE / weight). A fresh engine
+  whose rule accepts nearly everything reaches long drafts in a few rounds instead of creeping up from the
+  prior; one whose rule accepts little loses a round or two to finding out.
+- k = 0 measures nothing about drafting. A free drafter (prompt lookup) is re-probed: after `probe_every` rounds
+  at k = 0 it tries k = `probe_k` once, each probe that changes nothing doubling the wait (up to `probe_max`),
+  and any round that chooses k > 0 or a probe that accepted more than expected resetting it. The draft model is
+  probed differently (probe_every = 0 here): by scoring the positions it skipped when it catches up, worth it
+  when `probe_value` (the expected seconds the evidence saves over the rest of the reply) exceeds the catch-up.
 - `settings_changed()` (tau, mode, divergence or temperature changed) shrinks the acceptance counts to a tenth
   but keeps the costs: the machine did not change, the acceptance did.
 
-The engine owns all timing and calls, per round:
-    k = cm.choose_k(limit)                      # limit: remaining tokens, context room
-    cm.observe_draft(n_proposed, seconds)       # when it drafted (a free drafter passes its tiny time)
-    cm.observe_verify(batch_n, seconds)         # every target decode in the loop, plain steps included
-    cm.observe_acceptance(n_drafted, n_accepted)  # only rounds that drafted
-For `ngram+model`, use one CostModel per drafter sharing one `VerifyCost` (the target's costs are the same):
-look the n-gram up first (free), then ask the model of whichever drafter will draft; report each target decode
-once (to either model, or to the shared VerifyCost directly).
+The caller (drafting/length.py) owns the timing and reports, per round: `choose_k(limit)`, `observe_draft`,
+`observe_verify` (every target decode, plain steps included), `observe_acceptance` (rounds that drafted) and
+`observe_stream` (positions scored after the fact). For `ngram+model` one CostModel per drafter shares one
+`VerifyCost` (the target's costs are the same).
 """
 
 from __future__ import annotations
@@ -59,123 +44,22 @@ from __future__ import annotations
 import copy
 import math
 
+from fsd_local.drafting.verify_cost import VerifyCost
+
+__all__ = ["CostModel", "VerifyCost", "best_k", "expected_rates"]
+
 ACCEPT_PRIOR_FIRST = 0.7
 ACCEPT_PRIOR_DECAY = 0.98
-ACCEPT_PRIOR_WEIGHT = 6.0  # rounds of evidence the cold-start prior is worth in the pooled rate
+ACCEPT_PRIOR_WEIGHT = 2.0  # positions of evidence the cold-start prior is worth in the pooled rate
 POSITION_WEIGHT = 8.0  # rounds of evidence the pooled rate is worth at each position
-VERIFY_SLOPE_PRIOR = 0.3
-FORGET_WEIGHT = 0.01  # a batch size's evidence below this weight is dropped (its shape may no longer hold)
+# the most positions of evidence a probe's value counts as known: however long the policy has watched, the text
+# may have changed since (code being copied accepts far more than prose), so a rate near the break-even stays
+# worth a cheap look
+OPTIMISM = 1.0
+OPTIMISM_FADE = 4.0
+ACCEPT_MAX = 0.995
+VOI_WEIGHT_CAP = 16.0
 MODEL_DRAFT_COST_PRIOR = 0.3  # seconds per draft token / seconds of one target decode, before measuring
-
-
-def _finite_positive(x) -> bool:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return False
-    return math.isfinite(x) and x > 0
-
-
-class VerifyCost:
-    """Seconds of one target decode of a batch of n tokens, learned online (shareable between CostModels)."""
-
-    def __init__(
-        self, n_max: int = 9, decay: float = 0.9, slope_prior: float = VERIFY_SLOPE_PRIOR, shape_decay: float = 0.99
-    ):
-        self.decay = decay  # of the level: it follows the load within ~10 decodes
-        self.shape_decay = shape_decay  # of each size's evidence: a size unused for ~450 decodes is forgotten
-        self.slope_prior = slope_prior
-        # v(n) = level x shape[n]: the shape keeps each size's measured cost relative to the others (the tiles),
-        # the level follows the machine (other jobs come and go) from whatever size the loop is using, so a
-        # size measured long ago is rescaled, not trusted as it was nor flattened into a line
-        self.level = 1.0
-        self._mean = [0.0] * (n_max + 1)  # index n; 0 unused: the shape, seconds / level at the time
-        self._weight = [0.0] * (n_max + 1)
-        self._cache: list[float] | None = None
-
-    @property
-    def measured(self) -> bool:
-        return any(w > 0.0 for w in self._weight)
-
-    def _grow(self, n: int) -> None:
-        extra = n + 1 - len(self._mean)
-        if extra > 0:
-            self._mean += [0.0] * extra
-            self._weight += [0.0] * extra
-
-    def observe(self, n: int, seconds: float) -> None:
-        """One target decode of n tokens took `seconds`. Non-positive or non-finite times are ignored."""
-        if n < 1 or not _finite_positive(seconds):
-            return
-        seconds = float(seconds)
-        self._grow(n)
-        w = self._weight
-        if w[n] > 0.0 and self._mean[n] > 0.0:  # the level moves by a share of the log residual
-            self.level *= (seconds / (self.level * self._mean[n])) ** (1.0 - self.decay)
-        elif not self.measured:
-            self.level = seconds  # the first measurement sets the scale: shapes are then near 1
-        for i in range(len(w)):
-            w[i] = w[i] * self.shape_decay if w[i] * self.shape_decay >= FORGET_WEIGHT else 0.0
-        w[n] += 1.0
-        self._mean[n] += (seconds / self.level - self._mean[n]) / w[n]
-        self._cache = None
-
-    def fit(self) -> tuple[float, float]:
-        """(a, b) of v(n) = a + b (n - 1): weighted least squares over the measured n, b >= 0; the slope prior
-        when only one n is measured; (1, slope_prior) in units of one decode when nothing is."""
-        pts = [(n, m * self.level, w) for n, (m, w) in enumerate(zip(self._mean, self._weight)) if w > 0.0]
-        if not pts:
-            return 1.0, self.slope_prior
-        if len(pts) == 1:
-            n0, m0, _ = pts[0]
-            a = m0 / (1.0 + self.slope_prior * (n0 - 1))
-            return a, self.slope_prior * a
-        sw = sum(w for _, _, w in pts)
-        xbar = sum(w * (n - 1) for n, _, w in pts) / sw
-        ybar = sum(w * m for _, m, w in pts) / sw
-        sxx = sum(w * (n - 1 - xbar) ** 2 for n, _, w in pts)
-        sxy = sum(w * (n - 1 - xbar) * (m - ybar) for n, m, w in pts)
-        b = max(0.0, sxy / sxx) if sxx > 0 else 0.0
-        a = ybar - b * xbar
-        floor = 0.1 * min(m for _, m, _ in pts)  # a steep fit must not predict a free (or negative) single decode
-        a = max(a, floor)
-        return a, b
-
-    def measured_at(self, n: int) -> bool:
-        """Whether a decode of exactly n tokens was ever timed (not read off the curve)."""
-        return 0 < n < len(self._weight) and self._weight[n] > 0.0
-
-    def curve(self, n_hi: int) -> list[float]:
-        """Estimated seconds for n = 0..n_hi (index 0 unused, 0.0): the measured mean at every measured n (no
-        smoothing: the CPU tiles make some larger batches cheaper than smaller ones, module docstring),
-        linear interpolation between measured sizes, the fitted line below the first and, beyond the last,
-        the last measured mean plus the line's slope."""
-        if self._cache is not None and len(self._cache) > n_hi:
-            return self._cache
-        a, b = self.fit()
-        known = [n for n in range(1, len(self._weight)) if self._weight[n] > 0.0]
-        v = [m * self.level for m in self._mean]
-        out = [0.0] * (n_hi + 1)
-        lo = 0  # the largest measured size below n, walked up with n (one pass, this runs every round)
-        nxt = 0  # index in `known` of the first measured size >= n
-        for n in range(1, n_hi + 1):
-            while nxt < len(known) and known[nxt] < n:
-                lo = known[nxt]
-                nxt += 1
-            if nxt < len(known) and known[nxt] == n:
-                out[n] = v[n]
-            elif not known or n < known[0]:
-                out[n] = a + b * (n - 1)
-            elif nxt == len(known):
-                out[n] = v[known[-1]] + b * (n - known[-1])
-            else:
-                hi = known[nxt]
-                out[n] = v[lo] + (n - lo) / (hi - lo) * (v[hi] - v[lo])
-        self._cache = out
-        return out
-
-    def seconds(self, n: int) -> float:
-        return self.curve(n)[n]
 
 
 class CostModel:
@@ -216,8 +100,8 @@ class CostModel:
         self.probe_k = probe_k
         self._draft_mean = 0.0
         self._draft_weight = 0.0
-        self._round_mean = 0.0
-        self._round_weight = 0.0
+        self.optimism = OPTIMISM
+        self.draft_cost_hint = 0.0  # seconds per draft token from a related measurement (a catch-up), until measured
         self._acc: list[float] = []  # decayed accepted counts per position (0-based)
         self._seen: list[float] = []  # decayed reached counts per position
         self.k_max = 0
@@ -249,6 +133,14 @@ class CostModel:
         new._acc, new._seen, new.k_histogram = list(self._acc), list(self._seen), list(self.k_histogram)
         return new
 
+    def forget_acceptance(self) -> None:
+        """No acceptance evidence and no choices made: a fresh policy that keeps the measured costs."""
+        self._acc = [0.0] * len(self._acc)
+        self._seen = [0.0] * len(self._seen)
+        self.k_histogram = [0] * len(self.k_histogram)
+        self._zero_streak, self._probe_interval, self._probing = 0, self.probe_every, False
+        self.rounds = self.probes = 0
+
     def settings_changed(self, keep: float = 0.1) -> None:
         """Acceptance depends on tau, mode, divergence and temperature: keep only `keep` of its evidence (so a
         couple of rounds under the new settings dominate), keep every cost."""
@@ -267,12 +159,6 @@ class CostModel:
     def observe_verify(self, batch_n: int, seconds: float) -> None:
         """One target decode of batch_n tokens (k drafts + the pending token(s)); plain steps are batch_n = 1."""
         self.verify.observe(batch_n, seconds)
-
-    def observe_round_overhead(self, seconds: float) -> None:
-        """Optional: the loop's own seconds per round besides drafting and verifying (favours larger k)."""
-        if math.isfinite(seconds) and seconds >= 0:
-            self._round_weight = self._round_weight * self.decay + 1.0
-            self._round_mean += (seconds - self._round_mean) / self._round_weight
 
     def observe_acceptance(self, n_drafted: int, n_accepted: int, counterfactual: bool = False) -> None:
         """A round drafted n_drafted tokens and accepted the first n_accepted: positions 1..n_accepted passed,
@@ -300,6 +186,20 @@ class CostModel:
                 self._probe_interval = self.probe_every
                 self._zero_streak = max(self._zero_streak, self.probe_every - max(1, self.probe_every // 4))
 
+    def observe_stream(self, accepted) -> None:
+        """Teacher-forced evidence: accepted[i] says whether the rule would have accepted the drafter's proposal
+        at consecutive positions i of the text (scored after the fact, drafting/proposer.py `catch_up`). It is
+        fed as the rounds of k_max drafts that a drafter starting at the first position would have run: each
+        accepts its leading run, and the next starts after the target's own token. Given the text, that is
+        exactly what those rounds would have seen (greedy: the same tokens; sampled: the same chances)."""
+        i, n = 0, len(accepted)
+        while i < n:
+            j = i
+            while j < min(n, i + max(1, self.k_max)) and accepted[j]:
+                j += 1
+            self.observe_acceptance(min(n, i + max(1, self.k_max)) - i, j - i, counterfactual=True)
+            i = j + 1
+
     # ------------------------------------------------------------------ estimates
     def acceptance(self) -> list[float]:
         """Estimated a_j for positions 1..k_max (conditional on reaching j): each position's decayed counts,
@@ -315,10 +215,46 @@ class CostModel:
             out.append((self._acc[j] + self.position_weight * pooled) / (self._seen[j] + self.position_weight))
         return out
 
+    @property
+    def draft_measured(self) -> bool:
+        return self._draft_weight > 0
+
+    def pooled(self) -> tuple[float, float]:
+        """The pooled acceptance estimate of all positions and its weight in observed positions (the cold-start
+        prior included): the mean and the evidence behind it."""
+        w0 = self.accept_prior_weight
+        acc_all, seen_all = sum(self._acc), sum(self._seen)
+        return (acc_all + w0 * self.accept_prior_first) / (seen_all + w0), seen_all + w0
+
+    def rate_at(self, a: float, k_limit: int | None = None) -> float:
+        """The best expected tokens per second over k in 0..limit if every position accepted with chance a."""
+        kmax = self.k_max if k_limit is None else max(0, min(self.k_max, k_limit))
+        return max(expected_rates([a] * kmax, self.draft_seconds_per_token(), self.verify.curve(kmax + 1)))
+
+    def probe_value(self, m: int, horizon: int, k_limit: int | None = None) -> float:
+        """Expected seconds saved over the next `horizon` tokens by scoring m more positions before choosing
+        between plain steps and drafting (a preposterior value of information): after m observations the pooled
+        estimate moves by a normal amount of variance var x m / (w + m) around its mean; where it would then
+        pass the rate plain steps reach, the horizon is drafted at that rate instead. 0 when no plausible
+        acceptance makes drafting pay (a draft nearly as dear as the target, or acceptance known well enough)."""
+        mu, w = self.pooled()
+        w = min(w, VOI_WEIGHT_CAP)  # old evidence ages: acceptance follows the text, not only the pair
+        sd = math.sqrt(max(mu * (1.0 - mu), 1e-4) / (w + 1.0) * m / (w + m))
+        v1 = self.verify.seconds(1)
+        value = 0.0
+        for z, weight in _NORMAL_NODES:
+            a = min(max(mu + sd * z, 0.0), 0.999)
+            rate = self.rate_at(a, k_limit)
+            if rate * v1 > 1.0:
+                value += weight * horizon * (v1 - 1.0 / rate)
+        return value
+
     def draft_seconds_per_token(self) -> float:
         """Measured mean, or the prior ratio times one target decode (relative units before any verify)."""
         if self._draft_weight > 0 and self.verify.measured:
             return self._draft_mean
+        if self.draft_cost_hint > 0 and self.verify.measured:
+            return self.draft_cost_hint
         return self.draft_cost_prior * self.verify.seconds(1)
 
     @property
@@ -334,12 +270,16 @@ class CostModel:
         """Expected tokens per second (per decode before measuring) of every k in 0..limit; start_seconds: what
         drafting at all costs this round (a draft model catching up on text it skipped), k > 0 only."""
         kmax = self.k_max if k_limit is None else max(0, min(self.k_max, k_limit))
+        acc = self.acceptance()[:kmax]
+        if self.optimism > 0:
+            mu, w = self.pooled()
+            bonus = self.optimism * math.sqrt(mu * (1.0 - mu) / (w + 1.0)) * min(1.0, OPTIMISM_FADE / w)
+            acc = [min(a + bonus, ACCEPT_MAX) for a in acc]
         return expected_rates(
-            self.acceptance()[:kmax],
+            acc,
             self.draft_seconds_per_token(),
             self.verify.curve(kmax + 1),
-            self._round_mean,
-            start_seconds,
+            start_seconds=start_seconds,
         )
 
     # ------------------------------------------------------------------ the choice
@@ -350,7 +290,7 @@ class CostModel:
         k = best_k(rates)
         self.last_rate = rates[k]
         self._probing = False
-        if k == 0 and len(rates) > 1:
+        if k == 0 and len(rates) > 1 and self.probe_every > 0:
             self._zero_streak += 1
             if self._zero_streak >= self._probe_interval:
                 self._zero_streak = 0
@@ -391,6 +331,15 @@ class CostModel:
             "plain_tokens_per_second_est": self.plain_tokens_per_second_est,
             "expected_tokens_per_second": self.last_rate if self.verify.measured else None,
         }
+
+
+# Gauss-Hermite nodes and weights of a standard normal (7 points): expectations over an estimate's uncertainty
+_NORMAL_NODES = tuple(
+    zip(
+        (-3.7504397, -2.3667594, -1.1544054, 0.0, 1.1544054, 2.3667594, 3.7504397),
+        (0.000548269, 0.030757124, 0.240123178, 0.457142857, 0.240123178, 0.030757124, 0.000548269),
+    )
+)
 
 
 def expected_rates(

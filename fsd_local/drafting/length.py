@@ -5,11 +5,18 @@
 - `auto`: the k in [0, draft_max] that maximises expected tokens per second under the measured costs
   (cost_model.py); k = 0 is a plain target step, and the cost model re-probes so it can come back.
 
-Re-probing a model drafter is not free: after a run of plain steps the draft model is behind the text and must
-evaluate every token it missed before it can draft (on a CPU that costs a good share of what the plain steps
-cost). So probes are paid from a budget that grows by PROBE_SHARE of the time spent generating: a probe whose
-catch-up would cost more than the budget holds is not taken (the round stays a plain step), which keeps
-the price of looking for a better k at about PROBE_SHARE of the run.
+A draft model that the policy stopped using falls behind the text: before it can draft again it must evaluate
+every token it skipped (one batched decode). That catch-up is also the cheapest way to learn what drafting
+would buy: the target's rows of the plain steps are kept (proposer.py), the catch-up decodes the skipped text
+with a row for every position, and each position is scored as the round would have scored it (would the rule
+have accepted the draft's proposal there?). Those outcomes are teacher-forced evidence under the current
+settings, fed to the cost model as the rounds a drafter would have run (`CostModel.observe_stream`). So the
+question after plain steps is whether to catch up now: `probe` answers it by the value of the information (the
+seconds that m more scored positions are expected to save over the rest of the reply, `CostModel.probe_value`)
+against the catch-up's price. A cold policy (its estimate resting on the prior) probes after the first few
+plain steps, while a probe costs a few tokens' catch-up, and drafts as soon as the evidence says drafting pays;
+a policy that has measured that plain steps win stops probing, and a draft model that costs nearly what the
+target costs is never probed at all (no acceptance would make it pay).
 
 A free drafter's declined proposal is not wasted: when `auto` takes a plain step although prompt lookup had a
 proposal, the proposal is kept as a shadow and scored against the tokens the target then writes (the leading
@@ -36,11 +43,6 @@ from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, Ver
 Source = tuple[str, int]
 
 K_LIMIT = 64  # settings' largest draft_max
-# of generation time that re-probing a model drafter may cost: it must exceed the draft's catch-up per plain step
-# over the target's step (catching up grows with the plain streak: with less, no probe ever becomes affordable),
-# ~4% on the wide demo target (4 ms a token / 150 ms); where catching up costs more (the Q4_1 demo, ~25%) the
-# policy does not probe, and there drafting does not pay either
-PROBE_SHARE = 0.05
 CATCH_UP_PRIOR = 0.5  # a catch-up batch's seconds per token / a drafted token's, before measuring
 # a drafting round leaves the draft model at most this many tokens behind the text (the last draft it did not
 # evaluate and the target's token); more means it skipped rounds and must catch up first
@@ -53,7 +55,6 @@ class DraftLength:
         self.costs: dict[Source, CostModel] = {}
         self._acceptance_key: tuple | None = None
         self._by_key: dict[tuple, dict[Source, CostModel]] = {}  # the evidence gathered under other settings
-        self.probe_budget = 0.0  # seconds that re-probing the model drafter may still spend
         self._catch_up_mean, self._catch_up_weight = 0.0, 0.0  # seconds per token the draft model catches up
         self.policy, self.k, self.k_min, self.k_max = "fixed", 4, 1, 4
         self._shadow: tuple[Source, list[int], int] | None = None  # (source, declined proposal, its position)
@@ -81,16 +82,44 @@ class DraftLength:
                     cm.settings_changed()
             self.costs = known
         self._acceptance_key = key
-        self.probe_budget = 0.0  # each generation earns its own probes: one that ran long must not pay for another
         self._shadow = None
         self.policy, self.k = settings.draft_policy, settings.draft_max
         self.k_min, self.k_max = settings.draft_min, settings.draft_max
 
+    def forget_acceptance(self) -> None:
+        """The evidence of a freshly loaded engine: no acceptance seen under any settings. The measured costs
+        (the target's batches, the drafters' tokens, the catch-up) are the machine's and stay."""
+        for cm in self.costs.values():
+            cm.forget_acceptance()
+        self._by_key.clear()
+        self._acceptance_key = None
+        self._shadow = None
+
+    def evidence(self) -> dict:
+        """A copy of the acceptance evidence (per settings and source), for `restore`: a benchmark gives each
+        configuration its own, as if each ran on its own engine."""
+        copy = lambda costs: {src: cm.fork() for src, cm in costs.items()}  # noqa: E731
+        return {
+            "key": self._acceptance_key,
+            "costs": copy(self.costs),
+            "by_key": {k: copy(c) for k, c in self._by_key.items()},
+        }
+
+    def restore(self, evidence: dict | None) -> None:
+        """Put back what `evidence` copied (None: a fresh engine's, `forget_acceptance`)."""
+        if evidence is None:
+            self.forget_acceptance()
+            return
+        self._acceptance_key, self.costs, self._by_key = evidence["key"], evidence["costs"], evidence["by_key"]
+        self._shadow = None
+
     def cost(self, source: Source) -> CostModel:
         cm = self.costs.get(source)
         if cm is None:  # prompt lookup costs nothing to draft; the model's cost is learned from the first rounds
-            prior = 0.0 if source[0] == "ngram" else MODEL_DRAFT_COST_PRIOR
-            cm = CostModel(self.k_max, verify=self.verify, draft_cost_prior=prior)
+            if source[0] == "ngram":  # free: a plain step re-probes it now and then (its shadows score it too)
+                cm = CostModel(self.k_max, verify=self.verify, draft_cost_prior=0.0)
+            else:  # probed through its catch-up instead (`probe`)
+                cm = CostModel(self.k_max, verify=self.verify, draft_cost_prior=MODEL_DRAFT_COST_PRIOR, probe_every=0)
             self.costs[source] = cm
         if cm.k_max != self.k_max:
             cm.set_k_max(self.k_max)
@@ -106,14 +135,21 @@ class DraftLength:
         # that too, so the policy does not flip between plain steps and marginal drafts, paying a catch-up at
         # every switch (once caught up, a round that drafts again has only its own tokens to evaluate)
         catch_up = self.catch_up_seconds(behind, cm) if behind > PENDING_MAX else 0.0
-        k = cm.choose_k(max(0, limit), start_seconds=catch_up)
-        if cm.probing and behind > PENDING_MAX:
-            price = catch_up + k * cm.draft_seconds_per_token()
-            if price > self.probe_budget:
-                cm.cancel_probe(k)
-                return 0
-            self.probe_budget -= price
-        return k
+        return cm.choose_k(max(0, limit), start_seconds=catch_up)
+
+    def probe(self, source: Source, behind: int, scorable: int, horizon: int) -> bool:
+        """After plain steps: whether to catch the drafter up on the `behind` tokens it skipped now, scoring the
+        `scorable` positions whose target rows were kept, because what they would tell is worth more over the
+        next `horizon` tokens than the catch-up costs (module docstring)."""
+        if self.policy != "auto" or scorable <= 0 or behind <= PENDING_MAX:
+            return False
+        cm = self.cost(source)
+        return cm.probe_value(scorable, horizon) > self.catch_up_seconds(behind, cm)
+
+    def observe_stream(self, source: Source, accepted) -> None:
+        """Scored positions of skipped text (`CostModel.observe_stream`)."""
+        if accepted is not None and len(accepted):
+            self.cost(source).observe_stream(accepted)
 
     def shadow(self, source: Source, proposal: list[int], position: int) -> None:
         """A free drafter proposed `proposal` for text position `position` and the round drafted none of it:
@@ -150,13 +186,14 @@ class DraftLength:
         if n_tokens > 1 and seconds > 0:
             self._catch_up_weight = self._catch_up_weight * 0.8 + 1.0
             self._catch_up_mean += (seconds / n_tokens - self._catch_up_mean) / self._catch_up_weight
+            # until the draft model has drafted, its cost per token is read off its batches
+            self.cost(("model", 0)).draft_cost_hint = self._catch_up_mean / CATCH_UP_PRIOR
 
     def observe(
         self, source: Source | None, n_drafted: int, n_accepted: int, draft_seconds: float, verify_seconds: float
     ) -> None:
         """One round: what was drafted (by `source`) and accepted, and what the draft and the verification cost."""
         self.verify.observe(n_drafted + 1, verify_seconds)
-        self.probe_budget += PROBE_SHARE * (draft_seconds + verify_seconds)
         if source is None or not n_drafted:
             return
         cm = self.cost(source)

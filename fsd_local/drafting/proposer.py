@@ -10,12 +10,16 @@ import numpy as np
 from fsd_local.chain import Chain
 from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
-from fsd_local.kernels.accept import Drafts, RoundOut, round_out
+from fsd_local.kernels.accept import Drafts, RoundOut, round_out, rule_of, sampling_of, score_slots
 from fsd_local.kernels.sampling import pick
 from fsd_local.llama.model import Model
 from fsd_local.settings import Settings
 
 MODEL: Source = ("model", 0)
+# the target's rows of the latest plain steps kept for scoring the draft model's catch-up (length.py): a probe
+# after a long plain streak scores its last ROWS_KEPT positions (it catches up on all of them)
+ROWS_KEPT = 16
+CALIBRATE_CATCH_UP = 8  # the catch-up batch the draft model's calibration times
 SECOND_PASS_MAX = 9  # calibration times batches up to this size twice (the tiles of 4 and 8 rows, and one more)
 
 
@@ -28,6 +32,9 @@ class Proposer:
         self.chain = Chain(Settings(), [], n_vocab)  # the generation's logit processing (the engine sets it per call)
         self.ngram: NgramDrafter | None = None
         self._catch_up_seconds = 0.0
+        self._kept: np.ndarray | None = None  # (ROWS_KEPT, n_vocab): target rows of plain steps, by position
+        self._kept_pos = np.full(ROWS_KEPT, -1, np.int64)
+        self.keeps_rows = False  # this generation keeps them (auto with the draft model, no grammar)
         self._k_alloc = 0
         self.out: RoundOut
         self.reserve(k)
@@ -49,6 +56,88 @@ class Proposer:
         )
         self.out = round_out(k, n_top)
         self._k_alloc = k
+
+    def start(self, s: Settings) -> None:
+        """A new generation: its text is new, so no kept row applies; keep rows only where a probe may use them."""
+        self._kept_pos[:] = -1
+        self.rule, self.sampling = rule_of(s), sampling_of(s)
+        self.keeps_rows = (
+            self.draft is not None
+            and s.draft_policy == "auto"
+            and s.drafter != "ngram"
+            and self.chain.constraint is None
+        )
+
+    def keep_target_row(self, pos: int, row: np.ndarray) -> None:
+        """The target's (processed) row for text position pos, from a plain step: the draft may be scored on it."""
+        if self._kept is None:
+            self._kept = np.empty((ROWS_KEPT, self.n_vocab), np.float32)
+        i = pos % ROWS_KEPT
+        self._kept[i] = row[: self.n_vocab]
+        self._kept_pos[i] = pos
+
+    def _scorable(self, seq) -> list[int]:
+        """Positions the draft model skipped that a kept target row can score (each emitted: p < len(seq))."""
+        lo = max(len(self.draft.tokens) + 1 if self.draft else 0, len(seq) - ROWS_KEPT)
+        return [p for p in range(lo, len(seq)) if self._kept_pos[p % ROWS_KEPT] == p]
+
+    def catch_up(self, seq, s: Settings, tau: float, rng, stats) -> None:
+        """Decode the text the draft model skipped in one batch, with a row for every position a kept target row
+        can score, and score each as the round would have (kernels/accept.py `score_slots`): the outcomes are
+        the policy's evidence under the current settings (length.py). The draft's last row (for the next
+        position) is left as the first draft's row."""
+        d = self.draft
+        assert d is not None, "only the draft model catches up"
+        base, todo = len(d.tokens), seq[len(d.tokens) :]
+        scored = self._scorable(seq)
+        first = scored[0] - base - 1 if scored else len(todo) - 1  # output rows from the first scored position
+        t = perf_counter()
+        d.decode(todo, f"from:{first}")
+        d.synchronize()
+        dt = perf_counter() - t
+        stats.seconds_draft += dt
+        self._catch_up_seconds += dt
+        self.lengths.observe_catch_up(len(todo), dt)
+        if not scored:
+            return
+        rows = d.logits(len(todo) - first)  # row r: position base + first + r + 1
+        q_idx = np.array([p - base - first - 1 for p in scored], np.int64)
+        if not all(self.chain.past_row(rows[i], p) for i, p in zip(q_idx, scored)):
+            return  # a grammar: the draft's rows of the past cannot be processed as they were
+        n = len(scored)
+        us = rng.random((n, 2)) if s.temperature > 0 else np.zeros((n, 2))
+        out = np.zeros(n, np.uint8)
+        p_idx = np.array([p % ROWS_KEPT for p in scored], np.int64)
+        assert self._kept is not None, "scored positions have kept rows"
+        score_slots(
+            self._kept, p_idx, rows, q_idx, self.n_vocab, self.rule, self.sampling, tau, us, self.drafts.stats[0], out
+        )
+        self.lengths.observe_stream(MODEL, out)
+        stats.probed += n
+
+    def calibrate_draft(self, seq, passes: int = 3) -> None:
+        """Time the draft model's one-token decode and a catch-up batch of CALIBRATE_CATCH_UP tokens (the fastest
+        of `passes` each), once per engine: what drafting and catching up cost is then known before the first
+        probe or draft, instead of a prior. The cache must hold seq[:-1]; the timed rows are dropped again."""
+        d = self.draft
+        cm = self.lengths.cost(MODEL)
+        if d is None or cm.draft_measured or len(d.tokens) != len(seq) - 1 or len(seq) + CALIBRATE_CATCH_UP > d.n_ctx:
+            return
+        base, one, batch = len(d.tokens), float("inf"), float("inf")
+        filler = [int(seq[-1])] * CALIBRATE_CATCH_UP
+        try:
+            for _ in range(passes):
+                for n in (1, CALIBRATE_CATCH_UP):
+                    t = perf_counter()
+                    d.decode(filler[:n], "last" if n == 1 else "from:0")
+                    d.synchronize()
+                    dt = perf_counter() - t
+                    one, batch = (min(one, dt), batch) if n == 1 else (one, min(batch, dt))
+                    d.truncate(base)
+        finally:
+            d.truncate(base)
+        cm.observe_draft(1, one)
+        self.lengths.observe_catch_up(CALIBRATE_CATCH_UP, batch)
 
     def calibrate(self, target: Model, seq, n_hi: int, passes: int = 2) -> float:
         """Time target decodes of every batch size 1..n_hi not measured yet (once per engine, at the first use
@@ -85,7 +174,7 @@ class Proposer:
             self.lengths.verify.observe(n, best[n])
         return perf_counter() - t0
 
-    def propose(self, seq, limit: int, s: Settings, rng, stats) -> tuple[int, Source | None, int, float]:
+    def propose(self, seq, limit: int, s: Settings, tau: float, rng, stats) -> tuple[int, Source | None, int, float]:
         """This round's drafts, by the settings' drafter and draft-length policy. Returns (how many were
         drafted, their source for `DraftLength.observe`, the k chosen, seconds spent drafting).
 
@@ -110,10 +199,14 @@ class Proposer:
                 stats.seconds_draft += dt
                 return len(tokens), source if tokens else None, k, dt
         assert self.draft is not None, "the model drafter has a draft (Settings.check_draft)"
-        k = self.lengths.choose(MODEL, limit, behind=len(seq) - len(self.draft.tokens))
         before = stats.seconds_draft
         self._catch_up_seconds = 0.0
-        n = self._draft(seq, k, s, rng, stats)
+        behind = len(seq) - len(self.draft.tokens)
+        if self.keeps_rows and self.lengths.probe(MODEL, behind, len(self._scorable(seq)), limit + 1):
+            self.catch_up(seq, s, tau, rng, stats)  # what the skipped text says is worth its catch-up
+            behind = 0
+        k = self.lengths.choose(MODEL, limit, behind=behind)
+        n = self._draft(seq, k, s, tau, rng, stats)
         # catching up after plain steps is not the price of drafting these tokens (the budget pays for it)
         return n, MODEL, k, stats.seconds_draft - before - self._catch_up_seconds
 
@@ -127,7 +220,7 @@ class Proposer:
             d.rows[i, :nv] = -np.inf
             d.rows[i, tok] = 0.0
 
-    def _draft(self, seq, k, s: Settings, rng, stats) -> int:
+    def _draft(self, seq, k, s: Settings, tau: float, rng, stats) -> int:
         """Propose up to k tokens; keep each raw row (the draft context overwrites its buffer)."""
         if k <= 0:
             return 0
@@ -135,16 +228,13 @@ class Proposer:
         d, nv, q = self.draft, self.n_vocab, self.drafts.rows
         assert d is not None, "speculative modes have a draft (Settings.check_draft)"
         us = rng.random(k) if s.temperature > 0 else np.zeros(k)
-        t = perf_counter()
-        behind = seq[len(d.tokens) :]
-        d.decode(behind, "last")
-        d.synchronize()
-        dt = perf_counter() - t
-        stats.seconds_draft += dt
-        self._catch_up_seconds = 0.0
-        if len(behind) > PENDING_MAX:  # more than the round's own pending tokens: it skipped rounds (plain steps)
-            self._catch_up_seconds = dt
-            self.lengths.observe_catch_up(len(behind), dt)
+        if len(seq) - len(d.tokens) > PENDING_MAX:  # it skipped rounds (plain steps): catch up, scoring them
+            self.catch_up(seq, s, tau, rng, stats)
+        else:
+            t = perf_counter()
+            d.decode(seq[len(d.tokens) :], "last")
+            d.synchronize()
+            stats.seconds_draft += perf_counter() - t
         n = 0
         for i in range(k):
             q[i, :nv] = d.logits(1)[0, :nv]

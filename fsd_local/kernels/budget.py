@@ -268,6 +268,11 @@ class Budgets:
     def __init__(self) -> None:
         self._last: dict[tuple, np.ndarray] = {}
 
+    def copy(self) -> "Budgets":
+        new = Budgets()
+        new._last = {k: v.copy() for k, v in self._last.items()}
+        return new
+
     def start(self, s, k: int) -> Budget:
         if s.quality_budget is None:
             return new_budget(None, k)

@@ -83,3 +83,37 @@ def row_entropy(x, n, lx):
     if not (s > 0.0 and t == t):
         return np.nan
     return max(math.log(s) - t / s, 0.0)
+
+
+ARGMAX_BLOCK = 512  # the block size of argmax's search for the maximum once its value is known
+
+
+@kernel
+def _holds(x, lo, hi, v):
+    """1 if v occurs in x[lo:hi], else 0: one vectorised compare-and-or pass over the slice."""
+    wide()
+    xb = x[lo:hi]  # a slice: see sum_exp
+    c = np.int32(0)
+    for i in range(xb.shape[0]):
+        c |= np.int32(1) if xb[i] == v else np.int32(0)
+    return c
+
+
+@njit(cache=True)
+def max_argmax(x, n):
+    """(max, index of its first occurrence) of x[:n] at memory speed: the vectorised max pass, then vectorised
+    tests of blocks up to the one that holds the max, and a scan of that block. A row with a positive NaN has
+    max NaN, and the index the plain scalar rule gives (the first entry no later one exceeds)."""
+    mx = row_max(x, n)
+    if mx == mx:
+        for lo in range(0, n, ARGMAX_BLOCK):
+            hi = min(lo + ARGMAX_BLOCK, n)
+            if _holds(x, lo, hi, mx):
+                for i in range(lo, hi):
+                    if x[i] == mx:
+                        return mx, i
+    best = 0
+    for i in range(1, n):
+        if x[i] > x[best]:
+            best = i
+    return mx, best

@@ -14,8 +14,8 @@ import numpy as np
 from numba import njit
 
 from fsd_local.kernels.fastmath import kernel, radd, vexp, wide
-from fsd_local.kernels.rows import row_max
-from fsd_local.kernels.topk import gather_sorted, top_indices
+from fsd_local.kernels.rows import max_argmax, row_max
+from fsd_local.kernels.topk import count_at_least, gather_sorted, top_indices
 
 BLOCK = 1024  # inverse-CDF sampling scans block sums (vectorised) before one scalar block
 
@@ -187,4 +187,148 @@ def pick(x, n, temperature, top_k, top_p, min_p, u, out_stats, want_top=True):
     mx, cutoff, lz = processed(x, n, temperature, top_k, top_p, min_p)
     out_stats[0], out_stats[1], out_stats[2] = mx, cutoff, lz
     t = sample(x, n, temperature, mx, cutoff, lz, u)
+    return t, prob(x, t, temperature, mx, cutoff, lz), math.exp(-lz)
+
+
+# ---------------------------------------------------------------------------------------------- the kept set
+# Truncation (top-k, top-p, min-p) leaves a processed distribution a few dozen tokens: everything the round
+# needs of it (its normaliser, a draw, the SD replacement) is then computed over those tokens alone, found with
+# one or two passes over the row, instead of exp passes over the whole vocabulary. `kept` is a caller's buffer
+# of up to KEPT_MAX indices; a row whose kept set is larger, or untruncated, falls back to the dense functions
+# above (the same distribution, the same draws up to float rounding: both walk the tokens in index order).
+KEPT_MAX = 4096
+
+
+@njit(cache=True)
+def _kept_indices(x, n, cutoff, top, kept):
+    """Fill kept with the indices i of x[:n] with x[i] >= cutoff, in index order, and return how many; -1 when
+    there are more than kept holds. `top`: candidates known to contain them all (top-k's), or empty."""
+    m = 0
+    # top holds every entry above its last one; entries tied with that one may lie outside it: count them
+    if top.shape[0] > 0 and (cutoff > x[top[top.shape[0] - 1]] or count_at_least(x, n, cutoff) <= top.shape[0]):
+        for j in range(top.shape[0]):
+            if x[top[j]] >= cutoff:
+                kept[m] = top[j]
+                m += 1
+        kept[:m].sort()
+        return m
+    if count_at_least(x, n, cutoff) > kept.shape[0]:
+        return -1
+    for i in gather_sorted(x, n, cutoff):
+        kept[m] = i
+        m += 1
+    kept[:m].sort()
+    return m
+
+
+@njit(cache=True)
+def processed_kept(x, n, temperature, top_k, top_p, min_p, kept):
+    """(mx, cutoff, lz, m) of the processed distribution of x[:n] (as `processed`), with its kept tokens in
+    kept[:m] (index order); m = -1 when the distribution is not truncated to at most KEPT_MAX tokens (then lz
+    was computed over the whole row)."""
+    mx = row_max(x, n)
+    inv_t = np.float32(1.0 / temperature)
+    cutoff = np.float32(-np.inf)
+    top = np.empty(0, np.int64)
+    if 0 < top_k <= kept.shape[0]:
+        top = top_indices(x, n, top_k)
+        cutoff = x[top[top.shape[0] - 1]] if top.shape[0] > 0 else cutoff
+        if top_p < 1.0:
+            w = np.exp((x[top].astype(np.float64) - mx) * inv_t)
+            cum = np.cumsum(w)
+            for j in range(top.shape[0]):
+                if cum[j] >= top_p * cum[-1]:
+                    cutoff = x[top[j]]
+                    break
+    elif top_k > 0 or top_p < 1.0:
+        cutoff = _cutoff(x, n, mx, inv_t, top_k, top_p)
+    if min_p > 0.0:
+        cutoff = max(cutoff, np.float32(mx + math.log(min_p) * temperature))
+    m = _kept_indices(x, n, cutoff, top, kept) if cutoff > -np.inf else -1
+    if m < 0:
+        z = _kept_mass(x, n, mx, inv_t, cutoff)
+        return mx, cutoff, math.log(z) if z > 0 else np.nan, -1
+    z = 0.0
+    for j in range(m):
+        z += math.exp((float(x[kept[j]]) - mx) * inv_t)
+    return mx, cutoff, math.log(z) if z > 0 else np.nan, m
+
+
+@njit(cache=True)
+def sample_kept(x, n, temperature, mx, cutoff, lz, kept, m, u):
+    """Inverse-CDF draw with uniform u from a processed distribution whose kept tokens are kept[:m]
+    (`processed_kept`; m < 0: the whole row, `sample`)."""
+    if m < 0:
+        return sample(x, n, temperature, mx, cutoff, lz, u)
+    inv_t = 1.0 / temperature
+    total = 0.0
+    for j in range(m):
+        total += math.exp((float(x[kept[j]]) - mx) * inv_t - lz)
+    target, cum = u * total, 0.0
+    for j in range(m):
+        cum += math.exp((float(x[kept[j]]) - mx) * inv_t - lz)
+        if cum > target:
+            return kept[j]
+    return kept[m - 1] if m > 0 else argmax(x, n)
+
+
+@njit(inline="always")
+def _residual_at(x, y, t, inv_t, px, py, onehot, d):
+    """max(p~_t - q~_t, 0), float64; q~ is one-hot on d for prompt lookup."""
+    p = math.exp((float(x[t]) - px[0]) * inv_t - px[2]) if x[t] >= px[1] else 0.0
+    if onehot:
+        q = 1.0 if t == d else 0.0
+    else:
+        q = math.exp((float(y[t]) - py[0]) * inv_t - py[2]) if y[t] >= py[1] else 0.0
+    return max(p - q, 0.0)
+
+
+@njit(cache=True)
+def residual_kept(x, y, n, temperature, px, py, kept, m, u, onehot, d):
+    """Draw from norm(max(p~ - q~, 0)) (the SD replacement) where p~'s kept tokens are kept[:m]: the residual
+    is 0 wherever p~ is. q~ is read from the draft row y and its (mx, cutoff, lz) py, or with `onehot` it is
+    the drafted token d alone (prompt lookup: y is not read; the residual is p~ without d). m < 0: every token
+    of the rows, in vectorised passes. Falls back to p~ when the residual has no mass."""
+    if m < 0:
+        if not onehot:
+            return sample_residual(x, y, n, temperature, px, py, u)
+        # p~ without d: the inverse CDF of p~ at a point that skips d's interval (vectorised passes only)
+        p_d = prob(x, d, temperature, px[0], px[1], px[2])
+        v = u * (1.0 - p_d)
+        before = float(_block_mass(x, 0, d, px[0], np.float32(1.0 / temperature), px[1], px[2]))
+        return sample(x, n, temperature, px[0], px[1], px[2], min(v if v < before else v + p_d, 1.0 - 1e-12))
+    inv_t = 1.0 / temperature
+    pf = (float(px[0]), float(px[1]), float(px[2]))
+    qf = (float(py[0]), float(py[1]), float(py[2]))
+    total = 0.0
+    for j in range(m):
+        total += _residual_at(x, y, kept[j], inv_t, pf, qf, onehot, d)
+    if not total > 1e-12:
+        return sample_kept(x, n, temperature, px[0], px[1], px[2], kept, m, u)
+    target, cum, last = u * total, 0.0, -1
+    for j in range(m):
+        t = kept[j]
+        r = _residual_at(x, y, t, inv_t, pf, qf, onehot, d)
+        if r > 0.0:
+            cum += r
+            last = t
+            if cum > target:
+                return t
+    return last
+
+
+@njit(cache=True)
+def pick_kept(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top=True):
+    """`pick` with the kept-set path: one token from row x (argmax when greedy, at memory speed), writing (mx,
+    cutoff, lz) to out_stats; returns (token, p~(token), p~ of the most likely token)."""
+    if temperature <= 0.0:
+        mx, t = max_argmax(x, n)
+        if not want_top:
+            return t, 1.0, 1.0
+        z = _kept_mass(x, n, mx, np.float32(1.0), np.float32(-np.inf))
+        out_stats[0], out_stats[1], out_stats[2] = mx, -np.inf, math.log(z)
+        return t, 1.0, 1.0 / float(z)
+    mx, cutoff, lz, m = processed_kept(x, n, temperature, top_k, top_p, min_p, kept)
+    out_stats[0], out_stats[1], out_stats[2] = mx, cutoff, lz
+    t = sample_kept(x, n, temperature, mx, cutoff, lz, kept, m, u)
     return t, prob(x, t, temperature, mx, cutoff, lz), math.exp(-lz)

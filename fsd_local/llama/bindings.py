@@ -31,11 +31,17 @@ def _log_sink(level, text, user_data):  # pragma: no cover - called from C
         print(line, end="", file=sys.stderr, flush=True)
 
 
+def route_log() -> None:
+    """Send llama.cpp's (and ggml's) log to the ring buffer, without initialising any backend: enough for
+    reading GGUF headers quietly."""
+    lc.llama_log_set(_log_sink, ctypes.c_void_p(0))
+
+
 def init_backend() -> None:
     global _initialised
     with _init_lock:
         if not _initialised:
-            lc.llama_log_set(_log_sink, ctypes.c_void_p(0))
+            route_log()
             lc.llama_backend_init()
             try:
                 load_backend_modules()

@@ -4,6 +4,7 @@ quantisation, and bytes per layer (what GPU placement needs). Uses ggml's own GG
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import re
 from collections import Counter
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 
 from fsd_local.errors import ModelLoadError
 from fsd_local.llama import ggml as g
+from fsd_local.llama.vocab import FIRST_CHECKED_TOKEN, MAX_SIZE_DIFFERENCE, TOKENIZERS, HeaderVocab
 
 _SCALARS: dict[int, type[ctypes._SimpleCData]] = {
     g.GGUF_UINT8: ctypes.c_uint8,
@@ -27,17 +29,6 @@ _SCALARS: dict[int, type[ctypes._SimpleCData]] = {
 }
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 _SPLIT = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
-# tokenizer.ggml.model -> the name llama.cpp's vocabulary types go by (vocab.py VOCAB_TYPES)
-TOKENIZERS = {
-    "llama": "SPM (sentencepiece)",
-    "gpt2": "BPE",
-    "bert": "WPM",
-    "t5": "UGM",
-    "rwkv": "RWKV",
-    "plamo2": "PLaMo-2",
-    "gemma4": "BPE (gemma4)",
-    "no_vocab": "none",
-}
 
 
 @dataclass
@@ -150,47 +141,104 @@ def _open(lib, path: str, role: str):
     ctx = lib.gguf_init_from_file(os.fsencode(path), g._GGUFInitParams(True, None))
     if not ctx:
         raise ModelLoadError(f"{role} model {path}: ggml could not parse the GGUF header (truncated or corrupt)")
+    n = lib.gguf_get_n_tensors(ctx)
+    end = max((lib.gguf_get_tensor_offset(ctx, i) + lib.gguf_get_tensor_size(ctx, i) for i in range(n)), default=0)
+    need, have = lib.gguf_get_data_offset(ctx) + end, os.path.getsize(path)
+    if have < need:  # ggml reads only the header: the missing weights would fail the load much later
+        lib.gguf_free(ctx)
+        raise ModelLoadError(
+            f"{role} model {path} is truncated: {have} bytes of the {need} its header describes "
+            "(an interrupted download? fetch it again)"
+        )
     return ctx
 
 
-def read(path: str, role: str = "model") -> GGUFInfo:
+def _vocab(lib, ctx, meta: dict) -> HeaderVocab | None:
+    """The vocabulary as vocab.header_problem compares it (None if the file has no token list)."""
+    kid = lib.gguf_find_key(ctx, b"tokenizer.ggml.tokens")
+    if kid < 0 or lib.gguf_get_kv_type(ctx, kid) != g.GGUF_ARRAY or lib.gguf_get_arr_type(ctx, kid) != g.GGUF_STRING:
+        return None
+    n = lib.gguf_get_arr_n(ctx, kid)
+    start = min(FIRST_CHECKED_TOKEN, n)
+    first = max(start, n - MAX_SIZE_DIFFERENCE)
+    get = lib.gguf_get_arr_str
+    tokens = [(get(ctx, kid, i) or b"") + b"\0" for i in range(start, n)]
+    h = hashlib.blake2b(b"".join(tokens[: first - start]), digest_size=8)
+    digests = []
+    for token in tokens[first - start :]:
+        digests.append(h.hexdigest())  # of the tokens before this one
+        h.update(token)
+    digests.append(h.hexdigest())
+    ids = {}
+    for key in ("bos_token_id", "eos_token_id", "add_bos_token"):
+        kid = lib.gguf_find_key(ctx, f"tokenizer.ggml.{key}".encode())
+        ids[key] = _value(lib, ctx, kid) if kid >= 0 else None
+    add_bos = ids["add_bos_token"]
+    return HeaderVocab(
+        tokenizer=meta.get("tokenizer.ggml.model"),
+        n_vocab=n,
+        bos=ids["bos_token_id"],
+        eos=ids["eos_token_id"],
+        add_bos=None if add_bos is None else bool(add_bos),
+        first=first,
+        digests=tuple(digests),
+    )
+
+
+GENERAL_KEYS = (
+    "general.architecture",
+    "general.name",
+    "general.file_type",
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.tokens",
+    "tokenizer.chat_template",
+    "split.count",
+)
+ARCH_KEYS = (  # read as "<architecture>.<key>", stored under the key alone
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "vocab_size",
+)
+
+
+def _meta(lib, ctx) -> dict:
+    meta = {}
+    for key in GENERAL_KEYS:
+        kid = lib.gguf_find_key(ctx, key.encode())
+        if kid >= 0:
+            meta[key] = _value(lib, ctx, kid)
+    arch = meta.get("general.architecture") or "unknown"
+    for suffix in ARCH_KEYS:
+        kid = lib.gguf_find_key(ctx, f"{arch}.{suffix}".encode())
+        if kid >= 0:
+            meta[suffix] = _value(lib, ctx, kid)
+    return meta
+
+
+def read(path: str, role: str = "model", vocab: bool = False) -> GGUFInfo:
+    """The header of `path` (and of its split parts). vocab=True also reads the token list into
+    meta["vocab"] (a vocab.HeaderVocab: ~0.1 s for 150,000 tokens)."""
+    from fsd_local.llama.bindings import route_log
     from fsd_local.llama.model import check_gguf_file
 
     check_gguf_file(path, role)
+    route_log()  # ggml's complaints about a broken header go to the log buffer, not the terminal
     lib = g.lib()
     ctx = _open(lib, path, role)
     tensors = _Tensors()
     try:
-        meta = {}
-        for key in (
-            "general.architecture",
-            "general.name",
-            "general.file_type",
-            "tokenizer.ggml.model",
-            "tokenizer.ggml.tokens",
-            "tokenizer.chat_template",
-            "split.count",
-        ):
-            kid = lib.gguf_find_key(ctx, key.encode())
-            if kid >= 0:
-                meta[key] = _value(lib, ctx, kid)
-        arch = meta.get("general.architecture") or "unknown"
-        for suffix in (
-            "block_count",
-            "context_length",
-            "embedding_length",
-            "attention.head_count",
-            "attention.head_count_kv",
-            "attention.key_length",
-            "attention.value_length",
-            "vocab_size",
-        ):
-            kid = lib.gguf_find_key(ctx, f"{arch}.{suffix}".encode())
-            if kid >= 0:
-                meta[suffix] = _value(lib, ctx, kid)
+        meta = _meta(lib, ctx)
         tensors.add(lib, ctx)
+        if vocab:
+            meta["vocab"] = _vocab(lib, ctx, meta)
     finally:
         lib.gguf_free(ctx)
+    arch = meta.get("general.architecture") or "unknown"
     files = split_files(path, meta.get("split.count") or 1)
     for other in files[1:]:
         check_gguf_file(other, f"{role} (split part)")

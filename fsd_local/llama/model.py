@@ -150,7 +150,15 @@ class Model:
         self.n_batch = opts.n_batch
         self.mem = lc.llama_get_memory(self.ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
-        self._row_bytes = self.n_vocab * 4
+        # the batch's arrays as NumPy views, filled with one vector write each per decode; one sequence, set once
+        b, nb = self._batch, self.n_batch
+        self._token = np.ctypeslib.as_array(b.token, (nb,))
+        self._pos = np.ctypeslib.as_array(b.pos, (nb,))
+        self._want = np.ctypeslib.as_array(b.logits, (nb,))
+        np.ctypeslib.as_array(b.n_seq_id, (nb,))[:] = 1
+        for j in range(nb):
+            b.seq_id[j][0] = SEQ
+        self._steps = np.arange(nb, dtype=np.int32)
         self.tokens: list[int] = []
         self.n_outputs = 0
 
@@ -285,14 +293,12 @@ class Model:
         assert b is not None, f"{self.role} model is closed"
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
-            base = len(self.tokens)
-            for j, t in enumerate(chunk):
-                b.token[j] = t
-                b.pos[j] = base + j
-                b.n_seq_id[j] = 1
-                b.seq_id[j][0] = SEQ
-                b.logits[j] = start + j >= first_row
-            b.n_tokens = len(chunk)
+            n, base = len(chunk), len(self.tokens)
+            self._token[:n] = chunk
+            np.add(self._steps[:n], base, out=self._pos[:n])
+            self._want[:n] = 0
+            self._want[max(0, first_row - start) : n] = 1
+            b.n_tokens = n
             rc = lc.llama_decode(self.ctx, b)
             if rc != 0:
                 # on failure llama.cpp restores the cache except after an abort or a fatal error
@@ -308,17 +314,16 @@ class Model:
         lc.llama_synchronize(self.ctx)
 
     def logits(self, rows: int | None = None) -> np.ndarray:
-        """Zero-copy view of the last decode's logit rows, shape (rows, n_vocab); valid until the next decode."""
+        """Zero-copy view of the last decode's last `rows` logit rows (default: all it output), shape (rows,
+        n_vocab); valid until the next decode. llama.cpp keeps the output rows contiguous, in batch order."""
         rows = self.n_outputs if rows is None else rows
-        ptr = lc.llama_get_logits_ith(self.ctx, -rows)
-        addr = ctypes.cast(ptr, ctypes.c_void_p).value
-        if addr is None:
+        if not 0 < rows <= self.n_outputs:
+            raise ValueError(f"{self.role} model: {rows} logit rows asked, the last decode output {self.n_outputs}")
+        ptr = lc.llama_get_logits(self.ctx)
+        if not ptr:
             raise RuntimeError(f"{self.role} model returned no logits: {recent_log()}")
-        if rows > 1:  # rows are contiguous in output order; check the last one lands where we expect it
-            last = ctypes.cast(lc.llama_get_logits_ith(self.ctx, -1), ctypes.c_void_p).value
-            assert last == addr + (rows - 1) * self._row_bytes, "llama.cpp logits rows are not contiguous"
-        buf = (ctypes.c_float * (rows * self.n_vocab)).from_address(addr)
-        return np.frombuffer(buf, dtype=np.float32).reshape(rows, self.n_vocab)
+        out = np.ctypeslib.as_array(ptr, (self.n_outputs, self.n_vocab))
+        return out[self.n_outputs - rows :]
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
