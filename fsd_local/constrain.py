@@ -13,12 +13,14 @@ tokens pushed this round (masks are computed once per state and shared by the dr
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from fsd_local.errors import ConfigError
+from fsd_local.schema_bounds import bound_schema
 
 # compact JSON: small models left free to choose whitespace can spend a whole reply on it
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -38,9 +40,10 @@ def compile_grammar(grammar: str | None, json_schema: str | None) -> str:
     llg = _llguidance()
     if json_schema is not None:
         what = "json_schema"
-        try:
-            g = llg.LLMatcher.grammar_from_json_schema(json_schema, defaults=JSON_OPTIONS)
-        except ValueError as exc:
+        try:  # numbers and strings the schema leaves open are bounded (schema_bounds.py)
+            bounded = json.dumps(bound_schema(json.loads(json_schema)))
+            g = llg.LLMatcher.grammar_from_json_schema(bounded, defaults=JSON_OPTIONS)
+        except ValueError as exc:  # json.JSONDecodeError is one
             raise ConfigError(f"json_schema is not usable: {exc}") from None
     else:
         from llguidance.gbnf_to_lark import any_to_lark

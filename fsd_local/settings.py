@@ -351,3 +351,14 @@ OPTIONAL = frozenset(f.name for f in FIELDS if spec(f).kind is not None)  # None
 # `fsd-local chat` samples like other runtimes' chat defaults (llama.cpp's temperature, top-k, top-p, min-p);
 # generate, bench, the server and the Python API stay greedy
 CHAT_DEFAULTS: dict[str, Any] = {f.name: d for f in FIELDS if (d := spec(f).chat_default) is not None}
+
+
+def chat_sampling(defaults: Settings) -> dict[str, Any]:
+    """CHAT_DEFAULTS over a server's defaults: chat's value of each of those settings where `defaults` holds the
+    built-in one, else the value the server was given (`fsd-local serve --temp 0.3` wins). What the chat page and
+    Ollama's API start from (docs/server.md, "Defaults")."""
+    out = {}
+    for name, chat_value in CHAT_DEFAULTS.items():
+        value = getattr(defaults, name)
+        out[name] = chat_value if value == FIELD[name].default else value
+    return out

@@ -18,7 +18,7 @@ import pytest
 from serving import start_serve
 
 from fsd_local.server import BackgroundServer
-from fsd_local.settings import FIELDS, spec
+from fsd_local.settings import CHAT_DEFAULTS, FIELDS, spec
 
 TIMEOUT = 30  # seconds; every wait below is bounded
 HELLO = [{"role": "user", "content": "hello there"}]
@@ -83,6 +83,21 @@ def test_settings_endpoint_is_generated_from_the_declarations(tiny_engine, serve
             assert d["choices"] == (list(s.choices) if s.choices else None)
     assert by_name["tau"]["type"] == "number" and by_name["max_tokens"]["type"] == "integer"
     assert "fsd" in by_name["mode"]["choices"] and "model" in by_name["drafter"]["choices"]
+    # the page starts with chat's sampling (temperature 0.8, top-k 40, ...), not the API's greedy defaults
+    assert {d["name"]: d["start"] for d in info["settings"] if "start" in d} == CHAT_DEFAULTS
+    assert by_name["temperature"]["default"] == 0.0 and by_name["temperature"]["start"] == 0.8
+
+
+def test_the_page_starts_from_the_servers_own_sampling_values(tiny_pair):
+    """A server started with its own --temp keeps it on the page; the settings left at the API's defaults start
+    at chat's."""
+    from fsd_local import Engine
+
+    d, t = tiny_pair
+    with Engine(target=t, draft=d, n_ctx=256, n_threads=1, temperature=0.3) as eng, BackgroundServer(eng) as srv:
+        info = httpx.get(srv.url + "/v1/fsd/settings", timeout=TIMEOUT).json()
+    start = {d["name"]: d["start"] for d in info["settings"] if "start" in d}
+    assert start == {**CHAT_DEFAULTS, "temperature": 0.3}
 
 
 def test_settings_endpoint_needs_the_api_key_when_one_is_set(tiny_engine):
@@ -366,11 +381,13 @@ def test_a_new_setting_appears_on_the_page_by_itself(server, tmp_path):
         budget = browser.find_element("id", "set-quality_budget")
         assert budget.get_attribute("type") == "range" and _text(browser, "set-quality_budget-value") == "off"
         assert browser.find_element("css selector", "label[for='set-quality_budget']").text.startswith("quality budget")
-        assert browser.execute_script("return requestSettings()") == {}  # nothing moved: the server's defaults
+        # nothing moved: chat's sampling defaults, everything else the server's
+        assert browser.execute_script("return requestSettings()") == CHAT_DEFAULTS
+        assert browser.find_element("id", "set-temperature").get_attribute("value") == "0.8"
         _set_slider(browser, "quality_budget", 0.2)
-        assert browser.execute_script("return requestSettings()") == {"quality_budget": 0.2, "tau": 0}
+        assert browser.execute_script("return requestSettings()") == {**CHAT_DEFAULTS, "quality_budget": 0.2, "tau": 0}
         _set_slider(browser, "tau", 0.3)
-        assert browser.execute_script("return requestSettings()") == {"tau": 0.3}
+        assert browser.execute_script("return requestSettings()") == {**CHAT_DEFAULTS, "tau": 0.3}
         assert _text(browser, "set-quality_budget-value") == "off"
     finally:
         browser.quit()

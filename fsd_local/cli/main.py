@@ -136,20 +136,49 @@ def doctor(target, draft, pair, n_ctx, as_json):
     is_flag=True,
     help="run the models inside the server process (no restart after a crash in llama.cpp; for debugging)",
 )
-def serve(host, port, api_key, max_queue, model_name, in_process, **kwargs):
+@click.option(
+    "--allow-origin",
+    "allow_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="let web pages of this origin use the server from a browser (repeatable; * globs, e.g. "
+    "http://localhost:*; env FSD_LOCAL_ORIGINS, comma-separated). The server's own page always may",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="also answer requests that name the server NAME in their Host header (repeatable; * globs, * = any; env "
+    "FSD_LOCAL_HOSTS). Loopback names and the --host address always work; others are refused against DNS rebinding",
+)
+def serve(host, port, api_key, max_queue, model_name, in_process, allow_origins, allow_hosts, **kwargs):
     """An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,
-    /metrics) and a chat page at / (tokens coloured by origin, tau on a slider). The generation options are the
-    defaults; requests override them, including fsd-local's own (tau, mode, divergence, draft_max...) as extra
-    body fields. One pair answers whatever `model` a request names. The models run in a child process that is
-    restarted if it crashes (the request it was running fails)."""
+    /metrics), Ollama's API on the same port (/api/chat, /api/generate, /api/tags, /api/show, /api/ps,
+    /api/version) and a chat page at / (tokens coloured by origin, tau on a slider). The generation options are
+    the defaults; requests override them, including fsd-local's own (tau, mode, divergence, draft_max...) as extra
+    body fields or Ollama options. One pair answers whatever `model` a request names. The models run in a child
+    process that is restarted if it crashes (the request it was running fails). docs/server.md has the details."""
     run_server, Supervisor = _server_part("app").serve, _server_part("supervisor").Supervisor
+    security = _server_part("security")
+    origins = [*allow_origins, *security.env_list(security.ORIGINS_ENV)]
+    hosts = [*allow_hosts, *security.env_list(security.HOSTS_ENV)]
     settings = pop_settings(kwargs)
     with load_engine(**kwargs, settings=settings, say=say, engine_class=None if in_process else Supervisor) as engine:
-        say(f"serving the OpenAI API on http://{host}:{port}/v1 and the chat page on http://{host}:{port}/")
+        base = f"http://{host}:{port}"
+        say(f"serving the OpenAI API on {base}/v1, Ollama's API on {base}/api and the chat page on {base}/")
         from fsd_local.pairs.names import given_name  # --target qwen2.5:7b is served as "qwen2.5:7b"
 
-        name = model_name or kwargs["pair"] or given_name(kwargs["target"])
-        run_server(engine, host=host, port=port, api_key=api_key, max_queue=max_queue, model_name=name)
+        run_server(
+            engine,
+            host=host,
+            port=port,
+            api_key=api_key,
+            max_queue=max_queue,
+            model_name=model_name or kwargs["pair"] or given_name(kwargs["target"]),
+            allow_hosts=hosts,
+            allow_origins=origins,
+        )
 
 
 def _server_part(name: str):

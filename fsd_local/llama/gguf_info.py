@@ -279,3 +279,30 @@ def read(path: str, role: str = "model", vocab: bool = False) -> GGUFInfo:
         has_chat_template=bool(meta.get("tokenizer.chat_template")),
         meta=meta,
     )
+
+
+def metadata(path: str, role: str = "model") -> dict:
+    """Every key of a GGUF header as Python values (Ollama's /api/show model_info): scalars, strings and short
+    numeric arrays; long arrays (the vocabulary, its scores) as None. Adds general.parameter_count, counted from
+    the tensors' shapes, when the file does not state it. Reads the header only."""
+    from fsd_local.llama.model import check_gguf_file
+
+    check_gguf_file(path, role)
+    lib = g.lib()
+    ctx = _open(lib, path, role)
+    try:
+        out: dict = {}
+        for i in range(lib.gguf_get_n_kv(ctx)):
+            key = g.text(lib.gguf_get_key(ctx, i))
+            value = _value(lib, ctx, i)
+            long_array = lib.gguf_get_kv_type(ctx, i) == g.GGUF_ARRAY and not isinstance(value, list)
+            out[key] = None if long_array else value
+        if "general.parameter_count" not in out:
+            count = 0
+            for i in range(lib.gguf_get_n_tensors(ctx)):
+                kind = lib.gguf_get_tensor_type(ctx, i)
+                count += lib.gguf_get_tensor_size(ctx, i) // lib.ggml_type_size(kind) * lib.ggml_blck_size(kind)
+            out["general.parameter_count"] = count
+    finally:
+        lib.gguf_free(ctx)
+    return out

@@ -22,7 +22,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,13 +33,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fsd_local.engine import CancelToken, Completion, Engine, Piece
-from fsd_local.errors import ConfigError, ContextOverflowError
+from fsd_local.engine import CancelToken, Engine
 from fsd_local.llama.options import ModelOptions
 from fsd_local.server import openai_tools
+from fsd_local.server.generation import Runner, as_api_error, check_available
 from fsd_local.server.metrics import Metrics
+from fsd_local.server.ollama import ROUTES as OLLAMA_ROUTES
+from fsd_local.server.ollama import install as install_ollama
+from fsd_local.server.ollama_schema import error_body
 from fsd_local.server.openai_schema import APIError, ChatRequest, Reply, parse, prompt_tokens, settings_for
-from fsd_local.server.supervisor import ModelProcessError, Supervisor
+from fsd_local.server.security import AccessPolicy, Guard
+from fsd_local.server.supervisor import Supervisor
 from fsd_local.server.web import TokenTrail, install
 from fsd_local.server.worker import Worker, retry_after
 from fsd_local.settings import SERVER_MAX_QUEUE, Settings
@@ -55,12 +59,17 @@ def create_app(
     api_key: str | None = None,
     max_queue: int = SERVER_MAX_QUEUE,
     close_engine: bool = False,
+    host: str = "127.0.0.1",
+    allow_hosts: Sequence[str] = (),
+    allow_origins: Sequence[str] = (),
 ) -> FastAPI:
     """The ASGI app serving `engine` (in this process, or a Supervisor's child). It closes the engine when it
-    shuts down only if `close_engine`; otherwise close it after the server has stopped."""
+    shuts down only if `close_engine`; otherwise close it after the server has stopped. `host` is the address
+    it listens on; with `allow_hosts` and `allow_origins` it says who may use it (security.py)."""
     name = model_name or Path(engine.target.path).stem
     worker = Worker(max_queue)
     metrics = Metrics()
+    runner = Runner(engine, worker, metrics)
     if isinstance(engine, Supervisor):
         metrics.watch_model_process(engine)
 
@@ -83,13 +92,26 @@ def create_app(
 
     guarded = [Depends(authorised)]
 
+    _install_openai(app, runner, guarded, name)  # OpenAI's API under /v1/, /health and /metrics
+    install(app, engine, guarded, name)  # the chat page at / and the settings it may send
+    install_ollama(app, runner, guarded, name)  # Ollama's API under /api/
+    _install_error_handlers(app)
+    app.add_middleware(Guard, policy=AccessPolicy(host, allow_hosts, allow_origins))
+    app.add_middleware(_CountResponses, metrics=metrics, retry_after=lambda: retry_after(engine, worker))
+    return app
+
+
+def _install_openai(app: FastAPI, runner: Runner, guarded: list[Any], name: str) -> None:
+    """OpenAI's routes (/v1/...), /health and /metrics."""
+    engine, worker, metrics = runner.engine, runner.worker, runner.metrics
+
     @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat_completions(request: Request) -> Response:
-        return await _complete(request, "chat")
+        return await _complete(runner, request, "chat", name)
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(request: Request) -> Response:
-        return await _complete(request, "text")
+        return await _complete(runner, request, "text", name)
 
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict[str, Any]:
@@ -131,99 +153,38 @@ def create_app(
             "draft": engine.draft.path if engine.draft else None,
         }
 
-    async def _complete(request: Request, kind: Literal["chat", "text"]) -> Response:
-        req = parse(kind, await request.body())
-        if getattr(engine, "state", "ok") == "failed":  # the supervisor gave up on the model process
-            raise APIError(503, str(getattr(engine, "reason", "")), type="server_error", code="model_unavailable")
-        settings = settings_for(engine, req)
-        tools = None  # the tools path's plan (tools offered, or tool calls and results in the conversation)
-        if isinstance(req, ChatRequest) and openai_tools.uses_tools(req):
-            tools, settings = await run_in_threadpool(openai_tools.plan, engine, req, settings)
-            prompt = tools.prompt
-        else:
-            prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
-        reply = Reply(kind, req.model or name, engine.token_bytes)
-        extra_headers = openai_tools.headers(tools) if tools is not None else None
-        cancel = CancelToken()
-        if req.stream:
-            pieces: asyncio.Queue[Piece | BaseException] = asyncio.Queue()
-            loop = asyncio.get_running_loop()
 
-            def stream_job() -> None:
-                try:
-                    for piece in engine.stream(prompt, cancel=cancel, settings=settings):
-                        if piece.completion is not None:
-                            metrics.observe(piece.completion)
-                        loop.call_soon_threadsafe(pieces.put_nowait, piece)
-                except Exception as exc:  # handed to the response, which tells the client
-                    loop.call_soon_threadsafe(pieces.put_nowait, exc)
-
-            worker.submit(stream_job, cancel)
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            streamed = openai_tools.StreamedTools(tools) if tools is not None else None
-            return StreamingResponse(
-                _events(reply, pieces, cancel, include_usage, TokenTrail(engine.token_bytes), streamed),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(extra_headers or {})},
-            )
-
-        def job() -> Completion:
-            c = engine.generate(prompt, cancel=cancel, settings=settings)
-            metrics.observe(c)
-            return c
-
-        done = asyncio.wrap_future(worker.submit(job, cancel))
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not done.done():  # the client left: stop its generation, nobody reads this answer
-            cancel.cancel()
-            done.add_done_callback(_consume)
-            return Response(status_code=499)
-        c = _result(done)
-        return JSONResponse(
-            reply.full(c) if tools is None else openai_tools.full(reply, tools, c), headers=extra_headers
+async def _complete(runner: Runner, request: Request, kind: Literal["chat", "text"], name: str) -> Response:
+    """One OpenAI request: validated before it is queued, then streamed as server-sent events or answered whole."""
+    engine = runner.engine
+    req = parse(kind, await request.body())
+    check_available(engine)
+    settings = settings_for(engine, req)
+    tools = None  # the tools path's plan (tools offered, or tool calls and results in the conversation)
+    if isinstance(req, ChatRequest) and openai_tools.uses_tools(req):
+        tools, settings = await run_in_threadpool(openai_tools.plan, engine, req, settings)
+        prompt = tools.prompt
+    else:
+        prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
+    reply = Reply(kind, req.model or name, engine.token_bytes)
+    headers = openai_tools.headers(tools) if tools is not None else None
+    cancel = CancelToken()
+    if req.stream:
+        pieces = runner.stream(prompt, settings, cancel)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        streamed = openai_tools.StreamedTools(tools) if tools is not None else None
+        return StreamingResponse(
+            _events(reply, pieces, cancel, include_usage, TokenTrail(engine.token_bytes), streamed),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
         )
-
-    install(app, engine, guarded, name)  # the chat page at / and the settings it may send
-    _install_error_handlers(app)
-    app.add_middleware(_CountResponses, metrics=metrics, retry_after=lambda: retry_after(engine, worker))
-    return app
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client closes the connection (the request body has been read already)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def _consume(fut: asyncio.Future) -> None:
-    """Fetch an abandoned job's outcome so that asyncio does not log it as never retrieved."""
-    if not fut.cancelled():
-        fut.exception()
-
-
-def _result(done: asyncio.Future) -> Completion:
     try:
-        return done.result()
+        c = await runner.whole(request, prompt, settings, cancel)
     except Exception as exc:
-        raise _as_api_error(exc) from exc
-
-
-def _as_api_error(exc: BaseException) -> APIError:
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, ContextOverflowError):
-        return APIError(400, str(exc), code="context_length_exceeded")
-    if isinstance(exc, ConfigError):
-        return APIError(400, str(exc), code="invalid_value")
-    if isinstance(exc, ModelProcessError):  # the model process died (500) or will not come back (503)
-        log.error("%s", exc)
-        return APIError(exc.status, str(exc), type="server_error", code=exc.code)
-    log.error("generation failed", exc_info=exc)
-    return APIError(500, f"generation failed: {exc}", type="server_error", code="internal_error")
+        raise as_api_error(exc) from exc
+    if c is None:  # the client left
+        return Response(status_code=499)
+    return JSONResponse(reply.full(c) if tools is None else openai_tools.full(reply, tools, c), headers=headers)
 
 
 async def _events(
@@ -242,7 +203,7 @@ async def _events(
         while True:
             item = await pieces.get()
             if isinstance(item, BaseException):
-                yield _sse(_as_api_error(item).body())  # the openai client raises on an error event
+                yield _sse(as_api_error(item).body())  # the openai client raises on an error event
                 return
             if item.text or item.token_ids:
                 chunk = reply.piece_chunk(item) if tools is None else tools.piece_chunk(reply, item)
@@ -266,25 +227,28 @@ def _sse(obj: dict[str, Any]) -> str:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    """Every error, ours or the framework's, answers with OpenAI's error body; none stops the server."""
+    """Every error, ours or the framework's, answers with the error body of the route's API (Ollama's under
+    /api/, else OpenAI's); none stops the server."""
+
+    def answer(request: Request, err: APIError) -> JSONResponse:
+        return JSONResponse(error_body(request.url.path, err), status_code=err.status, headers=err.headers())
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+        return answer(request, exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        err = APIError(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
-        return JSONResponse(err.body(), status_code=exc.status_code)
+        code = "not_found" if exc.status_code == 404 else None
+        return answer(request, APIError(exc.status_code, str(exc.detail), code=code))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(APIError(400, str(exc), code="invalid_value").body(), status_code=400)
+        return answer(request, APIError(400, str(exc), code="invalid_value"))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        err = _as_api_error(exc)
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+        return answer(request, as_api_error(exc))
 
 
 class _CountResponses:
@@ -298,7 +262,7 @@ class _CountResponses:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
-        known = path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+        known = path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", *OLLAMA_ROUTES)
         label = path if known else ("/v1/models/{model}" if path.startswith("/v1/models/") else "other")
 
         async def counted(message: dict) -> None:
@@ -344,11 +308,21 @@ def serve(
     max_queue: int = SERVER_MAX_QUEUE,
     model_name: str | None = None,
     log_level: str = "info",
+    allow_hosts: Sequence[str] = (),
+    allow_origins: Sequence[str] = (),
 ) -> None:
     """Serve until interrupted (Ctrl-C)."""
     if host not in LOOPBACK and api_key is None:
         log.warning("listening on %s without --api-key: anyone who can reach this port can use the models", host)
-    app = create_app(engine, model_name=model_name, api_key=api_key, max_queue=max_queue)
+    app = create_app(
+        engine,
+        model_name=model_name,
+        api_key=api_key,
+        max_queue=max_queue,
+        host=host,
+        allow_hosts=allow_hosts,
+        allow_origins=allow_origins,
+    )
     uvicorn.Server(_uvicorn_config(app, host, port, log_level)).run()
 
 
@@ -372,7 +346,7 @@ class BackgroundServer:
     ):
         if app is None:
             assert engine is not None, "give an engine or an app"
-            app = create_app(engine, **app_options)
+            app = create_app(engine, host=host, **app_options)
         self.app = app
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

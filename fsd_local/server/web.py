@@ -24,7 +24,7 @@ from fastapi.responses import FileResponse
 
 from fsd_local.results import Piece
 from fsd_local.server.openai_schema import SETTING_FIELDS, APIError
-from fsd_local.settings import FIELDS, field_type, spec
+from fsd_local.settings import FIELDS, chat_sampling, field_type, spec
 
 if TYPE_CHECKING:
     from fsd_local.engine import Engine
@@ -56,8 +56,10 @@ def install(app: FastAPI, engine: Engine | Supervisor, guarded: list[Any], model
 
 
 def describe_settings(engine: Engine | Supervisor) -> list[dict[str, Any]]:
-    """Every setting a request body may carry, with this server's default (max_tokens included)."""
+    """Every setting a request body may carry, with this server's default (max_tokens included) and, for chat's
+    sampling settings, the value the page starts with (`start`: chat's defaults over the server's)."""
     defaults = engine.defaults.to_dict()
+    start = chat_sampling(engine.defaults)
     out = []
     for f in FIELDS:
         s = spec(f)
@@ -74,6 +76,7 @@ def describe_settings(engine: Engine | Supervisor) -> list[dict[str, Any]]:
                 "max_open": s.hi_open,
                 "choices": list(s.choices) if s.choices else None,
                 "help": s.help,
+                **({"start": start[f.name]} if f.name in start else {}),
             }
         )
     return out

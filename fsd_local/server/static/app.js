@@ -15,7 +15,7 @@ const EXCLUSIVE = { quality_budget: ["tau", 0], tau: ["quality_budget", null] };
 const KEY_STORE = "fsd-local.api-key";
 
 const $ = (id) => document.getElementById(id);
-const state = { messages: [], settings: {}, changed: new Set(), abort: null, busy: false };
+const state = { messages: [], settings: {}, changed: new Set(), start: {}, abort: null, busy: false };
 
 // ------------------------------------------------------------------ talking to the server
 function headers() {
@@ -77,9 +77,14 @@ function buildControls(declared) {
   box.replaceChildren();
   state.settings = {};
   state.changed.clear();
+  // the page starts with chat's sampling defaults where they differ from the API's (`start`): sent with every
+  // request, shown on the controls the page has
+  state.start = {};
+  for (const d of declared) if (d.start !== undefined && d.start !== d.default) state.start[d.name] = d.start;
   for (const name of CONTROLS) {
-    const d = byName[name];
-    if (!d) continue;  // this server does not know the setting (yet)
+    const found = byName[name];
+    if (!found) continue;  // this server does not know the setting (yet)
+    const d = { ...found, default: found.start !== undefined ? found.start : found.default };
     const id = "set-" + name;
     const field = document.createElement("div");
     field.className = "field";
@@ -143,8 +148,8 @@ function moved(name) {
 }
 
 function requestSettings() {
-  // only what the user moved: everything else is the server's own default
-  const out = {};
+  // chat's starting values and what the user moved: everything else is the server's own default
+  const out = { ...state.start };
   for (const name of state.changed) {
     const { decl, input } = state.settings[name];
     if (decl.type === "number") out[name] = Number(input.value);

@@ -1,0 +1,107 @@
+"""Running one validated request on the server's queue, shared by the OpenAI and the Ollama routes: a streamed
+generation hands its pieces to the event loop through a queue; a whole one is awaited while watching for the
+client to leave, which cancels it (the engine stops at its next round, the caches stay a prefix of the
+accepted text)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+
+from fsd_local.errors import ConfigError, ContextOverflowError
+from fsd_local.results import CancelToken, Completion, Piece
+from fsd_local.server.metrics import Metrics
+from fsd_local.server.openai_schema import APIError
+from fsd_local.server.process_errors import ModelProcessError
+from fsd_local.server.worker import Worker
+from fsd_local.settings import Settings
+
+if TYPE_CHECKING:
+    from fsd_local.engine import Engine
+    from fsd_local.server.supervisor import Supervisor
+
+log = logging.getLogger("fsd_local.server")
+
+
+class Runner:
+    """The engine, its queue and its metrics, as the routes use them."""
+
+    def __init__(self, engine: Engine | Supervisor, worker: Worker, metrics: Metrics):
+        self.engine, self.worker, self.metrics = engine, worker, metrics
+
+    def stream(self, prompt: list[int], settings: Settings, cancel: CancelToken) -> asyncio.Queue:
+        """Queue the generation; its pieces (the last carries .completion), or the exception that ended it,
+        arrive on the returned queue. Raises APIError 503 at once when the queue is full."""
+        pieces: asyncio.Queue[Piece | BaseException] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def job() -> None:
+            try:
+                for piece in self.engine.stream(prompt, cancel=cancel, settings=settings):
+                    if piece.completion is not None:
+                        self.metrics.observe(piece.completion)
+                    loop.call_soon_threadsafe(pieces.put_nowait, piece)
+            except Exception as exc:  # handed to the response, which tells the client
+                loop.call_soon_threadsafe(pieces.put_nowait, exc)
+
+        self.worker.submit(job, cancel)
+        return pieces
+
+    async def whole(
+        self, request: Request, prompt: list[int], settings: Settings, cancel: CancelToken
+    ) -> Completion | None:
+        """Run the generation to its end; None when the client went away first (the generation is cancelled).
+        An error of the generation is raised here."""
+
+        def job() -> Completion:
+            c = self.engine.generate(prompt, cancel=cancel, settings=settings)
+            self.metrics.observe(c)
+            return c
+
+        done = asyncio.wrap_future(self.worker.submit(job, cancel))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not done.done():  # the client left: stop its generation, nobody reads this answer
+            cancel.cancel()
+            done.add_done_callback(_consume)
+            return None
+        return done.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the request body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _consume(fut: asyncio.Future) -> None:
+    """Fetch an abandoned job's outcome so that asyncio does not log it as never retrieved."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def check_available(engine: Engine | Supervisor) -> None:
+    """503 when the supervisor has given up on the model process (its reason says why)."""
+    if getattr(engine, "state", "ok") == "failed":
+        raise APIError(503, str(getattr(engine, "reason", "")), type="server_error", code="model_unavailable")
+
+
+def as_api_error(exc: BaseException) -> APIError:
+    """The error a client is told of, for any exception a request or its generation raised."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ContextOverflowError):
+        return APIError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, ConfigError):
+        return APIError(400, str(exc), code="invalid_value")
+    if isinstance(exc, ModelProcessError):  # the model process died (500) or will not come back (503)
+        log.error("%s", exc)
+        return APIError(exc.status, str(exc), type="server_error", code=exc.code)
+    log.error("generation failed", exc_info=exc)
+    return APIError(500, f"generation failed: {exc}", type="server_error", code="internal_error")
