@@ -15,16 +15,17 @@ import numpy as np
 WORDS = ["▁"] + list("abcdefghijklmnopqrstuvwxyz") + [".", ",", "!", "?", "é", "€"]
 
 
-def vocabulary(byte_tokens: bool = True, words=WORDS):
+def vocabulary(byte_tokens: bool = True, words=WORDS, control=()):
+    """`control`: more special (CONTROL) tokens, after the words (e.g. a template's tool-call marker)."""
     tokens = ["<unk>", "<s>", "</s>"]
     types = [2, 3, 3]  # UNKNOWN, CONTROL, CONTROL
     if byte_tokens:
         tokens += [f"<0x{b:02X}>" for b in range(256)]
         types += [6] * 256  # BYTE
-    tokens += list(words)
-    types += [1] * len(words)
+    tokens += list(words) + list(control)
+    types += [1] * len(words) + [3] * len(control)
     scores = [0.0] * 3 + [-1000.0] * (256 if byte_tokens else 0) + [-float(i) for i in range(len(words))]
-    return tokens, scores, types
+    return tokens, scores + [0.0] * len(control), types
 
 
 def add_tokenizer(w, tokens, scores, types) -> None:
@@ -55,13 +56,14 @@ def write_tiny_gguf(
     words=WORDS,
     logit_scale: float = 1.0,
     dtype=np.float32,
+    control=(),
     split_max_tensors: int = 0,
 ) -> Path:
     """split_max_tensors > 0: written as llama.cpp's split files (PATH-00001-of-0000N.gguf, ...); the first
     part's path is returned."""
     import gguf
 
-    tokens, scores, types = vocabulary(byte_tokens, words)
+    tokens, scores, types = vocabulary(byte_tokens, words, control)
     n_vocab = len(tokens)
     base = np.random.default_rng(base_seed)
     mine = np.random.default_rng(seed)

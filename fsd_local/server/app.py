@@ -35,12 +35,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fsd_local.engine import CancelToken, Engine
 from fsd_local.llama.options import ModelOptions
+from fsd_local.server import openai_tools
 from fsd_local.server.generation import Runner, as_api_error, check_available
 from fsd_local.server.metrics import Metrics
 from fsd_local.server.ollama import ROUTES as OLLAMA_ROUTES
 from fsd_local.server.ollama import install as install_ollama
 from fsd_local.server.ollama_schema import error_body
-from fsd_local.server.openai_schema import APIError, Reply, parse, prompt_tokens, settings_for
+from fsd_local.server.openai_schema import APIError, ChatRequest, Reply, parse, prompt_tokens, settings_for
 from fsd_local.server.security import AccessPolicy, Guard
 from fsd_local.server.supervisor import Supervisor
 from fsd_local.server.web import TokenTrail, install
@@ -159,16 +160,23 @@ async def _complete(runner: Runner, request: Request, kind: Literal["chat", "tex
     req = parse(kind, await request.body())
     check_available(engine)
     settings = settings_for(engine, req)
-    prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
+    tools = None  # the tools path's plan (tools offered, or tool calls and results in the conversation)
+    if isinstance(req, ChatRequest) and openai_tools.uses_tools(req):
+        tools, settings = await run_in_threadpool(openai_tools.plan, engine, req, settings)
+        prompt = tools.prompt
+    else:
+        prompt = await run_in_threadpool(prompt_tokens, engine, req)  # tokenising is CPU work: off the loop
     reply = Reply(kind, req.model or name, engine.token_bytes)
+    headers = openai_tools.headers(tools) if tools is not None else None
     cancel = CancelToken()
     if req.stream:
         pieces = runner.stream(prompt, settings, cancel)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        streamed = openai_tools.StreamedTools(tools) if tools is not None else None
         return StreamingResponse(
-            _events(reply, pieces, cancel, include_usage, TokenTrail(engine.token_bytes)),
+            _events(reply, pieces, cancel, include_usage, TokenTrail(engine.token_bytes), streamed),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
         )
     try:
         c = await runner.whole(request, prompt, settings, cancel)
@@ -176,14 +184,19 @@ async def _complete(runner: Runner, request: Request, kind: Literal["chat", "tex
         raise as_api_error(exc) from exc
     if c is None:  # the client left
         return Response(status_code=499)
-    return JSONResponse(reply.full(c))
+    return JSONResponse(reply.full(c) if tools is None else openai_tools.full(reply, tools, c), headers=headers)
 
 
 async def _events(
-    reply: Reply, pieces: asyncio.Queue, cancel: CancelToken, include_usage: bool, trail: TokenTrail
+    reply: Reply,
+    pieces: asyncio.Queue,
+    cancel: CancelToken,
+    include_usage: bool,
+    trail: TokenTrail,
+    tools: openai_tools.StreamedTools | None = None,
 ) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`; each chunk with new tokens
-    carries them in the `fsd_delta` extension field (web.py)."""
+    carries them in the `fsd_delta` extension field (web.py). On the tools path, `tools` shapes the chunks."""
     try:
         if reply.kind == "chat":
             yield _sse(reply.chunk(role=True))
@@ -193,9 +206,14 @@ async def _events(
                 yield _sse(as_api_error(item).body())  # the openai client raises on an error event
                 return
             if item.text or item.token_ids:
-                yield _sse({**reply.piece_chunk(item), "fsd_delta": trail.delta(item)})
+                chunk = reply.piece_chunk(item) if tools is None else tools.piece_chunk(reply, item)
+                yield _sse({**chunk, "fsd_delta": trail.delta(item)})
             if item.completion is not None:
-                yield _sse(reply.last_chunk(item.completion))
+                last = (
+                    [reply.last_chunk(item.completion)] if tools is None else tools.last_chunks(reply, item.completion)
+                )
+                for chunk in last:
+                    yield _sse(chunk)
                 if include_usage:
                     yield _sse(reply.usage_chunk(item.completion))
                 yield "data: [DONE]\n\n"

@@ -15,12 +15,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from fsd_local.results import CancelToken
-from fsd_local.server import ollama_models
+from fsd_local.results import CancelToken, Completion
+from fsd_local.server import ollama_models, ollama_tools, openai_tools
 from fsd_local.server.generation import Runner, as_api_error, check_available
 from fsd_local.server.ollama_schema import OLLAMA_VERSION, OllamaReply, parse_body, translate
-from fsd_local.server.openai_schema import APIError, prompt_tokens, settings_for
+from fsd_local.server.openai_schema import APIError, ChatRequest, prompt_tokens, settings_for
 from fsd_local.settings import Settings
+from fsd_local.tools import ToolPlan
 
 ROUTES = ("/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version")
 NDJSON = "application/x-ndjson"
@@ -103,13 +104,21 @@ async def _answer(runner: Runner, request: Request, route: Literal["chat", "gene
     if asked.empty:  # Ollama's way to load a model: it is loaded
         return _single(reply.loaded(), stream)
     settings = settings_for(engine, asked.request)
-    prompt = await run_in_threadpool(prompt_tokens, engine, asked.request)  # tokenising is CPU work: off the loop
+    tools = None  # the tools path (openai_tools.py): tools offered, or tool calls and results in the messages
+    if isinstance(asked.request, ChatRequest) and openai_tools.uses_tools(asked.request):
+        tools, settings = await run_in_threadpool(openai_tools.plan, engine, asked.request, settings)
+        prompt = tools.prompt
+    else:
+        prompt = await run_in_threadpool(prompt_tokens, engine, asked.request)  # tokenising is CPU work
     settings = _within(settings, len(prompt), asked.num_ctx)
+    headers = openai_tools.headers(tools) if tools is not None else None
     cancel = CancelToken()
     if stream:
         pieces = runner.stream(prompt, settings, cancel)
         return StreamingResponse(
-            _ndjson(reply, pieces, cancel), media_type=NDJSON, headers={"Cache-Control": "no-cache"}
+            _ndjson(reply, pieces, cancel, tools),
+            media_type=NDJSON,
+            headers={"Cache-Control": "no-cache", **(headers or {})},
         )
     try:
         c = await runner.whole(request, prompt, settings, cancel)
@@ -117,7 +126,19 @@ async def _answer(runner: Runner, request: Request, route: Literal["chat", "gene
         raise as_api_error(exc) from exc
     if c is None:  # the client left
         return Response(status_code=499)
-    return JSONResponse(reply.final(c, c.text, whole=True))
+    if tools is None:
+        return JSONResponse(reply.final(c, c.text, whole=True))
+    content, calls = ollama_tools.message(tools, c)
+    return JSONResponse(_with_calls(reply.final(c, content, whole=True), calls, tools, c), headers=headers)
+
+
+def _with_calls(out: dict[str, Any], calls: list[dict[str, Any]], plan: ToolPlan, c: Completion) -> dict[str, Any]:
+    """A chunk with the reply's tool calls (Ollama's shape) and, on the final one, fsd.tools."""
+    if calls:
+        out["message"]["tool_calls"] = calls
+    if "fsd" in out:
+        out["fsd"]["tools"] = ollama_tools.fsd_tools(plan, c, out["fsd"])
+    return out
 
 
 def _within(settings: Settings, prompt_len: int, num_ctx: int | None) -> Settings:
@@ -141,19 +162,31 @@ def _line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
-async def _ndjson(reply: OllamaReply, pieces: asyncio.Queue, cancel: CancelToken) -> AsyncIterator[str]:
+async def _ndjson(
+    reply: OllamaReply, pieces: asyncio.Queue, cancel: CancelToken, tools: ToolPlan | None = None
+) -> AsyncIterator[str]:
     """One JSON object a line: each piece's text, then the final object with the counters; an error that ends
-    the generation is a last line {"error": "..."} (Ollama's clients raise it)."""
+    the generation is a last line {"error": "..."} (Ollama's clients raise it). With tools, a call is never
+    sent as text: the calls come in one chunk once complete, before the final object."""
+    streamed = ollama_tools.Streamed(tools) if tools is not None else None
     try:
         while True:
             item = await pieces.get()
             if isinstance(item, BaseException):
                 yield _line({"error": as_api_error(item).message})
                 return
-            if item.text or (item.token_ids and item.logprobs is not None):
-                yield _line(reply.chunk(item.text, item))
+            text = item.text if streamed is None else streamed.content(item)
+            if text or (item.token_ids and item.logprobs is not None):
+                yield _line(reply.chunk(text, item))
             if item.completion is not None:
-                yield _line(reply.final(item.completion))
+                c = item.completion
+                if streamed is None:
+                    yield _line(reply.final(c))
+                    return
+                rest, calls = streamed.rest(c)
+                if rest or calls:
+                    yield _line(_with_calls(reply.chunk(rest), calls, streamed.plan, c))
+                yield _line(_with_calls(reply.final(c), [], streamed.plan, c))
                 return
     finally:  # normal end, or the client disconnected (Starlette cancels the stream): stop the generation
         cancel.cancel()

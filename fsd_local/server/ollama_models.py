@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from fsd_local.llama.gguf_info import metadata, read
 from fsd_local.server.ollama_schema import route_defaults
+from fsd_local.server.ollama_tools import can_call_tools
 
 if TYPE_CHECKING:
     from fsd_local.engine import Engine
     from fsd_local.server.supervisor import Supervisor
 
 _BLOB = re.compile(r"sha256-([0-9a-f]{64})$")  # a file in Ollama's store is named by its digest
-CAPABILITIES = ["completion"]  # what the pair can do in Ollama's terms (no vision, embedding, insert, thinking)
+# what the pair can do in Ollama's terms (no vision, embedding, insert, thinking); "tools" where the template can
+CAPABILITIES = ["completion"]
 NEVER = "9999-12-31T23:59:59Z"  # /api/ps expires_at: the pair stays loaded while the server runs
 
 
@@ -137,7 +139,7 @@ def show(engine: Engine | Supervisor) -> dict[str, Any]:
         "template": template,
         "details": details(path),
         "model_info": meta,
-        "capabilities": list(CAPABILITIES),
+        "capabilities": [*CAPABILITIES, "tools"] if can_call_tools(engine) else list(CAPABILITIES),
         "modified_at": _modified(path),
         "fsd": _pair(engine),
     }

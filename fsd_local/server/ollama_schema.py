@@ -112,7 +112,9 @@ def translate(body: ChatBody | GenerateBody, defaults: Settings, n_ctx: int) -> 
     routes' defaults (chat's sampling, replies up to the context's end: Ollama's num_predict -1)."""
     _refuse_unsupported(body)
     fields: dict[str, Any] = route_defaults(defaults, n_ctx)
-    given, where, num_ctx, ignored = _options(body.options or {}, n_ctx)
+    options = dict(body.options or {})
+    choice = options.pop("tool_choice", None)  # fsd-local's extension: Ollama's API has no tool_choice
+    given, where, num_ctx, ignored = _options(options, n_ctx)
     fields.update(given)
     fields["model"], fields["stream"] = body.model, body.stream is not False
     fmt = _format(body.format)
@@ -125,6 +127,9 @@ def translate(body: ChatBody | GenerateBody, defaults: Settings, n_ctx: int) -> 
         fields["messages"] = [_message(i, m) for i, m in enumerate(body.messages)]
         if body.tools:  # the OpenAI route's tools field: one path for both APIs
             fields["tools"] = body.tools
+        if choice is not None:  # auto | none | required | a function's name
+            named = isinstance(choice, str) and choice not in ("auto", "none", "required")
+            fields["tool_choice"] = {"type": "function", "function": {"name": choice}} if named else choice
         empty = not body.messages
     elif body.raw:
         kind, fields["prompt"], empty = "text", body.prompt, not body.prompt
@@ -217,7 +222,7 @@ def _message(i: int, m: OllamaMessage) -> dict[str, Any]:
     if m.tool_calls:
         out["tool_calls"] = [
             {
-                "id": f"call_{i}_{j}",
+                "id": f"c{i:05d}{j:03d}",  # 9 letters and digits: what Mistral's templates require
                 "type": "function",
                 "function": {
                     "name": (call.get("function") or {}).get("name"),

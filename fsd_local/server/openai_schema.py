@@ -1,7 +1,7 @@
 """The OpenAI wire format: request bodies -> engine arguments, engine results -> response and chunk objects.
 
 Requests are validated strictly (a string where a number belongs is an error, not coerced), unknown fields are
-ignored like other local servers do, and fields whose meaning fsd-local cannot honour (n > 1, tools, ...) are
+ignored like other local servers do, and fields whose meaning fsd-local cannot honour (n > 1, echo, ...) are
 refused unless they hold their neutral value: a client asking for them must not silently get something else.
 Every refusal is an `APIError` that renders as OpenAI's error body.
 """
@@ -63,6 +63,9 @@ class StreamOptions(_Strict):
 class Message(_Strict):
     role: str
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls (fsd_local/server/openai_tools.py)
+    tool_call_id: str | None = None  # a tool result's call
+    name: str | None = None
 
 
 def _wire_type(kind: type) -> Any:
@@ -99,6 +102,8 @@ class _Request(_SettingFields):
 class ChatRequest(_Request):
     messages: list[Message]
     max_completion_tokens: int | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_Request):
@@ -131,13 +136,10 @@ def _refuse_unsupported(req: _Request) -> None:
         if getattr(req, name) not in (None, 1):
             refuse(name, "one completion per request (send several requests)")
     for name in (
-        "tools",
-        "functions",
-        "echo",
-        "suffix",
+        ("functions", "echo", "suffix") if isinstance(req, ChatRequest) else ("tools", "functions", "echo", "suffix")
     ):
         if getattr(req, name):  # None, 0, False, empty: the neutral value, accepted
-            refuse(name, "leave it unset")
+            refuse(name, "use tools (chat completions)" if name == "functions" else "leave it unset")
     kind = (req.response_format or {}).get("type", "text")
     if kind not in ("text", "json_object", "json_schema"):
         raise APIError(
@@ -238,7 +240,7 @@ def prompt_tokens(engine: Engine | Supervisor, req: ChatRequest | CompletionRequ
     if isinstance(req, ChatRequest):
         param = "messages"
         try:
-            tokens = engine.chat_prompt([_plain_message(i, m) for i, m in enumerate(req.messages)])
+            tokens = engine.chat_prompt([plain_message(i, m) for i, m in enumerate(req.messages)])
         except ConfigError as exc:
             raise APIError(400, str(exc), param=param, code="invalid_value") from None
     else:
@@ -251,15 +253,20 @@ def prompt_tokens(engine: Engine | Supervisor, req: ChatRequest | CompletionRequ
                 )
             prompt = prompt[0]
         tokens = prompt
+    return check_prompt(engine, tokens, param)
+
+
+def check_prompt(engine: Engine | Supervisor, tokens: Any, param: str) -> list[int]:
+    """The engine's own checks of a prompt (vocabulary, empty, context length) as 400s naming `param`."""
     try:
-        return engine.prompt_tokens(tokens)  # the engine's own checks: vocabulary, empty, context length
+        return engine.prompt_tokens(tokens)
     except ContextOverflowError as exc:
         raise APIError(400, f"{exc} (the server's --ctx)", param=param, code="context_length_exceeded") from None
     except ConfigError as exc:
         raise APIError(400, str(exc), param=param, code="invalid_value") from None
 
 
-def _plain_message(i: int, m: Message) -> dict[str, str]:
+def plain_message(i: int, m: Message) -> dict[str, str]:
     """{'role', 'content': str}: text parts are joined; anything else (images, audio) is refused."""
     content = m.content
     if content is None:

@@ -141,15 +141,19 @@ class Supervisor:
             self._check_open()
             return self._vocab.piece(token)
 
-    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """As Engine.chat_prompt: the target's chat template, and never a second BOS."""
+    def chat_template(self) -> ChatTemplate:
+        """The target's chat template (read from the vocabulary-only copy, once)."""
         with self._vocab_lock:
             self._check_open()
             if self._template is None:
                 self._template = ChatTemplate.from_model(self._vocab)
-        assert self._template is not None
-        text = self._template.render(messages, add_generation_prompt=True)
-        bos = self._template.bos_token
+            return self._template
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """As Engine.chat_prompt: the target's chat template, and never a second BOS."""
+        template = self.chat_template()
+        text = template.render(messages, add_generation_prompt=True)
+        bos = template.bos_token
         return self.tokenize(text, add_special=not (bos and text.startswith(bos)))
 
     def prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:

@@ -1,0 +1,159 @@
+"""Tool calling on the OpenAI chat route: `tools`, `tool_choice`, `parallel_tool_calls`, assistant
+`tool_calls` and `tool` messages in, `message.tool_calls` and finish_reason "tool_calls" out (fsd_local/tools
+does the work; this module speaks OpenAI's shapes).
+
+A request whose tools the model's template cannot express is answered as plain chat; the response says so in
+the `X-FSD-Tools` header and in `fsd.tools.ignored`, and the server logs it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fsd_local.conversation import reply_room, splice_cached
+from fsd_local.errors import ConfigError
+from fsd_local.llama.chat_template import ChatTemplate
+from fsd_local.server.openai_schema import APIError, ChatRequest, Reply, check_prompt, plain_message
+from fsd_local.tools import Parsed, ToolError, ToolModel, ToolPlan, ToolStream, call_stats, plan_tools, tool_request
+
+if TYPE_CHECKING:
+    from fsd_local.engine import Completion, Engine, Piece
+    from fsd_local.server.supervisor import Supervisor
+    from fsd_local.settings import Settings
+
+HEADER = "X-FSD-Tools"
+
+
+def uses_tools(req: ChatRequest) -> bool:
+    """The request offers tools or its conversation holds tool calls or results (the template renders those)."""
+    return bool(req.tools) or req.tool_choice is not None or any(m.tool_calls or m.role == "tool" for m in req.messages)
+
+
+def tool_model(engine: Engine | Supervisor) -> ToolModel:
+    from fsd_local.server.supervisor import Supervisor
+
+    template = engine.chat_template() if isinstance(engine, Supervisor) else ChatTemplate.of(engine.target)
+    return ToolModel(template, lambda text, special: engine.tokenize(text, add_special=special), engine.token_bytes)
+
+
+def api_error(exc: ConfigError) -> APIError:
+    if isinstance(exc, ToolError):
+        return APIError(400, str(exc), param=exc.param, code=exc.code)
+    return APIError(400, str(exc), param="messages", code="invalid_value")
+
+
+def plan(engine: Engine | Supervisor, req: ChatRequest, settings: Settings) -> tuple[ToolPlan, Settings]:
+    """The request's prompt (checked like any prompt) and its settings with the tool-call constraint."""
+    from fsd_local.engine import Engine
+
+    try:
+        wanted = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
+        messages = [_message(i, m) for i, m in enumerate(req.messages)]
+        n_ctx = min(m.n_ctx for m in (engine.target, engine.draft) if m is not None)
+        p = plan_tools(tool_model(engine), wanted, messages, n_ctx, reply_room(settings.max_tokens, n_ctx))
+    except ConfigError as exc:
+        raise api_error(exc) from None
+    if isinstance(engine, Engine):  # a sampled reply's own split, as Engine.chat_prompt keeps it
+        p.prompt = splice_cached(p.prompt, list(engine.target.tokens), engine.target.piece)
+    p.prompt = check_prompt(engine, p.prompt, "messages")
+    if p.grammar is not None:
+        if settings.grammar is not None or settings.json_schema is not None:
+            raise APIError(
+                400,
+                "tools cannot be combined with response_format, json_schema or grammar: a tool call is constrained "
+                "by its own schema; drop one of them (or send tool_choice 'none')",
+                param="tools",
+                code="invalid_value",
+            )
+        settings = settings.with_(grammar=p.grammar)
+    return p, settings
+
+
+def _message(i: int, m: Any) -> dict[str, Any]:
+    out: dict[str, Any] = dict(plain_message(i, m))
+    if m.tool_calls:
+        out["tool_calls"] = m.tool_calls
+    for key in ("tool_call_id", "name"):
+        if getattr(m, key) is not None:
+            out[key] = getattr(m, key)
+    return out
+
+
+def headers(p: ToolPlan) -> dict[str, str] | None:
+    if p.ignored:
+        return {HEADER: "ignored; " + p.ignored.encode("ascii", "replace").decode()}
+    return {HEADER: f"{p.family.name if p.family else 'none'}; {p.request.choice.mode}"} if p.active else None
+
+
+def wire_calls(parsed: Parsed) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": c.id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+        }
+        for c in parsed.calls
+    ]
+
+
+def finish_reason(parsed: Parsed, c: Completion) -> str | None:
+    """tool_calls, or the completion's own reason when the last call was cut short (length: the whole calls
+    before it are still returned)."""
+    return c.finish_reason if parsed.truncated else "tool_calls"
+
+
+def extension(p: ToolPlan, c: Completion, fsd: dict[str, Any]) -> dict[str, Any]:
+    """fsd.tools; the tool-call grammar is left out of fsd.settings (the request did not send it)."""
+    if p.active and fsd.get("settings"):
+        fsd["settings"] = {**fsd["settings"], "grammar": None}
+    out = p.summary()
+    if p.active:
+        out["calls"] = call_stats(p, c.token_ids, c.origins)
+    return out
+
+
+def full(reply: Reply, p: ToolPlan, c: Completion) -> dict[str, Any]:
+    """The response object of a request on the tools path."""
+    out = reply.full(c)
+    choice = out["choices"][0]
+    parsed = p.parse(c.token_ids) if p.active else Parsed(c.text)
+    if parsed.calls:
+        choice["message"] = {"role": "assistant", "content": parsed.content, "tool_calls": wire_calls(parsed)}
+        choice["finish_reason"] = finish_reason(parsed, c)
+    out["fsd"]["tools"] = extension(p, c, out["fsd"])
+    return out
+
+
+@dataclass
+class StreamedTools:
+    """The chunks of a streamed reply on the tools path (app._events asks for them)."""
+
+    plan: ToolPlan
+
+    def __post_init__(self) -> None:
+        self.stream = ToolStream(self.plan)
+
+    def piece_chunk(self, reply: Reply, piece: Piece) -> dict[str, Any]:
+        out = reply.piece_chunk(piece)
+        text = self.stream.content(piece.text, piece.token_ids) if self.plan.active else piece.text
+        out["choices"][0]["delta"] = {"content": text} if text else {}
+        return out
+
+    def last_chunks(self, reply: Reply, c: Completion) -> list[dict[str, Any]]:
+        """The content still held back, the calls (one delta each, whole), then the chunk with finish_reason."""
+        chunks = []
+        last = reply.last_chunk(c)
+        if self.plan.active:
+            rest, parsed = self.stream.finish(c.text, c.token_ids)
+            if rest:
+                chunks.append(reply.chunk(rest))
+            for i, call in enumerate(wire_calls(parsed)):
+                chunk = reply.chunk()
+                chunk["choices"][0]["delta"] = {"tool_calls": [{"index": i, **call}]}
+                chunks.append(chunk)
+            if parsed.calls:
+                last["choices"][0]["finish_reason"] = finish_reason(parsed, c)
+        last["fsd"]["tools"] = extension(self.plan, c, last["fsd"])
+        return [*chunks, last]
