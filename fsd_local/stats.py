@@ -128,7 +128,7 @@ class Stats:
     def budget_dict(self) -> dict:
         """The budget B (None: none), the loss spent per token, the share of tokens the target would not have
         chosen, and how the budget's threshold moved (None without a budget)."""
-        n = self.logprob_count
+        n = self.tokens
         b = self.budget
         on = b is not None and b.bound >= 0.0
         st = b.state if on else None

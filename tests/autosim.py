@@ -15,8 +15,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from fsd_local.drafting.calibration import CATCH_UP_BATCH as CALIBRATE_CATCH_UP
 from fsd_local.drafting.length import PENDING_MAX, DraftLength
-from fsd_local.drafting.proposer import CALIBRATE_CATCH_UP, MODEL, ROWS_KEPT
+from fsd_local.drafting.proposer import MODEL, ROWS_KEPT
 from fsd_local.settings import Settings
 
 

@@ -188,10 +188,12 @@ def test_auto_is_the_default_policy_everywhere(tiny_pair):
     assert getattr(req, "draft_policy", None) is None
 
 
-def test_x_plain_only_from_a_measured_plain_step(tiny_pair):
-    """The summary shows "x plain decoding" only once this engine timed a single-token target decode."""
+def test_x_plain_only_from_a_measured_plain_step(tiny_pair, tmp_path, monkeypatch):
+    """The summary shows "x plain decoding" only once a single-token target decode was timed on this machine: by
+    this engine, or by an earlier one of the same files (its costs kept on disk, drafting/calibration.py)."""
     from fsd_local import Engine
 
+    monkeypatch.setenv("FSD_LOCAL_COSTS", str(tmp_path / "costs.json"))  # a machine that never ran this pair
     d, t = tiny_pair
     with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as eng:
         first = eng.generate("the cat", max_tokens=12, mode="sd", draft_policy="fixed", draft_max=3)
@@ -202,12 +204,9 @@ def test_x_plain_only_from_a_measured_plain_step(tiny_pair):
         later = eng.generate("the dog", max_tokens=12, mode="sd", draft_policy="fixed", draft_max=3)
         assert later.stats["speedup_vs_plain_est"] > 0
         assert "x plain decoding" in summary_line(later.stats, later.finish_reason)
-    with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as eng:  # auto times every batch size first
-        out = eng.generate("the cat", max_tokens=12, mode="sd")
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as eng:  # the next engine: the plain rate is known
+        out = eng.generate("the cat", max_tokens=12, mode="sd", draft_policy="fixed", draft_max=3)
         assert out.stats["speedup_vs_plain_est"] > 0
-        assert [n for n, _, _ in out.stats["verify_by_batch"]] == sorted(
-            {n for n, _, _ in out.stats["verify_by_batch"]}
-        )
 
 
 def test_settings_seen_before_get_their_evidence_back():
@@ -269,7 +268,7 @@ def test_a_fresh_engine_settles_on_plain_steps_when_the_draft_is_never_accepted(
         again = eng.generate("a dog ran", max_tokens=48, mode="sd")  # what it learned stays for the next reply
     hist = out.stats["k_histogram"]
     assert out.stats["acceptance_rate"] < 0.2 or out.stats["drafted"] == 0
-    assert sum(hist[1:]) <= 8 and out.stats["probed"] > 0, hist  # it measured the draft, then decoded plainly
+    assert sum(hist[1:]) <= 8 and out.stats["drafted"] > 0, hist  # it measured the draft, then decoded plainly
     assert sum(again.stats["k_histogram"][1:]) <= 2, again.stats["k_histogram"]
 
 

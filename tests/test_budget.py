@@ -263,11 +263,16 @@ def test_the_engine_tells_the_budget_which_draft_ends_the_reply(tiny_engine):
     pieces = [eng.token_bytes(t) for t in words]
     first = next(i for i in range(len(words)) if b"cat" in b"".join(pieces[: i + 1]))
     assert 0 < first < len(words) - 1
-    assert eng._ends_reply(TextStream(("cat",)), False, words) == first
-    assert eng._ends_reply(TextStream(()), False, words) is None
+
+    def ends(stop, ignore_eos, drafts):  # what a generation with these settings says before a round
+        g = eng._generation(eng.tokenize("x"), eng.defaults.with_(stop=stop, ignore_eos=ignore_eos), 0)
+        return g.ends_reply(drafts)
+
+    assert ends(("cat",), False, words) == first
+    assert ends((), False, words) is None
     eos = eng.target.eos
-    assert eng._ends_reply(TextStream(()), False, [words[0], eos, words[1]]) == 1
-    assert eng._ends_reply(TextStream(()), True, [words[0], eos, words[1]]) is None
+    assert ends((), False, [words[0], eos, words[1]]) == 1
+    assert ends((), True, [words[0], eos, words[1]]) is None
 
 
 @pytest.mark.parametrize("mode", ["fsd", "typical", "cascade", "relaxed", "fsd-entropy"])

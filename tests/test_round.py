@@ -70,11 +70,11 @@ def test_rounds_driven_by_hand_write_the_targets_own_text(tiny_engine):
 
 @pytest.fixture(scope="module")
 def wide_vocab_pair(tmp_path_factory):
-    """A tiny pair over a 32,768-token vocabulary: one logit row is 128 KiB, so copying or allocating a row per
-    round stands out from the round's few hundred bytes of Python objects."""
+    """A tiny pair over a 65,536-token vocabulary: one logit row is 256 KiB, so copying or allocating a row per
+    round stands out from the round's Python objects and the kernels' small candidate lists (top-k's)."""
     from tests.tinymodels import WORDS, write_tiny_gguf
 
-    words = WORDS + [f"▁w{i}" for i in range(32768 - 259 - len(WORDS))]
+    words = WORDS + [f"▁w{i}" for i in range(65536 - 259 - len(WORDS))]
     d = tmp_path_factory.mktemp("widevocab")
     return (
         str(write_tiny_gguf(d / "draft.gguf", seed=1, words=words)),
@@ -85,7 +85,14 @@ def wide_vocab_pair(tmp_path_factory):
 SETTINGS = {
     "greedy sd": {"mode": "sd"},
     "greedy fsd": {"mode": "fsd", "tau": 0.3},
-    "chat defaults": {"mode": "sd", "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.1},
+    "chat defaults": {
+        "mode": "sd",
+        "temperature": 0.8,
+        "top_k": 40,
+        "top_p": 0.95,
+        "min_p": 0.05,
+        "repeat_penalty": 1.1,
+    },
 }
 
 
@@ -95,7 +102,7 @@ def test_no_row_sized_allocation_on_the_hot_path(wide_vocab_pair, name):
     of new memory comes near one logit row. The call's own buffers (the chain, the round buffers) are set up
     before its first round and reused."""
     d, t = wide_vocab_pair
-    row_bytes = 4 * 32768
+    row_bytes = 4 * 65536
     with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
         eng.generate("the cat", max_tokens=8, **SETTINGS[name])  # buffers, kernels, caches: all warm
         import fsd_local.generation as G
@@ -123,9 +130,12 @@ def test_no_row_sized_allocation_on_the_hot_path(wide_vocab_pair, name):
     assert max(peaks[1:]) < row_bytes // 4, (name, peaks)
 
 
-def test_the_first_request_decodes_only_what_it_uses_and_the_next_engine_starts_from_its_costs(tiny_pair):
+def test_the_first_request_decodes_only_what_it_uses_and_the_next_engine_starts_from_its_costs(
+    tiny_pair, tmp_path, monkeypatch
+):
     """No calibration inside a request: a fresh engine's first auto reply decodes the target only for its own
     rounds (every batch it timed is one of them); the sizes it measured are on disk for the next engine."""
+    monkeypatch.setenv("FSD_LOCAL_COSTS", str(tmp_path / "costs.json"))  # a machine that never ran this pair
     d, t = tiny_pair
     with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as eng:
         assert not eng._lengths.verify.measured

@@ -92,10 +92,14 @@ def format_rows(rows: list[dict]) -> str:
         ("verify", 7, lambda r: f"{r['verify_us_per_round']:.0f}"),
         ("policy", 7, lambda r: f"{r['policy_us_per_round']:.0f}"),
         ("advance", 7, lambda r: f"{r['advance_us_per_round']:.0f}"),
-        ("us/draft tok", 12, lambda r: "-" if r["draft_us_per_draft_token"] is None else f"{r['draft_us_per_draft_token']:.1f}"),
+        ("us/draft tok", 12, lambda r: _f(r["draft_us_per_draft_token"], ".1f")),
         ("own share", 9, lambda r: f"{r['own_share_of_wall']:.1%}"),
         ("decode ms/round", 15, lambda r: f"{r['decode_ms_per_round']:.1f}"),
-    ]  # fmt: skip
+    ]
     lines = ["  ".join(h.rjust(w) for h, w, _ in cols)]
     lines += ["  ".join(cell(r).rjust(w) for _, w, cell in cols) for r in rows]
     return "\n".join(lines)
+
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
