@@ -89,7 +89,14 @@ def test_kept_set_sampling_equals_the_whole_row(recorded, gemma_rows, t, top_k, 
         py = np.array(S.processed(y, n, t, top_k, top_p, min_p), np.float32)
         for u in rng.random(6):
             assert S.sample_kept(x, n, t, mx, cut, lz, kept, m, u) == S.sample(x, n, t, *dense, u)
-            fast = S.residual_kept(x, y, n, t, px, py, kept, m, u, False, 0)
+            fast = S.residual_kept(x, y, n, t, px, py, kept, m, u, False, 0, kept, y, -1)
+            q_kept = np.empty(S.KEPT_MAX, np.int64)  # q~ from its kept tokens' logits alone, without its row
+            m_q = S.processed_kept(y, n, t, top_k, top_p, min_p, q_kept)[3]
+            if m_q >= 0:
+                q_logits = np.zeros(S.KEPT_MAX, np.float32)
+                q_logits[:m_q] = y[q_kept[:m_q]]
+                nan_row = np.full(n, np.nan, np.float32)
+                assert S.residual_kept(x, nan_row, n, t, px, py, kept, m, u, False, 0, q_kept, q_logits, m_q) == fast
             assert fast == S.sample_residual(x, y, n, t, px, py, u)
 
 
@@ -159,7 +166,7 @@ def test_the_sampled_round_takes_the_same_decisions_over_the_kept_set(recorded, 
         stats = np.zeros((k + 1, 3), np.float32)
         drafts, probs = np.empty(k, np.int32), np.empty(k)
         for i in range(k):
-            tok, p_tok, _ = S.pick_kept(q[i], n, t, top_k, top_p, min_p, rng.random(), stats[i], kept, False)
+            tok, p_tok, _, _ = S.pick_kept(q[i], n, t, top_k, top_p, min_p, rng.random(), stats[i], kept, False)
             drafts[i], probs[i] = tok, p_tok
         us = rng.random(k + 1)
         out = round_out(k)

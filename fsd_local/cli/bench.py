@@ -7,6 +7,7 @@ import sys
 import click
 
 from fsd_local.cli.drafts import bench_drafters, require_draft
+from fsd_local.cli.options import BENCH_SAMPLING, bench_sampling_options
 from fsd_local.kernels.names import DIVERGENCES, DRAFT_POLICIES, DRAFTERS, MODES, TAU_MODES
 
 MODEL_KEYS = ("target", "draft", "pair")
@@ -49,6 +50,7 @@ def run_options(f):
             help="prompts file: one prompt per line, or JSON Lines (.jsonl) with optional answers "
             "(default: the shipped example file)",
         ),
+        click.option("--limit", type=click.IntRange(1), help="use only the first N prompts of the file", metavar="N"),
         click.option("--chat", is_flag=True, help="wrap each prompt in the target's chat template as a user turn"),
         click.option(
             "--max-tokens", type=click.IntRange(1), default=64, show_default=True, help="tokens generated per prompt"
@@ -126,6 +128,12 @@ def bench_options(f):
             help="draft-length policies, comma separated: fixed, adaptive, auto (--draft-max is auto's upper bound)",
         ),
         click.option(
+            "--chat-sampling",
+            is_flag=True,
+            help="sample as `fsd-local chat` does: its top-k, top-p, min-p and repeat penalty in every run, and its "
+            "temperature when --temp is not given (each of them can still be set on its own)",
+        ),
+        click.option(
             "--policy-state",
             "states",
             type=CommaList(str, "policy state", ("cold", "warm")),
@@ -181,7 +189,22 @@ def bench_options(f):
     for opt in reversed(opts):
         f = opt(f)
     f = run_options(f)
-    return f
+    return bench_sampling_options(f)
+
+
+def sampling_of(kwargs: dict, temperatures: list[float]) -> tuple[dict, list[float]]:
+    """The sampling settings every configuration of a bench run shares (--chat-sampling and the chain options),
+    popped from the command's arguments, and the temperatures to run (chat's with --chat-sampling unless --temp
+    was given)."""
+    from fsd_local.settings import CHAT_DEFAULTS
+
+    chat = kwargs.pop("chat_sampling")
+    common = {k: v for k, v in CHAT_DEFAULTS.items() if k != "temperature"} if chat else {}
+    given = {k: kwargs.pop(k) for k in BENCH_SAMPLING}
+    common.update({k: v for k, v in given.items() if v is not None})
+    if chat and not _given("temperatures"):
+        temperatures = [CHAT_DEFAULTS["temperature"]]
+    return common, temperatures
 
 
 def _say(msg):
@@ -217,6 +240,7 @@ def _progress(length, label):
 def bench_command(
     *,
     prompts_file,
+    limit,
     chat,
     max_tokens,
     seed,
@@ -242,12 +266,13 @@ def bench_command(
 ):
     if as_json and as_csv:
         raise click.UsageError("choose one of --json and --csv")
+    common, temperatures = sampling_of(model_kwargs, temperatures)
     if kernels:
         return _kernels_command(model_kwargs, divergences, vocabs, rows, repeats or 7, as_json, as_csv)
     if vocabs or rows:
         raise click.UsageError("--vocab and --rows only apply to --kernels")
     if overhead:
-        return _overhead_command(model_kwargs, locals(), as_json)
+        return _overhead_command(model_kwargs, locals(), common, as_json)
     from fsd_local.bench.frontier import mark_frontier
     from fsd_local.bench.prompts import load_prompts
     from fsd_local.bench.report import format_table, to_csv, to_json
@@ -261,7 +286,7 @@ def bench_command(
     configs = build_configs(
         modes, divergences, taus, draft_maxes, temperatures, drafters, policies, budgets or (), states
     )
-    prompts = load_prompts(prompts_file)
+    prompts = load_prompts(prompts_file)[:limit]
     repeats = repeats or 3
     with _engine(model_kwargs, needs_draft=any(d != "ngram" for d in drafters)) as engine:
         total = len(configs) * len(prompts) * repeats
@@ -277,6 +302,7 @@ def bench_command(
                 engine,
                 prompts,
                 configs,
+                common=common,
                 max_tokens=max_tokens,
                 repeats=repeats,
                 seed=seed,
@@ -315,7 +341,7 @@ def _kernels_command(model_kwargs, divergences, vocabs, rows, repeats, as_json, 
     click.echo(json.dumps(results, indent=1) if as_json else format_table(results))
 
 
-def _overhead_command(model_kwargs, a: dict, as_json: bool) -> None:
+def _overhead_command(model_kwargs, a: dict, common: dict, as_json: bool) -> None:
     import json
 
     from fsd_local.bench.overhead import format_rows, measure
@@ -328,8 +354,9 @@ def _overhead_command(model_kwargs, a: dict, as_json: bool) -> None:
         a["modes"], a["divergences"], a["taus"], a["draft_maxes"], a["temperatures"], a["drafters"], a["policies"],
         a["budgets"] or (), ["cold"],
     )  # fmt: skip
-    labelled = [(_label(c), c.settings(a["max_tokens"], a["seed"])) for c in configs]
-    prompts = load_prompts(a["prompts_file"])
+    # what a request costs that asks for no log-probabilities (bench's own runs ask: its logp/tok column)
+    labelled = [(_label(c), {**c.settings(a["max_tokens"], a["seed"]), **common, "logprobs": False}) for c in configs]
+    prompts = load_prompts(a["prompts_file"])[: a["limit"]]
     with _engine(model_kwargs, needs_draft=any(d != "ngram" for d in a["drafters"])) as engine:
         tokens = prompt_tokens(engine, prompts, a["chat"])
         _say(f"the loop's own time: {len(labelled)} configurations x {len(prompts)} prompts, {a['max_tokens']} tokens")

@@ -73,6 +73,7 @@ def calibrate_options(f):
 def calibrate_command(
     *,
     prompts_file,
+    limit,
     chat,
     max_tokens,
     seed,
@@ -114,7 +115,7 @@ def calibrate_command(
     budget = Budget(*given[0])
     if budget.kind == "agreement" and temperature > 0:  # fail before loading the models
         raise click.UsageError("--min-agreement needs --temp 0 (agreement is with the target's greedy output)")
-    prompts = load_prompts(prompts_file)
+    prompts = load_prompts(prompts_file)[:limit]
 
     if modes and _given("mode"):
         raise click.UsageError("give --mode or --modes, not both")

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.budget import TAU, afford, end_round, new_budget, plan_round, sampled_loss
+from fsd_local.kernels.budget import TAU, afford, end_round, kept_union, new_budget, plan_round, sampled_loss
 from fsd_local.kernels.divergence import divergence
 from fsd_local.kernels.names import (  # noqa: F401
     AR,
@@ -31,7 +31,7 @@ from fsd_local.kernels.names import (  # noqa: F401
     TYPICAL_EPS_DEFAULT,
 )
 from fsd_local.kernels.onehot import divergence_onehot
-from fsd_local.kernels.rows import max_argmax, row_lse, row_max
+from fsd_local.kernels.rows import max_argmax, max_argmax_rows, row_lse, row_max
 from fsd_local.kernels.rules import entropy_scaled, target_rule
 from fsd_local.kernels.sampling import (
     KEPT_MAX,
@@ -75,14 +75,18 @@ class Sampling(NamedTuple):
 
 class Drafts(NamedTuple):
     """What the drafter produced this round: the raw rows Q, the tokens, each token's draft probability, the
-    (max, cut-off, log-normaliser) of each processed draft row, and whether a row is one-hot (prompt lookup:
-    its divergences are closed forms, kernels/onehot.py)."""
+    (max, cut-off, log-normaliser) of each processed draft row, whether a row is one-hot (prompt lookup: its
+    divergences are closed forms, kernels/onehot.py), and where the draft sampled, each row's kept tokens and
+    their logits: a truncated q~ is all there, and the row itself is needed only for a divergence."""
 
     rows: np.ndarray
     tokens: np.ndarray
     prob: np.ndarray
     stats: np.ndarray
     onehot: np.ndarray
+    kept: np.ndarray = np.zeros((0, 0), np.int64)  # the sampled draft rows' kept tokens (sampling.py), sorted
+    kept_n: np.ndarray = np.zeros(0, np.int64)  # how many in each row (-1: not truncated; none stored: dense)
+    kept_logits: np.ndarray = np.zeros((0, 0), np.float32)  # their (processed) logits: q~ without the row
 
 
 NO_TOP_IDS = np.zeros((0, 0), np.int32)
@@ -112,6 +116,7 @@ class RoundOut(NamedTuple):
     pstats: np.ndarray
     kept: np.ndarray
     kept_n: np.ndarray
+    union: np.ndarray
 
 
 def round_out(k: int, n_top: int = 0, logprobs: bool = True) -> RoundOut:
@@ -130,6 +135,7 @@ def round_out(k: int, n_top: int = 0, logprobs: bool = True) -> RoundOut:
         np.empty(3, np.float32),
         np.empty((k + 1, KEPT_MAX), np.int64),
         np.empty(k + 1, np.int64),
+        np.empty(2 * KEPT_MAX, np.int64),
     )
 
 
@@ -179,7 +185,7 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
     Each row is read only for what the rule needs: greedy, an argmax (with its max, which gives the loss and the
     gap for free); sampled, the processed distribution over its kept tokens; a log-partition and a divergence
     only at a slot whose SD test failed (and where log-probabilities are asked)."""
-    Q, drafts, q_prob, q_stats = draft.rows, draft.tokens, draft.prob, draft.stats
+    Q, drafts, q_prob = draft.rows, draft.tokens, draft.prob
     mode = rule.mode
     tau = rule.tau if budget.bound < 0.0 else budget.state[TAU]
     temperature = sampling.temperature
@@ -196,10 +202,13 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
             reason[i] = REJECTED
             divs[i] = np.nan
     planned = greedy and budget.bound > 0.0
+    if greedy:  # every row's argmax at once, in parallel (a rejection early in the round wastes a little)
+        max_argmax_rows(P, n_drafts + 1, n, out.row_max, out.top)
     for i in range(n_drafts):
         x = P[i]
         d = drafts[i]
-        _row_stats(x, i, n, sampling, out)
+        if not greedy:
+            _row_stats(x, i, n, sampling, out)
         if mode != FSD_PAPER:
             if greedy:
                 ok = out.top[i] == d
@@ -218,13 +227,8 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
         if ok:  # what the rescue costs (kernels/budget.py), known before accepting it
             if greedy:
                 cost = float(out.row_max[i]) - float(x[d])
-            elif budget.bound < 0.0:
-                cost = np.nan  # sampled: measured under a budget only (two scalar passes over the row)
             else:
-                cost = sampled_loss(
-                    mode, x, out.lse[i], Q[i], draft.onehot[i], d, n, temperature, out.pstats, q_stats[i], tau,
-                    rule.relaxed_k, rule.typical_eps, rule.typical_alpha,
-                )  # fmt: skip
+                cost = _sampled_cost(draft, i, x, n, rule, sampling, tau, out)
             if planned:  # decided with the whole round below; loss[i] holds the cost until then
                 loss[i] = cost
             else:
@@ -257,6 +261,46 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
 
 
 @njit(cache=True)
+def _sampled_cost(draft, i, x, n, rule, sampling, tau, out):
+    """budget.sampled_loss of a rescue at slot i, over the tokens where p~ or q~ has mass when both are truncated
+    (their kept sets' union: a few dozen tokens under chat's sampling), else over the whole rows."""
+    m_p = out.kept_n[i]
+    if draft.onehot[i]:  # prompt lookup: q~ is the drafted token alone
+        m = kept_union(out.kept[i], m_p, draft.tokens[i : i + 1], 1, out.union) if m_p >= 0 else -1
+    elif draft.kept.shape[0] > i and m_p >= 0 and draft.kept_n[i] >= 0:
+        m = kept_union(out.kept[i], m_p, draft.kept[i], draft.kept_n[i], out.union)
+    else:
+        m = -1
+    return sampled_loss(
+        rule.mode,
+        x,
+        out.lse[i],
+        draft.rows[i],
+        draft.onehot[i],
+        draft.tokens[i],
+        n,
+        sampling.temperature,
+        out.pstats,
+        draft.stats[i],
+        tau,
+        rule.relaxed_k,
+        rule.typical_eps,
+        rule.typical_alpha,
+        out.union,
+        m,
+        *_q_kept(draft, i),
+    )
+
+
+@njit(inline="always")
+def _q_kept(draft, i):
+    """Draft row i's kept tokens, their logits and how many (-1: none stored: read the row)."""
+    if draft.kept_logits.shape[0] > i:
+        return draft.kept[i], draft.kept_logits[i], draft.kept_n[i]
+    return draft.tokens.astype(np.int64), draft.rows[0], -1
+
+
+@njit(cache=True)
 def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
     """The one extra token of the round: the bonus after a full accept, otherwise the replacement at the failed
     slot (greedy: the argmax; sampled: the residual norm(max(p~ - q~, 0)), or p~ itself for fsd-paper)."""
@@ -271,11 +315,23 @@ def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
         pst = out.pstats
         return sample_kept(x, n, temperature, pst[0], pst[1], pst[2], out.kept[accepted], out.kept_n[accepted], u)
     pst = out.pstats  # the stats of row `accepted`: the last row _row_stats read
-    d = draft.tokens[accepted]
+    q_kept, q_logits, m_q = _q_kept(draft, accepted)
     return residual_kept(
-        x, draft.rows[accepted], n, temperature, pst, draft.stats[accepted], out.kept[accepted],
-        out.kept_n[accepted], u, draft.onehot[accepted], d,
-    )  # fmt: skip
+        x,
+        draft.rows[accepted],
+        n,
+        temperature,
+        pst,
+        draft.stats[accepted],
+        out.kept[accepted],
+        out.kept_n[accepted],
+        u,
+        draft.onehot[accepted],
+        draft.tokens[accepted],
+        q_kept,
+        q_logits,
+        m_q,
+    )
 
 
 @njit(cache=True)
@@ -340,7 +396,7 @@ def fill_top(x, n, lse, j, out):
 def emit_one(x, n, sampling, u, stats, out):
     """Plain decoding (the ar and draft-only baselines): (token, raw log-prob of the token, NaN when not asked);
     out.logprob[0], out.gap[0] and the top alternatives (out.top_ids[0]) as accept_round fills them."""
-    t, _, _ = pick_kept(
+    t, _, _, _ = pick_kept(
         x, n, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, u, stats, out.kept[0], False
     )
     out.lse[0] = np.nan

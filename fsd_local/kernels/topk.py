@@ -136,11 +136,20 @@ def top_threshold(x, n, mx, k):
 @njit(cache=True)
 def top_indices(x, n, k):
     """Indices of the k largest entries of x[:n], largest first (ties broken by lower index)."""
-    k = min(k, n)
-    if k <= 0:
+    if min(k, n) <= 0:
         return np.empty(0, np.int64)
     bk = np.empty((n + BLOCK - 1) // BLOCK, np.int32)
     block_max_keys(x, n, bk)
+    return top_from_blocks(x, n, k, bk)
+
+
+@njit(cache=True)
+def top_from_blocks(x, n, k, bk):
+    """top_indices given the block maxima bk of x[:n] (block_max_keys): the caller may have read the row's max
+    off them already (the max of the block maxima)."""
+    k = min(k, n)
+    if k <= 0:
+        return np.empty(0, np.int64)
     k_blocks = min(k, bk.shape[0])
     t = from_order_key(kth_largest_key(bk, bk.shape[0], k_blocks))  # >= k entries are >= t
     cand = _gather_blocks(x, n, bk, t)

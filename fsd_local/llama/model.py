@@ -83,6 +83,12 @@ def _device_list(opts: ModelOptions):
     return (ctypes.c_void_p * (len(local) + 1))(*local, None)
 
 
+# llama_get_logits returning the address itself (llama-cpp-python's binding returns a float pointer to cast)
+_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+    ctypes.cast(lc.llama_get_logits, ctypes.c_void_p).value or 0
+)
+
+
 class Model:
     def __init__(self, opts: ModelOptions, role: str = "model"):
         self.opts = opts
@@ -160,9 +166,12 @@ class Model:
         for j in range(nb):
             b.seq_id[j][0] = SEQ
         self._steps = np.arange(nb, dtype=np.int32)
+        self._token_p, self._pos_p, self._want_p = b.token, b.pos, b.logits
         self.tokens: list[int] = []
         self.n_outputs = 0
         self.decode_seconds = 0.0  # time spent inside llama.cpp's decode calls, for the loop's own time (stats)
+        self._view: np.ndarray | None = None  # the output buffer as an array, kept while llama.cpp keeps it
+        self._view_addr: int | None = None
 
     # ---------------------------------------------------------------- metadata
     def meta(self, key: str) -> str | None:
@@ -296,10 +305,13 @@ class Model:
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             n, base = len(chunk), len(self.tokens)
-            self._token[:n] = chunk
-            np.add(self._steps[:n], base, out=self._pos[:n])
-            self._want[:n] = 0
-            self._want[max(0, first_row - start) : n] = 1
+            if n == 1:  # the draft's tokens, a plain step: three stores beat three array operations
+                self._token_p[0], self._pos_p[0], self._want_p[0] = chunk[0], base, first_row <= start
+            else:
+                self._token[:n] = chunk
+                np.add(self._steps[:n], base, out=self._pos[:n])
+                self._want[:n] = 0
+                self._want[max(0, first_row - start) : n] = 1
             b.n_tokens = n
             t = perf_counter()
             rc = lc.llama_decode(self.ctx, b)
@@ -325,11 +337,15 @@ class Model:
         rows = self.n_outputs if rows is None else rows
         if not 0 < rows <= self.n_outputs:
             raise ValueError(f"{self.role} model: {rows} logit rows asked, the last decode output {self.n_outputs}")
-        ptr = lc.llama_get_logits(self.ctx)
-        if not ptr:
+        addr = _logits_address(self.ctx)
+        if addr is None:
             raise RuntimeError(f"{self.role} model returned no logits: {recent_log()}")
-        out = np.ctypeslib.as_array(ptr, (self.n_outputs, self.n_vocab))
-        return out[self.n_outputs - rows :]
+        view = self._view
+        if view is None or self._view_addr != addr or view.shape[0] < self.n_outputs:  # llama.cpp moved or grew it
+            buf = (ctypes.c_float * (self.n_outputs * self.n_vocab)).from_address(addr)
+            view = self._view = np.frombuffer(buf, dtype=np.float32).reshape(self.n_outputs, self.n_vocab)
+            self._view_addr = addr
+        return view[self.n_outputs - rows : self.n_outputs]
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
