@@ -47,12 +47,17 @@ def _cpu() -> str:
 
 
 def _model_key(m: Model) -> list:
-    o = m.opts
-    st = os.stat(m.path)
+    o, st = m.opts, os.stat(m.path)
+    loaded = [o.n_threads, o.n_threads_batch, o.n_gpu_layers, o.n_batch, o.flash_attn, o.split_mode, o.rpc_servers]
     return [
-        os.path.realpath(m.path), st.st_size, int(st.st_mtime), o.n_threads, o.n_threads_batch, o.n_gpu_layers,
-        o.n_batch, o.flash_attn, o.cache_type_k, o.cache_type_v, o.split_mode, o.rpc_servers, m.repack.repack,
-    ]  # fmt: skip
+        os.path.realpath(m.path),
+        st.st_size,
+        int(st.st_mtime),
+        *loaded,
+        o.cache_type_k,
+        o.cache_type_v,
+        m.repack.repack,
+    ]
 
 
 class CostStore:

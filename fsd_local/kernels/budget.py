@@ -43,15 +43,32 @@ import numpy as np
 from numba import njit
 
 from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
-from fsd_local.kernels.names import CASCADE, FSD_PAPER, RELAXED, TYPICAL
+from fsd_local.kernels.names import (  # noqa: F401  (the state's indices, declared once there)
+    ACCEPTED,
+    BUDGET_STATE,
+    CAPPED,
+    CASCADE,
+    DRAFTED,
+    FSD_PAPER,
+    LOSS,
+    REFUSED,
+    RELAXED,
+    ROUNDS,
+    STOP_AT,
+    TAU,
+    TAU0,
+    TAU_MAX,
+    TAU_MIN,
+    TAU_SUM,
+    TOKENS,
+    TYPICAL,
+    G,
+)
 from fsd_local.kernels.rows import row_entropy, row_max
 from fsd_local.kernels.sampling import q_at
 from fsd_local.kernels.topk import top_indices
 
-# the state vector of one reply's budget (TAU: the threshold the rule uses now, TAU0 x G; CAPPED: refusals by the
-# cap alone, of REFUSED; STOP_AT: this round's draft that ends the reply)
-LOSS, TOKENS, TAU, TAU_SUM, TAU_MIN, TAU_MAX, ROUNDS, REFUSED, G, TAU0, DRAFTED, ACCEPTED, CAPPED, STOP_AT = range(14)
-N_STATE = 14
+N_STATE = len(BUDGET_STATE)
 NO_STOP = 1e9  # STOP_AT when no draft of the round ends the reply
 G_START, G_LO, G_HI = 1.0, 0.01, 40.0  # the controlled gain: first value and range
 TAU_HI = 4.0  # the threshold never goes above this (every rule's tau scale is below it)
