@@ -350,8 +350,8 @@ def _overhead_command(model_kwargs, a: dict, common: dict, as_json: bool) -> Non
 
     if a["as_csv"]:
         raise click.UsageError("--overhead prints a table or --json")
-    axes = [a[k] for k in ("modes", "divergences", "taus", "draft_maxes", "temperatures", "drafters", "policies")]
-    configs = build_configs(*axes, budgets=a["budgets"] or (), states=["cold"])
+    axes = ("modes", "divergences", "taus", "draft_maxes", "temperatures", "drafters", "policies")
+    configs = build_configs(**{k: a[k] for k in axes}, budgets=a["budgets"] or (), states=["cold"])
     # what a request costs that asks for no log-probabilities (bench's own runs ask: its logp/tok column)
     labelled = [(_label(c), {**c.settings(a["max_tokens"], a["seed"]), **common, "logprobs": False}) for c in configs]
     prompts = load_prompts(a["prompts_file"])[: a["limit"]]
