@@ -7,6 +7,7 @@ import json
 import math
 import sys
 
+import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -484,3 +485,26 @@ def test_bench_kernels_json():
     table = _invoke(["bench", "--kernels", "--vocab", "64", "--rows", "1", "--divergence", "kl", "--repeats", "1"])
     assert "numba ms" in table.stdout and "numba ns/entry" in table.stdout
     assert len(table.stdout.strip().splitlines()) == 2
+
+
+def test_bench_samples_as_chat_does_and_takes_the_first_prompts(tiny_pair, prompts_file):
+    """--chat-sampling: chat's top-k, top-p, min-p and repeat penalty in every run, and its temperature unless
+    --temp is given; a chain option given alone overrides; --limit takes the first N prompts."""
+    from fsd_local.settings import CHAT_DEFAULTS
+
+    args = ["bench", *_models(tiny_pair), "--prompts", prompts_file, "--max-tokens", "6", "--repeats", "1"]
+    args += ["--modes", "fsd", "--taus", "0.2", "--draft-policy", "fixed", "--draft-max", "2", "--json"]
+    rows = json.loads(_invoke([*args, "--chat-sampling", "--limit", "2"]).stdout)
+    assert {r["temperature"] for r in rows} == {CHAT_DEFAULTS["temperature"]}
+    assert all(r["runs"] == 2 for r in rows)  # two prompts, one repeat
+    assert all(r["loss_per_token"] is not None for r in rows if r["mode"] != "draft-only")  # sampled loss, measured
+    rows = json.loads(_invoke([*args, "--chat-sampling", "--temp", "0.5", "--top-k", "3", "--limit", "1"]).stdout)
+    assert {r["temperature"] for r in rows} == {0.5}
+    from fsd_local.cli.bench import sampling_of
+
+    ctx = click.Context(cli.commands["bench"], info_name="bench")  # what the options become, without a run
+    with ctx:
+        kw = {"chat_sampling": True, "top_k": 3, "top_p": None, "min_p": None, "repeat_penalty": None}
+        kw.update({"repeat_last_n": None, "presence_penalty": None, "frequency_penalty": None})
+        common, temps = sampling_of(kw, [0.0])
+    assert common == {**{k: v for k, v in CHAT_DEFAULTS.items() if k != "temperature"}, "top_k": 3}

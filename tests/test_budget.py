@@ -501,3 +501,31 @@ def test_on_the_real_f16_pair_budgets_hold_and_zero_is_sd(real_engine_f16, real_
     assert 0 < st["loss_sum"] <= 0.2 * st["tokens"] + 1e-9 and st["accepted_fuzzy"] > 0
     ref = _reference_losses(real_pair_f16[1], prompt, out.token_ids)
     assert st["loss_sum"] == pytest.approx(ref.sum(), abs=0.05)  # F16 batch shapes: <= ~0.04 per logit
+
+
+def test_the_hard_cap_refuses_an_expensive_sampled_rescue_until_the_reply_has_earned_it():
+    """Sampled, slot by slot: a rescue the rule takes (fsd, js <= tau always) and the price allows (g at its top)
+    costs >= 4.5 nats (its expected log-probability loss, per rescue); at a reply's first token B 0.2 affords 0.2:
+    refused by the cap alone, the slot's token drawn from the residual instead, nothing charged. With 60 tokens
+    behind it, the same rescue fits and is charged."""
+    n, t, bound = 16, 1.0, 0.2
+    x = np.full(n, -2.0, np.float32)
+    x[0] = 3.0  # the target wants token 0
+    y = np.full(n, -2.0, np.float32)
+    y[1] = 3.0  # the draft proposes token 1
+    P, Q = np.stack([x, x]), y[None, :].copy()
+    q_stats = np.array([S.processed(y, n, t, 0, 1.0, 0.0), [0, 0, 0]], np.float32)
+    q1 = S.prob(y, 1, t, *S.processed(y, n, t, 0, 1.0, 0.0))
+    drafts = Drafts(Q, np.array([1], np.int32), np.array([q1]), q_stats, np.zeros(1, np.uint8))
+    rule, sampling = Rule(FSD, 0, 0.0, 50), Sampling(t, 0, 1.0, 0.0)
+    us = np.array([0.99, 0.3])  # the SD test fails (p~(1) / q~(1) is tiny)
+    for tokens, taken in ((0, False), (60, True)):
+        budget, out = new_budget(bound, 1), round_out(1)
+        budget.state[TAU], budget.state[G], budget.state[TOKENS] = 1.0, G_HI, tokens
+        acc, nxt = accept_round(P, drafts, 1, n, rule, sampling, us, out, budget)
+        if taken:
+            assert acc == 1 and out.reason[0] == 2 and budget.state[CAPPED] == 0
+            assert 1.0 < budget.state[LOSS] <= bound * (tokens + 1)
+        else:
+            assert acc == 0 and nxt != 1 and budget.state[CAPPED] == budget.state[REFUSED] == 1
+            assert budget.state[LOSS] == 0.0
