@@ -6,7 +6,7 @@ For each chat prompt of fsd_local/data/prompts-chat.jsonl (the first --prompts),
 (`ar`); both models then evaluate prompt + reply in one batch, and every position of the reply is scored as a
 round would score it: whether the draft's greedy pick is the target's (sd), and the Jensen-Shannon divergence
 of the two rows (fsd at tau accepts where sd does or js <= tau). The file holds, per prompt, the reply's
-positions as [sd, js] pairs: a teacher-forced trace (tests/autosim.py replays it).
+positions as [sd, js] pairs: a teacher-forced trace (tests/support/autosim.py replays it).
 """
 
 from __future__ import annotations

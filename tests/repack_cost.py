@@ -12,8 +12,8 @@ import argparse
 import statistics
 
 from fsd_local import Engine, ModelOptions
-from fsd_local.demo import demo_pair
 from fsd_local.llama.cpu_features import repack_choice
+from fsd_local.pairs.demo import demo_pair
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 

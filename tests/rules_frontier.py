@@ -22,7 +22,7 @@ from fsd_local.bench.frontier import frontier, frontier_rows, mark_frontier
 from fsd_local.bench.prompts import EXAMPLE_FILE, load_prompts
 from fsd_local.bench.report import format_table
 from fsd_local.bench.runner import Config, run_bench, summarise
-from fsd_local.demo import demo_pair
+from fsd_local.pairs.demo import demo_pair
 
 TAUS = {  # from a probe on 4 prompts: from little rescue to nearly all drafts accepted, for each rule
     "fsd": (0.1, 0.2, 0.3),

@@ -25,7 +25,7 @@ import time
 import httpx
 
 from fsd_local import Engine, ModelOptions, Settings
-from fsd_local.demo import demo_pair
+from fsd_local.pairs.demo import demo_pair
 from fsd_local.server import BackgroundServer
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."

@@ -1,6 +1,6 @@
 """The `auto` draft-length policy as a whole: the default everywhere, robust to an unlucky start, as good as the
 best fixed k on high-acceptance (fuzzy) traces, the bench's offline oracle, and the "x plain decoding" rule.
-Traces are generated (tests/autosim.py drives DraftLength like the engine); costs are ones measured here."""
+Traces are generated (tests/support/autosim.py drives DraftLength like the engine); costs are ones measured here."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fsd_local.cli.options import summary_line
 from fsd_local.drafting.cost_model import CostModel
 from fsd_local.drafting.proposer import MODEL
 from fsd_local.settings import Settings
-from tests.autosim import Costs, calibrated, interpolated, rate, run_auto, run_fixed, session, trace
+from support.autosim import Costs, calibrated, interpolated, rate, run_auto, run_fixed, session, trace
 
 MS = 1e-3
 # one target decode of n tokens, seconds (index n): the wide demo target, 2 threads, on an Intel host (CPU tiles at
@@ -237,7 +237,7 @@ def costly_pair(tmp_path_factory):
     parameters (8 layers, width 512) over the same vocabulary, unrelated weights (sd accepts almost nothing)."""
     import numpy as np
 
-    from tests.tinymodels import write_tiny_gguf
+    from support.tinymodels import write_tiny_gguf
 
     d = tmp_path_factory.mktemp("costly")
     target = write_tiny_gguf(d / "target.gguf", seed=2, n_embd=512, n_layer=8, n_head=8, n_ff=2048, dtype=np.float16)

@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import math
+import struct
 import sys
 
 import numpy as np
@@ -28,8 +29,8 @@ from fsd_local.bench.runner import (
 )
 from fsd_local.cli import cli
 from fsd_local.errors import ConfigError
-from fsd_local.kernels import reference
 from fsd_local.kernels.divergence import DIVERGENCES
+from support import reference
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -349,6 +350,26 @@ def test_bench_plot_is_a_matplotlib_png(bench_run):
     data = png.read_bytes()
     assert data[:8] == PNG_SIGNATURE
     assert b"Software" in data[:2000] and b"matplotlib" in data[:2000]  # the tEXt chunk matplotlib writes
+
+
+def test_bench_plot_is_a_grid_readable_at_page_width_with_one_legend(bench_run):
+    from fsd_local.bench.plot import figure
+
+    rows, png = bench_run
+    width, height = struct.unpack(">II", png.read_bytes()[16:24])  # the IHDR chunk
+    assert 800 <= width <= 1200 and height > width  # two panels wide, not a strip
+    fig = figure(rows)
+    try:
+        shown = [ax for ax in fig.axes if ax.axison]
+        assert len(shown) == 2 * 5  # two temperatures x (three tau panels + two frontiers), the sixth cell empty
+        assert {round(ax.get_position().width * width) for ax in shown} <= set(range(300, 600))
+        (legend,) = fig.legends
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert "ar (target alone)" in labels and "fsd js k=2" in labels and "fsd kl k=3" in labels
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
 
 
 def test_bench_table_and_csv(tiny_pair, prompts_file):

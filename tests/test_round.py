@@ -72,7 +72,7 @@ def test_rounds_driven_by_hand_write_the_targets_own_text(tiny_engine):
 def wide_vocab_pair(tmp_path_factory):
     """A tiny pair over a 65,536-token vocabulary: one logit row is 256 KiB, so copying or allocating a row per
     round stands out from the round's Python objects and the kernels' small candidate lists (top-k's)."""
-    from tests.tinymodels import WORDS, write_tiny_gguf
+    from support.tinymodels import WORDS, write_tiny_gguf
 
     words = WORDS + [f"▁w{i}" for i in range(65536 - 259 - len(WORDS))]
     d = tmp_path_factory.mktemp("widevocab")

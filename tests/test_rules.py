@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 
-from fsd_local.kernels import reference_rules as ref
 from fsd_local.kernels import sampling as S
 from fsd_local.kernels.accept import BY_FUZZY, BY_SD, REJECTED, Drafts, Rule, Sampling, accept_round, round_out
 from fsd_local.kernels.budget import new_budget
@@ -16,6 +15,7 @@ from fsd_local.kernels.divergence import DIVERGENCES, compute
 from fsd_local.kernels.names import CASCADE, FSD_ENTROPY, MODES, RELAXED, SD, TARGET_RULES, TAU_MODES, TYPICAL
 from fsd_local.kernels.rows import row_entropy, row_lse
 from fsd_local.kernels.rules import entropy_scaled, target_rule
+from support import reference_rules as ref
 
 RULE_CODES = {"typical": TYPICAL, "cascade": CASCADE, "relaxed": RELAXED}
 NEW_MODES = ("typical", "cascade", "relaxed", "fsd-entropy")

@@ -273,9 +273,18 @@ def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
     pst = out.pstats  # the stats of row `accepted`: the last row _row_stats read
     d = draft.tokens[accepted]
     return residual_kept(
-        x, draft.rows[accepted], n, temperature, pst, draft.stats[accepted], out.kept[accepted],
-        out.kept_n[accepted], u, draft.onehot[accepted], d,
-    )  # fmt: skip
+        x,
+        draft.rows[accepted],
+        n,
+        temperature,
+        pst,
+        draft.stats[accepted],
+        out.kept[accepted],
+        out.kept_n[accepted],
+        u,
+        draft.onehot[accepted],
+        d,
+    )
 
 
 @njit(cache=True)
