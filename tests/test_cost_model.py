@@ -363,7 +363,7 @@ def test_tiled_costs_pick_the_efficient_batch():
     assert best_k(rates) == 7 and rates[7] > rates[4]
     smoothed = [0.0] + [max(curve[1 : n + 1]) for n in range(1, 10)]  # what a monotone curve would say
     assert best_k(expected_rates(acc, 13 * MS, smoothed)) != 7
-    # through the model: the sizes measured once each (the engine's calibration), then rounds at k = 7
+    # through the model: the sizes measured once each (Engine.measure_costs), then rounds at k = 7
     cm = CostModel(8)
     for n, ms in enumerate(TILED_MS, start=1):
         cm.observe_verify(n, ms * MS)

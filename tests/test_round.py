@@ -1,6 +1,6 @@
 """One round as a unit (round.py): a proposal in, emitted tokens out, the caches cut back to the accepted text;
-the hot path allocates no row-sized memory per round; and the first request is not kept waiting by a
-calibration (drafting/calibration.py)."""
+the hot path allocates no row-sized memory per round; and the first request is not kept waiting by
+measure_costs (drafting/calibration.py)."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def test_no_row_sized_allocation_on_the_hot_path(wide_vocab_pair, name):
 def test_the_first_request_decodes_only_what_it_uses_and_the_next_engine_starts_from_its_costs(
     tiny_pair, tmp_path, monkeypatch
 ):
-    """No calibration inside a request: a fresh engine's first auto reply decodes the target only for its own
+    """No measure_costs inside a request: a fresh engine's first auto reply decodes the target only for its own
     rounds (every batch it timed is one of them); the sizes it measured are on disk for the next engine."""
     monkeypatch.setenv("FSD_LOCAL_COSTS", str(tmp_path / "costs.json"))  # a machine that never ran this pair
     d, t = tiny_pair

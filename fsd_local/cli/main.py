@@ -205,7 +205,7 @@ Examples:
 PAIR_EPILOG = f"""
 A pair is a small draft model and a large target model with the same tokenizer; fsd-local runs them with
 Fuzzy Speculative Decoding. tau: {TAU_HELP}. Modes: {MODE_HELP}. Divergences: {DIVERGENCE_HELP}. The suggested tau per
-divergence is a starting point; calibrate it with `fsd-local bench`.
+divergence is a starting point; `fsd-local calibrate` finds one for a budget on your prompts.
 
 \b
 Examples:

@@ -1,7 +1,7 @@
 """What the `auto` policy knows of the machine before it has measured anything in this process: costs measured
 earlier, kept on disk per model file and machine (`CostStore`), and `measure_costs`, which times them on purpose.
 
-No generation ever waits for a calibration: an engine reads the store when it loads, measures each batch size
+No generation ever waits for `measure_costs`: an engine reads the store when it loads, measures each batch size
 as the loop uses it (verify_cost.py, drafting/length.py), and writes what it measured back after each reply.
 A first reply on a new machine prices the sizes it has not used from a fitted line and explores them while its
 evidence is thin (cost_model.py); every later engine of the same files starts where the last one stopped.
