@@ -12,10 +12,9 @@ import time
 
 import httpx
 import pytest
-from click.testing import CliRunner
 
-from fsd_local.cli import cli
 from fsd_local.pairs.names import choose_draft
+from support.clirun import invoke
 from support.localstores import isolate, lmstudio_file, ollama_model
 from support.tinymodels import write_tiny_gguf
 
@@ -41,13 +40,6 @@ def stores(tmp_path, monkeypatch, family):
     ollama_model(s["ollama"], "odd:tiny", family["other"])
     lmstudio_file(s["lmstudio"], "acme", "Tiny-GGUF", family["small"], filename="tiny-small.gguf")
     return s
-
-
-def invoke(args, input=None):
-    result = CliRunner().invoke(cli, args, input=input)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 CHOSEN = (

@@ -10,7 +10,6 @@ import sys
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from fsd_local.bench.kernels import logit_rows, numpy_rows
 from fsd_local.bench.prompts import EXAMPLE_FILE, extract_answer, load_prompts, parse_prompts
@@ -27,10 +26,10 @@ from fsd_local.bench.runner import (
     summarise,
     throughput_by_repeat,
 )
-from fsd_local.cli import cli
 from fsd_local.errors import ConfigError
 from fsd_local.kernels.divergence import DIVERGENCES
 from support import reference
+from support.clirun import invoke, tiny_models
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -251,25 +250,13 @@ def prompts_file(tmp_path_factory):
     return str(path)
 
 
-def _invoke(args):
-    result = CliRunner().invoke(cli, args)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
-def _models(tiny_pair):
-    draft, target = tiny_pair
-    return ["--target", target, "--draft", draft, "--threads", "1", "--ctx", "256"]
-
-
 @pytest.fixture(scope="module")
 def bench_run(tiny_pair, prompts_file, tmp_path_factory):
     png = tmp_path_factory.mktemp("plot") / "bench.png"
-    result = _invoke(
+    result = invoke(
         [
             "bench",
-            *_models(tiny_pair),
+            *tiny_models(tiny_pair),
             "--prompts",
             prompts_file,
             "--taus",
@@ -375,7 +362,7 @@ def test_bench_plot_is_a_grid_readable_at_page_width_with_one_legend(bench_run):
 def test_bench_table_and_csv(tiny_pair, prompts_file):
     args = [
         "bench",
-        *_models(tiny_pair),
+        *tiny_models(tiny_pair),
         "--prompts",
         prompts_file,
         "--taus",
@@ -385,10 +372,10 @@ def test_bench_table_and_csv(tiny_pair, prompts_file):
         "--repeats",
         "1",
     ]
-    table = _invoke(args)
+    table = invoke(args)
     assert table.exit_code == 0 and "tok/s" in table.stdout and "x sd" in table.stdout
     assert "state" in table.stdout.splitlines()[0] and "cold" in table.stdout and "warm" in table.stdout
-    rows = list(csv.DictReader(io.StringIO(_invoke(args + ["--csv"]).stdout)))
+    rows = list(csv.DictReader(io.StringIO(invoke(args + ["--csv"]).stdout)))
     assert [(r["mode"], r["policy_state"]) for r in rows] == [
         ("ar", ""),
         ("sd", "cold"),
@@ -401,7 +388,7 @@ def test_bench_table_and_csv(tiny_pair, prompts_file):
 
 def test_bench_plot_without_matplotlib_is_one_clear_line(tiny_pair, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without the `plot` extra sees
-    result = _invoke(["bench", *_models(tiny_pair), "--plot", str(tmp_path / "x.png")])
+    result = invoke(["bench", *tiny_models(tiny_pair), "--plot", str(tmp_path / "x.png")])
     assert result.exit_code == 1
     assert (
         result.stderr.strip() == "error: --plot needs matplotlib, which is not installed: pip install 'fsd-local[plot]'"
@@ -410,22 +397,22 @@ def test_bench_plot_without_matplotlib_is_one_clear_line(tiny_pair, monkeypatch,
 
 
 def test_bench_usage_errors(tiny_pair):
-    assert "--json and --csv" in _invoke(["bench", "--kernels", "--json", "--csv"]).output
-    assert "no model arguments" in _invoke(["bench", "--kernels", *_models(tiny_pair)]).output
-    assert "only apply to --kernels" in _invoke(["bench", *_models(tiny_pair), "--rows", "2"]).output
-    bad = _invoke(["bench", *_models(tiny_pair), "--taus", "0,x"])
+    assert "--json and --csv" in invoke(["bench", "--kernels", "--json", "--csv"]).output
+    assert "no model arguments" in invoke(["bench", "--kernels", *tiny_models(tiny_pair)]).output
+    assert "only apply to --kernels" in invoke(["bench", *tiny_models(tiny_pair), "--rows", "2"]).output
+    bad = invoke(["bench", *tiny_models(tiny_pair), "--taus", "0,x"])
     assert bad.exit_code == 2 and "'x' is not a valid tau value" in bad.output
     # calibrate measures fsd against sd: a target alone with no local model to draft for it is refused
-    draftless = _invoke(["calibrate", "--target", tiny_pair[1], "--min-agreement", "0.5"])
+    draftless = invoke(["calibrate", "--target", tiny_pair[1], "--min-agreement", "0.5"])
     assert draftless.exit_code == 2 and "give --draft too" in draftless.output
     assert "no model on this disk can draft for" in draftless.output
 
 
 def test_calibrate_finds_the_largest_tau_within_an_agreement_budget(tiny_pair, prompts_file):
-    result = _invoke(
+    result = invoke(
         [
             "calibrate",
-            *_models(tiny_pair),
+            *tiny_models(tiny_pair),
             "--prompts",
             prompts_file,
             "--min-agreement",
@@ -450,10 +437,10 @@ def test_calibrate_finds_the_largest_tau_within_an_agreement_budget(tiny_pair, p
 
 
 def test_calibrate_acceptance_target_and_errors(tiny_pair, prompts_file):
-    result = _invoke(
+    result = invoke(
         [
             "calibrate",
-            *_models(tiny_pair),
+            *tiny_models(tiny_pair),
             "--prompts",
             prompts_file,
             "--target-acceptance",
@@ -473,9 +460,9 @@ def test_calibrate_acceptance_target_and_errors(tiny_pair, prompts_file):
     out = json.loads(result.stdout)
     reached = [v["tau"] for v in out["visited"] if v["meets"]]
     assert out["tau"] == min(reached) and out["acceptance_rate"] >= 0.9
-    both = _invoke(["calibrate", *_models(tiny_pair), "--min-agreement", "0.5", "--target-acceptance", "0.9"])
+    both = invoke(["calibrate", *tiny_models(tiny_pair), "--min-agreement", "0.5", "--target-acceptance", "0.9"])
     assert both.exit_code == 2 and "exactly one" in both.output
-    sampled = _invoke(["calibrate", *_models(tiny_pair), "--min-agreement", "0.5", "--temp", "0.7"])
+    sampled = invoke(["calibrate", *tiny_models(tiny_pair), "--min-agreement", "0.5", "--temp", "0.7"])
     assert sampled.exit_code == 2 and "--temp 0" in sampled.output
 
 
@@ -489,7 +476,7 @@ def test_numpy_baseline_computes_the_same_divergences(name):
 
 
 def test_bench_kernels_json():
-    result = _invoke(["bench", "--kernels", "--vocab", "64,300", "--rows", "1,3", "--repeats", "1", "--json"])
+    result = invoke(["bench", "--kernels", "--vocab", "64,300", "--rows", "1,3", "--repeats", "1", "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert [(r["divergence"], r["vocab"], r["rows"]) for r in rows] == [
@@ -502,6 +489,6 @@ def test_bench_kernels_json():
         assert r["numba_ns_per_entry"] == pytest.approx(r["numba_s"] / entries * 1e9)
         assert r["numpy_ns_per_entry"] == pytest.approx(r["numpy_s"] / entries * 1e9)
         assert r["max_rel_diff"] < 1e-3  # both computed the same thing
-    table = _invoke(["bench", "--kernels", "--vocab", "64", "--rows", "1", "--divergence", "kl", "--repeats", "1"])
+    table = invoke(["bench", "--kernels", "--vocab", "64", "--rows", "1", "--divergence", "kl", "--repeats", "1"])
     assert "numba ms" in table.stdout and "numba ns/entry" in table.stdout
     assert len(table.stdout.strip().splitlines()) == 2
