@@ -13,9 +13,9 @@ from fsd_local.kernels import sampling as S
 from fsd_local.kernels.accept import Drafts, Rule, Sampling, accept_round, round_out
 from fsd_local.kernels.budget import new_budget
 from fsd_local.kernels.names import DIVERGENCES, MODES
-from fsd_local.kernels.reference import divergence as ref_divergence
-from fsd_local.kernels.reference import log_softmax
 from fsd_local.kernels.rows import max_argmax
+from support.reference import divergence as ref_divergence
+from support.reference import log_softmax
 
 
 def _rows(model, tokens: list[int], first: int) -> np.ndarray:
@@ -102,7 +102,7 @@ def test_kept_set_sampling_equals_the_whole_row(recorded, gemma_rows, t, top_k, 
 
 def _reference_round(P, Q, drafts, mode, div, tau):
     """Greedy, float64, straight from FSD.md: the SD test (the draft is the target's argmax), then the rule."""
-    from fsd_local.kernels.reference_rules import critical_tau
+    from support.reference_rules import critical_tau
 
     for i, d in enumerate(drafts):
         x, y = P[i].astype(np.float64), Q[i].astype(np.float64)

@@ -282,7 +282,7 @@ class CostModel:
     @property
     def plain_tokens_per_second_est(self) -> float:
         """1 / seconds of a single-token target decode, only where one was timed (a plain step, a probe's
-        catch-up is not one, the engine's calibration): what `ar` does here, for the speed-up figure. 0 when
+        catch-up is not one, Engine.measure_costs): what `ar` does here, for the speed-up figure. 0 when
         none was: a figure read off the fitted curve is a prior, not a measurement, and is never shown as one."""
         if not self.verify.measured_at(1):
             return 0.0

@@ -114,26 +114,6 @@ def gather_sorted(x, n, t):
 
 
 @njit(cache=True)
-def top_threshold(x, n, mx, k):
-    """A logit t with k <= count(x >= t) <= 4k where ties allow, found by counting passes only: double the
-    distance below the max until k entries are in, then bisect it down. (top_indices no longer needs it.)"""
-    lo, hi = np.float32(0.0), np.float32(0.25)
-    while count_at_least(x, n, mx - hi) < k:
-        lo, hi = hi, hi * np.float32(2.0)
-        if hi > np.float32(1e30):
-            return np.float32(-np.inf)  # fewer than k finite entries: take everything
-    for _ in range(30):
-        if count_at_least(x, n, mx - hi) <= 4 * k:
-            break
-        mid = np.float32(0.5) * (lo + hi)
-        if count_at_least(x, n, mx - mid) >= k:
-            hi = mid
-        else:
-            lo = mid
-    return mx - hi
-
-
-@njit(cache=True)
 def top_indices(x, n, k):
     """Indices of the k largest entries of x[:n], largest first (ties broken by lower index)."""
     if min(k, n) <= 0:

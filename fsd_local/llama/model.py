@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 from time import perf_counter
+from typing import Any
 
 import numpy as np
 
@@ -99,7 +100,21 @@ class Model:
         check_gguf_file(opts.path, role)
         _check_options(opts, role)
         init_backend()
+        self._load_weights(opts, role)
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        if opts.vocab_only:
+            return
+        self._create_context(opts)
+        self.tokens: list[int] = []
+        self.n_outputs = 0
+        self.decode_seconds = 0.0  # time spent inside llama.cpp's decode calls, for the loop's own time (stats)
+        self._view: np.ndarray | None = None  # the output buffer as an array, kept while llama.cpp keeps it
+        self._view_addr: int | None = None
 
+    def _load_weights(self, opts: ModelOptions, role: str) -> None:
         mp = lc.llama_model_default_params()
         mp.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers >= 0 else 2**31 - 1
         mp.split_mode = SPLIT_MODES[opts.split_mode]
@@ -130,13 +145,9 @@ class Model:
                 f"{role} model {opts.path} ({arch}) keeps a recurrent state that cannot be rewound to the "
                 "accepted text, which speculative decoding needs after every rejection; use a transformer model"
             )
-        self.vocab = lc.llama_model_get_vocab(self.model)
-        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
-        self._pieces: dict[int, bytes] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
-        if opts.vocab_only:
-            return
 
+    def _create_context(self, opts: ModelOptions) -> None:
+        """The context (one sequence, opts' sizes and KV types) and its batch, filled by vector writes."""
         cp = lc.llama_context_default_params()
         cp.n_ctx = opts.n_ctx
         cp.n_batch = cp.n_ubatch = opts.n_batch
@@ -153,9 +164,9 @@ class Model:
         if not self.ctx:
             self.close()
             raise ModelLoadError(f"llama.cpp could not create a context for {opts.path}: {recent_log()}")
-        self.n_ctx = lc.llama_n_ctx(self.ctx)
-        self.n_batch = opts.n_batch
-        self.mem = lc.llama_get_memory(self.ctx)
+        self.n_ctx: int = lc.llama_n_ctx(self.ctx)
+        self.n_batch: int = opts.n_batch
+        self.mem: Any = lc.llama_get_memory(self.ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         # the batch's arrays as NumPy views, filled with one vector write each per decode; one sequence, set once
         b, nb = self._batch, self.n_batch
@@ -167,11 +178,6 @@ class Model:
             b.seq_id[j][0] = SEQ
         self._steps = np.arange(nb, dtype=np.int32)
         self._token_p, self._pos_p, self._want_p = b.token, b.pos, b.logits
-        self.tokens: list[int] = []
-        self.n_outputs = 0
-        self.decode_seconds = 0.0  # time spent inside llama.cpp's decode calls, for the loop's own time (stats)
-        self._view: np.ndarray | None = None  # the output buffer as an array, kept while llama.cpp keeps it
-        self._view_addr: int | None = None
 
     # ---------------------------------------------------------------- metadata
     def meta(self, key: str) -> str | None:
