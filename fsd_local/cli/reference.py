@@ -19,7 +19,6 @@ from typing import Any
 
 import click
 
-from fsd_local.cli.bench import CommaList
 from fsd_local.cli.main import cli
 from fsd_local.cli.options import chat_settings_options, model_options, settings_options
 from fsd_local.settings import FIELDS, field_type, spec
@@ -142,7 +141,7 @@ def _type_text(p: click.Parameter) -> str:
         return f"{kind} {' and '.join(x for x in (lo, hi) if x)}".strip()
     if isinstance(t, click.Path):
         return "file"
-    if isinstance(t, CommaList):
+    if type(t).__name__ == "CommaList":  # bench's comma lists (cli/bench*.py): name them by what they hold
         return f"comma-separated {t.name}s"
     name = {"integer": "integer", "float": "number", "text": "text"}.get(t.name, t.name)
     metavar = getattr(p, "metavar", None)
