@@ -142,7 +142,7 @@ def _type_text(p: click.Parameter) -> str:
     if isinstance(t, click.Path):
         return "file"
     if type(t).__name__ == "CommaList":  # bench's comma lists (cli/bench*.py): name them by what they hold
-        return f"comma-separated {t.name}s"
+        return f"comma-separated {t.name[:-1] + 'ies' if t.name.endswith('y') else t.name + 's'}"
     name = {"integer": "integer", "float": "number", "text": "text"}.get(t.name, t.name)
     metavar = getattr(p, "metavar", None)
     return f"`{metavar}`" if metavar and name == "text" else name
