@@ -6,7 +6,7 @@ For each chat prompt of fsd_local/data/prompts-chat.jsonl (the first --prompts),
 (`ar`); both models then evaluate prompt + reply in one batch, and every position of the reply is scored as a
 round would score it: whether the draft's greedy pick is the target's (sd), and the Jensen-Shannon divergence
 of the two rows (fsd at tau accepts where sd does or js <= tau). The file holds, per prompt, the reply's
-positions as [sd, js] pairs: a teacher-forced trace (tests/autosim.py replays it).
+positions as [sd, js] pairs: a teacher-forced trace (tests/support/autosim.py replays it).
 """
 
 from __future__ import annotations
@@ -40,8 +40,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", help="where to write the traces [default: tests/data/traces-DEMO.json]")
+    ap.add_argument("--target", help="a target GGUF instead of the demo pair's (with --draft)")
+    ap.add_argument("--draft", help="its draft GGUF")
     a = ap.parse_args()
-    draft, target = demo_pair(precision=a.demo)
+    draft, target = (a.draft, a.target) if a.target else demo_pair(precision=a.demo)
     prompts = load_prompts(str(Path(__file__).resolve().parent.parent / "fsd_local/data/prompts-chat.jsonl"))
     js = DIVERGENCES.index("js")
     out = []
@@ -62,8 +65,8 @@ def main() -> None:
                 trace.append([sd, round(float(dv), 5)])
             out.append(trace)
             print(f"{p.text[:40]!r}: {len(trace)} positions, sd {np.mean([t[0] for t in trace]):.2f}", flush=True)
-    DATA.mkdir(exist_ok=True)
-    path = DATA / f"traces-{a.demo}.json"
+    path = Path(a.out) if a.out else DATA / f"traces-{a.demo}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"demo": a.demo, "tokens": a.tokens, "traces": out}, separators=(",", ":")))
     print(f"written {path}")
 

@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Generator, Mapping, Sequence
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsd_local.chain import Chain
 from fsd_local.conversation import fit_conversation, reply_room, splice_cached
@@ -32,6 +32,9 @@ from fsd_local.llama.vocab import check_compatible
 from fsd_local.results import CancelToken, Completion, Piece, check_prompt_ids, final_completion
 from fsd_local.round import Step, plain_step, verify
 from fsd_local.settings import Settings
+
+if TYPE_CHECKING:
+    from fsd_local.llama.chat_template import ChatTemplate
 
 __all__ = ["CancelToken", "Completion", "Engine", "Piece"]
 
@@ -56,6 +59,10 @@ class Engine:
 
     target: Model  # set once loaded: a failed load raises before anyone can see the Engine
     draft: Model | None
+    # what a server reads of whatever it serves (engine_like.py): a loaded Engine is always up
+    state = "ok"
+    reason: str | None = None
+    last_start_seconds = 0.0
 
     def __init__(
         self,
@@ -144,6 +151,13 @@ class Engine:
         s.check_draft(self.draft is not None)
         s.check_vocab(self.n_vocab)
         return s
+
+    def chat_template(self) -> ChatTemplate:
+        """The target's chat template (read once per loaded model)."""
+        from fsd_local.llama.chat_template import ChatTemplate
+
+        self._check_open()
+        return ChatTemplate.of(self.target)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Token ids of a conversation rendered with the target's chat template, ready for the reply."""

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from fsd_local.kernels.accept import BY_FUZZY, Drafts, RoundOut, accept_round, emit_one
+from fsd_local.kernels.accept import BY_FUZZY, Drafts, RoundOut, accept_round
 from fsd_local.kernels.budget import stop_at
+from fsd_local.kernels.emit import emit_one
 from fsd_local.results import Emitted
 
 if TYPE_CHECKING:

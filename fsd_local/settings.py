@@ -60,9 +60,15 @@ class Settings:
 
     tau: float = setting(0.0, TAU_HELP, lo=0, cli="--tau", chat="tau", sets_aside=("quality_budget", None, 0.0))
     quality_budget: float | None = setting(
-        None, BUDGET_HELP, lo=0, cli="--quality-budget", chat="budget", kind=float, metavar="B",
+        None,
+        BUDGET_HELP,
+        lo=0,
+        cli="--quality-budget",
+        chat="budget",
+        kind=float,
+        metavar="B",
         sets_aside=("tau", 0.0, None),
-    )  # fmt: skip
+    )
     mode: str = setting("fsd", MODE_HELP, choices=MODES, cli="--mode", chat="mode")
     divergence: str = setting("js", DIVERGENCE_HELP, choices=DIVERGENCES, cli="--divergence", chat="divergence")
     divergence_topk: int = setting(

@@ -8,9 +8,7 @@ from typing import Any
 
 import numpy as np
 
-# the budget's state vector (kernels/budget.py; not imported: stats must not load numba)
-_LOSS, _TOKENS, _TAU, _TAU_SUM, _TAU_MIN, _TAU_MAX, _ROUNDS, _REFUSED = range(8)
-_CAPPED = 12
+from fsd_local.kernels.names import CAPPED, REFUSED, ROUNDS, TAU, TAU_MAX, TAU_MIN, TAU_SUM  # no numba there
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 PHASES = ("draft", "verify", "policy", "advance")
@@ -132,22 +130,22 @@ class Stats:
         b = self.budget
         on = b is not None and b.bound >= 0.0
         st = b.state if on else None
-        rounds = st[_ROUNDS] if st is not None else 0.0
+        rounds = st[ROUNDS] if st is not None else 0.0
         return {
             "quality_budget": float(b.bound) if on else None,
             "loss_per_token": None if self.loss_unknown else (self.loss_sum / n if n else 0.0),
             "loss_sum": None if self.loss_unknown else self.loss_sum,
             "not_chosen_share": self.not_chosen / n if n else 0.0,
             "threshold": {
-                "mean": float(st[_TAU_SUM] / rounds),
-                "min": float(st[_TAU_MIN]),
-                "max": float(st[_TAU_MAX]),
-                "last": float(st[_TAU]),
+                "mean": float(st[TAU_SUM] / rounds),
+                "min": float(st[TAU_MIN]),
+                "max": float(st[TAU_MAX]),
+                "last": float(st[TAU]),
             }
             if st is not None and rounds
             else None,
-            "rescues_refused": int(st[_REFUSED]) if st is not None else 0,
-            "rescues_capped": int(st[_CAPPED]) if st is not None else 0,
+            "rescues_refused": int(st[REFUSED]) if st is not None else 0,
+            "rescues_capped": int(st[CAPPED]) if st is not None else 0,
         }
 
     def to_dict(self) -> dict:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tinymodels import write_tiny_gguf  # noqa: E402
+from support.tinymodels import write_tiny_gguf
 
 # built once per session; the demo target is also rebuilt from scratch into this session's temporary cache
 os.environ.setdefault("FSD_LOCAL_CACHE", str(Path(os.environ.get("PYTEST_FSD_CACHE", "/tmp")) / "fsd-local-test-cache"))

@@ -1,5 +1,25 @@
-"""The shape of the package: layers without import cycles, small modules, a command line that starts without
-Numba or llama.cpp, and settings declared in one place."""
+"""The shape of the package: imports that point down the layers, no import cycles, small modules and functions, a
+command line that starts without Numba or llama.cpp, and settings declared in one place.
+
+The layers, bottom to top (LAYERS below; a package is placed whole, a module by its dotted name,
+which comes first):
+
+0. foundation: the package root (its version; the public names are loaded by name on first use), errors, paths,
+   setting_spec, schema_bounds, constrain, stats, stream, results, conversation, engine_like, and kernels/names.py
+   (the kernels' named tuples' fields and constants, Numba-free: what stats reads the budget state by)
+1. kernels/ (Numba), llama/ (llama.cpp through its C API)
+2. settings, tools/
+3. drafting/, pairs/, chain, round
+4. the engine: engine, generation
+5. bench/, server/
+6. cli/
+
+A module may import from its own layer and the layers below it, never from a layer above, and no chain of imports
+may come back to where it started. Every import counts, those inside functions too, with one exception: an import
+under `if TYPE_CHECKING:` may name a type of any layer. It never runs, so it adds no dependency at run time and no
+load order, and it lets a lower module annotate what a higher one hands it (drafting/proposer.py and round.py are
+given the engine's Generation, drafting/calibration.py the Engine) without a protocol for every such object.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +35,35 @@ from fsd_local.cli.chat import SETTERS
 from fsd_local.server.openai_schema import SETTING_FIELDS, ChatRequest
 from fsd_local.settings import FIELDS, Settings, spec
 
-PACKAGE = Path(__file__).resolve().parent.parent / "fsd_local"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "fsd_local"
+SOURCES = (PACKAGE, ROOT / "tests", ROOT / "benchmarks")  # what the size and formatting rules cover
 MAX_LINES = 450  # "about 400": ruff format puts long calls one argument per line
+MAX_FUNCTION_LINES = 80
+# (file, function) pairs allowed over MAX_FUNCTION_LINES (and formatter escapes inside them) for now, with the owner
+LONG_FUNCTIONS = {}
+LAYERS = (  # bottom first: names under fsd_local (a package stands for every module in it)
+    (
+        "fsd_local",
+        "errors",
+        "paths",
+        "setting_spec",
+        "schema_bounds",
+        "constrain",
+        "stats",
+        "stream",
+        "results",
+        "conversation",
+        "engine_like",
+        "kernels.names",
+    ),
+    ("kernels", "llama"),
+    ("settings", "tools"),
+    ("drafting", "pairs", "chain", "round"),
+    ("engine", "generation"),
+    ("bench", "server"),
+    ("cli",),
+)
 
 
 def _module_name(path: Path) -> str:
@@ -24,24 +71,78 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _module_level_imports(path: Path, modules: set[str]) -> set[str]:
-    """Modules of the package that `path` imports when it is imported (not inside functions, not for typing)."""
-    out = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
+def _layer(module: str) -> int:
+    """The layer of a module of the package (KeyError: a module no layer names)."""
+    parts = module.split(".")
+    for name in (".".join(parts[1:]), ".".join(parts[1:2])):
+        for i, layer in enumerate(LAYERS):
+            if (name or "fsd_local") in layer:
+                return i
+    raise KeyError(module)
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports(path: Path, modules: set[str]) -> dict[str, int]:
+    """The modules of the package that `path` imports at run time (at module level or inside functions, not under
+    TYPE_CHECKING), each with the line of its first import."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST) -> None:
+        if _is_type_checking(node):
+            for child in getattr(node, "orelse", []):
+                visit(child)
+            return
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name in modules}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fsd_local"):
             for a in node.names:
-                sub = f"{node.module}.{a.name}"
-                out.add(sub if sub in modules else node.module)
-    return out & modules
+                if a.name in modules:
+                    out.setdefault(a.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: a relative import (the package imports absolutely)"
+            if node.module and node.module.split(".")[0] == "fsd_local":
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    out.setdefault(sub if sub in modules else node.module, node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {m: line for m, line in out.items() if m in modules}
+
+
+def _graph() -> dict[str, dict[str, int]]:
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {m: {n: line for n, line in _imports(p, set(files)).items() if n != m} for m, p in files.items()}
+
+
+def test_every_module_has_a_layer():
+    unplaced = []
+    for m in _graph():
+        try:
+            _layer(m)
+        except KeyError:
+            unplaced.append(m)
+    assert not unplaced, f"modules no layer names (add them to LAYERS, and to the docstring): {unplaced}"
+    named = {name for layer in LAYERS for name in layer}
+    present = {part for m in _graph() for part in (m.partition(".")[2], m.partition(".")[2].split(".")[0]) if part}
+    present.add("fsd_local")
+    assert named <= present, f"LAYERS names modules that do not exist: {sorted(named - present)}"
+
+
+def test_imports_point_down_the_layers():
+    upward = [
+        f"{m} (layer {_layer(m)}) imports {n} (layer {_layer(n)}) at line {line}"
+        for m, imports in sorted(_graph().items())
+        for n, line in sorted(imports.items())
+        if _layer(n) > _layer(m)
+    ]
+    assert not upward, "imports pointing up the layers:\n" + "\n".join(upward)
 
 
 def test_no_import_cycles():
-    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph = {m: _module_level_imports(p, set(files)) - {m} for m, p in files.items()}
+    graph = _graph()
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
     cycles = []
 
@@ -60,13 +161,56 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def _python_files():
+    for root in SOURCES:
+        yield from sorted(root.rglob("*.py"))
+
+
+def _long_functions(path: Path) -> dict[str, tuple[int, int]]:
+    """Functions (and methods) of `path` over MAX_FUNCTION_LINES, by name: (first line, last line)."""
+    out = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
+            if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                out[node.name] = (node.lineno, node.end_lineno)
+    return out
+
+
 def test_modules_stay_small():
     big = {
-        str(p.relative_to(PACKAGE)): n
-        for p in PACKAGE.rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
+        str(p.relative_to(ROOT)): n
+        for p in _python_files()
+        if p.parent != ROOT / "tests" and (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert not big, f"modules over {MAX_LINES} lines: {big}"
+
+
+def test_functions_stay_short():
+    long = [
+        f"{p.relative_to(ROOT)}:{first} {name}: {last - first + 1} lines"
+        for p in _python_files()
+        for name, (first, last) in _long_functions(p).items()
+        if (str(p.relative_to(ROOT)), name) not in LONG_FUNCTIONS
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them by what they do):\n" + "\n".join(long)
+
+
+def test_nothing_is_squeezed_past_the_formatter():
+    """No formatter escapes (ruff format's skip and off pragmas): a line too long for the formatter's layout is a
+    function to split."""
+    markers = ("fmt: " + "skip", "fmt: " + "off")
+    found = []
+    for p in _python_files():
+        exempt = [span for (f, name), span in _spans(p) if (f, name) in LONG_FUNCTIONS]
+        for i, line in enumerate(p.read_text().splitlines(), start=1):
+            if any(m in line for m in markers) and not any(a <= i <= b for a, b in exempt):
+                found.append(f"{p.relative_to(ROOT)}:{i}")
+    assert not found, f"formatter escapes: {found}"
+
+
+def _spans(path: Path):
+    rel = str(path.relative_to(ROOT))
+    return [((rel, name), span) for name, span in _long_functions(path).items()]
 
 
 def test_help_and_models_load_neither_numba_nor_llama_cpp():

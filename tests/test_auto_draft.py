@@ -1,6 +1,6 @@
 """A target given without a draft: chat, generate, serve and bench pick the smallest local model that can draft
 for it (said on stderr), else draft by prompt lookup with a note on what to pull; --draft none decodes with the
-target alone. The stores are laid out by the tests (localstores.py) from tiny models."""
+target alone. The stores are laid out by the tests (tests/support/localstores.py) from tiny models."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ import time
 
 import httpx
 import pytest
-from click.testing import CliRunner
-from localstores import isolate, lmstudio_file, ollama_model
-from tinymodels import write_tiny_gguf
 
-from fsd_local.cli import cli
 from fsd_local.pairs.names import choose_draft
+from support.clirun import invoke
+from support.localstores import isolate, lmstudio_file, ollama_model
+from support.tinymodels import write_tiny_gguf
 
 RUN = ["--threads", "1", "--ctx", "256", "--max-tokens", "6", "--draft-policy", "fixed", "--draft-max", "2"]
 
@@ -41,13 +40,6 @@ def stores(tmp_path, monkeypatch, family):
     ollama_model(s["ollama"], "odd:tiny", family["other"])
     lmstudio_file(s["lmstudio"], "acme", "Tiny-GGUF", family["small"], filename="tiny-small.gguf")
     return s
-
-
-def invoke(args, input=None):
-    result = CliRunner().invoke(cli, args, input=input)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 CHOSEN = (

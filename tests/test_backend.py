@@ -15,8 +15,6 @@ from pathlib import Path
 import llama_cpp as lc
 import pytest
 from click.testing import CliRunner
-from serving import free_port
-from tinymodels import write_tiny_gguf
 
 from fsd_local.cli import cli
 from fsd_local.cli.options import load_engine
@@ -27,6 +25,8 @@ from fsd_local.llama.model import Model
 from fsd_local.llama.options import KV_TYPES, ModelOptions
 from fsd_local.llama.placement import Footprint, footprint, plan
 from fsd_local.settings import Settings
+from support.serving import free_port
+from support.tinymodels import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
 PIN = re.search(r'"llama-cpp-python==([0-9.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)

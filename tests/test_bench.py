@@ -5,11 +5,12 @@ import csv
 import io
 import json
 import math
+import struct
 import sys
 
+import click
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from fsd_local.bench.kernels import logit_rows, numpy_rows
 from fsd_local.bench.prompts import EXAMPLE_FILE, extract_answer, load_prompts, parse_prompts
@@ -26,10 +27,10 @@ from fsd_local.bench.runner import (
     summarise,
     throughput_by_repeat,
 )
-from fsd_local.cli import cli
 from fsd_local.errors import ConfigError
-from fsd_local.kernels import reference
 from fsd_local.kernels.divergence import DIVERGENCES
+from support import reference
+from support.clirun import invoke, tiny_models
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -250,25 +251,13 @@ def prompts_file(tmp_path_factory):
     return str(path)
 
 
-def _invoke(args):
-    result = CliRunner().invoke(cli, args)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
-def _models(tiny_pair):
-    draft, target = tiny_pair
-    return ["--target", target, "--draft", draft, "--threads", "1", "--ctx", "256"]
-
-
 @pytest.fixture(scope="module")
 def bench_run(tiny_pair, prompts_file, tmp_path_factory):
     png = tmp_path_factory.mktemp("plot") / "bench.png"
-    result = _invoke(
+    result = invoke(
         [
             "bench",
-            *_models(tiny_pair),
+            *tiny_models(tiny_pair),
             "--prompts",
             prompts_file,
             "--taus",
@@ -351,10 +340,30 @@ def test_bench_plot_is_a_matplotlib_png(bench_run):
     assert b"Software" in data[:2000] and b"matplotlib" in data[:2000]  # the tEXt chunk matplotlib writes
 
 
+def test_bench_plot_is_a_grid_readable_at_page_width_with_one_legend(bench_run):
+    from fsd_local.bench.plot import figure
+
+    rows, png = bench_run
+    width, height = struct.unpack(">II", png.read_bytes()[16:24])  # the IHDR chunk
+    assert 800 <= width <= 1200 and height > width  # two panels wide, not a strip
+    fig = figure(rows)
+    try:
+        shown = [ax for ax in fig.axes if ax.axison]
+        assert len(shown) == 2 * 5  # two temperatures x (three tau panels + two frontiers), the sixth cell empty
+        assert {round(ax.get_position().width * width) for ax in shown} <= set(range(300, 600))
+        (legend,) = fig.legends
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert "ar (target alone)" in labels and "fsd js k=2" in labels and "fsd kl k=3" in labels
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
 def test_bench_table_and_csv(tiny_pair, prompts_file):
     args = [
         "bench",
-        *_models(tiny_pair),
+        *tiny_models(tiny_pair),
         "--prompts",
         prompts_file,
         "--taus",
@@ -364,10 +373,10 @@ def test_bench_table_and_csv(tiny_pair, prompts_file):
         "--repeats",
         "1",
     ]
-    table = _invoke(args)
+    table = invoke(args)
     assert table.exit_code == 0 and "tok/s" in table.stdout and "x sd" in table.stdout
     assert "state" in table.stdout.splitlines()[0] and "cold" in table.stdout and "warm" in table.stdout
-    rows = list(csv.DictReader(io.StringIO(_invoke(args + ["--csv"]).stdout)))
+    rows = list(csv.DictReader(io.StringIO(invoke(args + ["--csv"]).stdout)))
     assert [(r["mode"], r["policy_state"]) for r in rows] == [
         ("ar", ""),
         ("sd", "cold"),
@@ -380,7 +389,7 @@ def test_bench_table_and_csv(tiny_pair, prompts_file):
 
 def test_bench_plot_without_matplotlib_is_one_clear_line(tiny_pair, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without the `plot` extra sees
-    result = _invoke(["bench", *_models(tiny_pair), "--plot", str(tmp_path / "x.png")])
+    result = invoke(["bench", *tiny_models(tiny_pair), "--plot", str(tmp_path / "x.png")])
     assert result.exit_code == 1
     assert (
         result.stderr.strip() == "error: --plot needs matplotlib, which is not installed: pip install 'fsd-local[plot]'"
@@ -389,22 +398,22 @@ def test_bench_plot_without_matplotlib_is_one_clear_line(tiny_pair, monkeypatch,
 
 
 def test_bench_usage_errors(tiny_pair):
-    assert "--json and --csv" in _invoke(["bench", "--kernels", "--json", "--csv"]).output
-    assert "no model arguments" in _invoke(["bench", "--kernels", *_models(tiny_pair)]).output
-    assert "only apply to --kernels" in _invoke(["bench", *_models(tiny_pair), "--rows", "2"]).output
-    bad = _invoke(["bench", *_models(tiny_pair), "--taus", "0,x"])
+    assert "--json and --csv" in invoke(["bench", "--kernels", "--json", "--csv"]).output
+    assert "no model arguments" in invoke(["bench", "--kernels", *tiny_models(tiny_pair)]).output
+    assert "only apply to --kernels" in invoke(["bench", *tiny_models(tiny_pair), "--rows", "2"]).output
+    bad = invoke(["bench", *tiny_models(tiny_pair), "--taus", "0,x"])
     assert bad.exit_code == 2 and "'x' is not a valid tau value" in bad.output
     # calibrate measures fsd against sd: a target alone with no local model to draft for it is refused
-    draftless = _invoke(["calibrate", "--target", tiny_pair[1], "--min-agreement", "0.5"])
+    draftless = invoke(["calibrate", "--target", tiny_pair[1], "--min-agreement", "0.5"])
     assert draftless.exit_code == 2 and "give --draft too" in draftless.output
     assert "no model on this disk can draft for" in draftless.output
 
 
 def test_calibrate_finds_the_largest_tau_within_an_agreement_budget(tiny_pair, prompts_file):
-    result = _invoke(
+    result = invoke(
         [
             "calibrate",
-            *_models(tiny_pair),
+            *tiny_models(tiny_pair),
             "--prompts",
             prompts_file,
             "--min-agreement",
@@ -429,10 +438,10 @@ def test_calibrate_finds_the_largest_tau_within_an_agreement_budget(tiny_pair, p
 
 
 def test_calibrate_acceptance_target_and_errors(tiny_pair, prompts_file):
-    result = _invoke(
+    result = invoke(
         [
             "calibrate",
-            *_models(tiny_pair),
+            *tiny_models(tiny_pair),
             "--prompts",
             prompts_file,
             "--target-acceptance",
@@ -452,9 +461,9 @@ def test_calibrate_acceptance_target_and_errors(tiny_pair, prompts_file):
     out = json.loads(result.stdout)
     reached = [v["tau"] for v in out["visited"] if v["meets"]]
     assert out["tau"] == min(reached) and out["acceptance_rate"] >= 0.9
-    both = _invoke(["calibrate", *_models(tiny_pair), "--min-agreement", "0.5", "--target-acceptance", "0.9"])
+    both = invoke(["calibrate", *tiny_models(tiny_pair), "--min-agreement", "0.5", "--target-acceptance", "0.9"])
     assert both.exit_code == 2 and "exactly one" in both.output
-    sampled = _invoke(["calibrate", *_models(tiny_pair), "--min-agreement", "0.5", "--temp", "0.7"])
+    sampled = invoke(["calibrate", *tiny_models(tiny_pair), "--min-agreement", "0.5", "--temp", "0.7"])
     assert sampled.exit_code == 2 and "--temp 0" in sampled.output
 
 
@@ -468,7 +477,7 @@ def test_numpy_baseline_computes_the_same_divergences(name):
 
 
 def test_bench_kernels_json():
-    result = _invoke(["bench", "--kernels", "--vocab", "64,300", "--rows", "1,3", "--repeats", "1", "--json"])
+    result = invoke(["bench", "--kernels", "--vocab", "64,300", "--rows", "1,3", "--repeats", "1", "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert [(r["divergence"], r["vocab"], r["rows"]) for r in rows] == [
@@ -481,6 +490,33 @@ def test_bench_kernels_json():
         assert r["numba_ns_per_entry"] == pytest.approx(r["numba_s"] / entries * 1e9)
         assert r["numpy_ns_per_entry"] == pytest.approx(r["numpy_s"] / entries * 1e9)
         assert r["max_rel_diff"] < 1e-3  # both computed the same thing
-    table = _invoke(["bench", "--kernels", "--vocab", "64", "--rows", "1", "--divergence", "kl", "--repeats", "1"])
+    table = invoke(["bench", "--kernels", "--vocab", "64", "--rows", "1", "--divergence", "kl", "--repeats", "1"])
     assert "numba ms" in table.stdout and "numba ns/entry" in table.stdout
     assert len(table.stdout.strip().splitlines()) == 2
+
+
+def test_bench_samples_as_chat_does_and_takes_the_first_prompts(tiny_pair, prompts_file):
+    """--chat-sampling: chat's top-k, top-p, min-p and repeat penalty in every run, and its temperature unless
+    --temp is given; a chain option given alone overrides; --limit takes the first N prompts."""
+    from fsd_local.cli import cli
+    from fsd_local.cli.bench import sampling_of
+    from fsd_local.cli.options import BENCH_SAMPLING
+    from fsd_local.settings import CHAT_DEFAULTS
+
+    args = ["bench", *tiny_models(tiny_pair), "--prompts", prompts_file, "--max-tokens", "6", "--repeats", "1"]
+    args += ["--modes", "fsd", "--taus", "0.2", "--draft-policy", "fixed", "--draft-max", "2", "--json"]
+    res = invoke([*args, "--chat-sampling", "--limit", "2"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert {r["temperature"] for r in rows} == {CHAT_DEFAULTS["temperature"]}
+    assert all(r["runs"] == 2 for r in rows)  # two prompts, one repeat
+    assert all(r["loss_per_token"] is not None for r in rows if r["mode"] != "draft-only")  # sampled loss, measured
+    res = invoke([*args, "--chat-sampling", "--temp", "0.5", "--top-k", "3", "--limit", "1"])
+    assert res.exit_code == 0, res.output
+    assert {r["temperature"] for r in json.loads(res.stdout)} == {0.5}
+    ctx = click.Context(cli.commands["bench"], info_name="bench")  # what the options become, without a run
+    with ctx:
+        a = {"chat_sampling": True, "temperatures": [0.0], **dict.fromkeys(BENCH_SAMPLING), "top_k": 3}
+        common, temps = sampling_of(a)
+    assert common == {**{k: v for k, v in CHAT_DEFAULTS.items() if k != "temperature"}, "top_k": 3}
+    assert temps == [0.0]  # a context of its own: every option counts as given, --temp too

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from loopback_hub import LoopbackHub, closed_port, toml_for
 
 from fsd_local import Engine, ModelLoadError
 from fsd_local.cli import cli
 from fsd_local.pairs.demo import DEMO_NOTE, demo_pair
+from support.loopback_hub import LoopbackHub, closed_port, toml_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from fsd_local.kernels import divergence as D
-from fsd_local.kernels.reference import divergence as reference
 from fsd_local.kernels.rows import row_lse
+from support.reference import divergence as reference
 
 RTOL = 1e-4
 ATOL = 1e-7  # for values that are exactly 0 in float64 (identical rows)

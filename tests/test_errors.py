@@ -44,7 +44,7 @@ def test_mismatched_vocabularies_real_pair(real_pair, gemma_path):
 
 
 def test_mismatched_vocabularies_tiny(tmp_path):
-    from tinymodels import WORDS, write_tiny_gguf
+    from support.tinymodels import WORDS, write_tiny_gguf
 
     a = write_tiny_gguf(tmp_path / "a.gguf")
     b = write_tiny_gguf(tmp_path / "b.gguf", words=WORDS[:-1] + ["ß"])

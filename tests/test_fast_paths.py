@@ -13,9 +13,9 @@ from fsd_local.kernels import sampling as S
 from fsd_local.kernels.accept import Drafts, Rule, Sampling, accept_round, round_out
 from fsd_local.kernels.budget import new_budget
 from fsd_local.kernels.names import DIVERGENCES, MODES
-from fsd_local.kernels.reference import divergence as ref_divergence
-from fsd_local.kernels.reference import log_softmax
 from fsd_local.kernels.rows import max_argmax
+from support.reference import divergence as ref_divergence
+from support.reference import log_softmax
 
 
 def _rows(model, tokens: list[int], first: int) -> np.ndarray:
@@ -89,13 +89,20 @@ def test_kept_set_sampling_equals_the_whole_row(recorded, gemma_rows, t, top_k, 
         py = np.array(S.processed(y, n, t, top_k, top_p, min_p), np.float32)
         for u in rng.random(6):
             assert S.sample_kept(x, n, t, mx, cut, lz, kept, m, u) == S.sample(x, n, t, *dense, u)
-            fast = S.residual_kept(x, y, n, t, px, py, kept, m, u, False, 0)
+            fast = S.residual_kept(x, y, n, t, px, py, kept, m, u, False, 0, kept, y, -1)
+            q_kept = np.empty(S.KEPT_MAX, np.int64)  # q~ from its kept tokens' logits alone, without its row
+            m_q = S.processed_kept(y, n, t, top_k, top_p, min_p, q_kept)[3]
+            if m_q >= 0:
+                q_logits = np.zeros(S.KEPT_MAX, np.float32)
+                q_logits[:m_q] = y[q_kept[:m_q]]
+                nan_row = np.full(n, np.nan, np.float32)
+                assert S.residual_kept(x, nan_row, n, t, px, py, kept, m, u, False, 0, q_kept, q_logits, m_q) == fast
             assert fast == S.sample_residual(x, y, n, t, px, py, u)
 
 
 def _reference_round(P, Q, drafts, mode, div, tau):
     """Greedy, float64, straight from FSD.md: the SD test (the draft is the target's argmax), then the rule."""
-    from fsd_local.kernels.reference_rules import critical_tau
+    from support.reference_rules import critical_tau
 
     for i, d in enumerate(drafts):
         x, y = P[i].astype(np.float64), Q[i].astype(np.float64)
@@ -159,7 +166,7 @@ def test_the_sampled_round_takes_the_same_decisions_over_the_kept_set(recorded, 
         stats = np.zeros((k + 1, 3), np.float32)
         drafts, probs = np.empty(k, np.int32), np.empty(k)
         for i in range(k):
-            tok, p_tok, _ = S.pick_kept(q[i], n, t, top_k, top_p, min_p, rng.random(), stats[i], kept, False)
+            tok, p_tok, _, _ = S.pick_kept(q[i], n, t, top_k, top_p, min_p, rng.random(), stats[i], kept, False)
             drafts[i], probs[i] = tok, p_tok
         us = rng.random(k + 1)
         out = round_out(k)
@@ -170,3 +177,51 @@ def test_the_sampled_round_takes_the_same_decisions_over_the_kept_set(recorded, 
             p_d = S.prob(rows[i], drafts[i], t, *S.processed(rows[i], n, t, top_k, top_p, min_p))
             assert out.reason[i] == 2 or us[i] * probs[i] < p_d
         assert 0 <= nxt < n and S.prob(rows[acc], nxt, t, *S.processed(rows[acc], n, t, top_k, top_p, min_p)) > 0
+
+
+def _reference_loss(x, y, t, top_k, top_p, min_p, mode, tau):
+    """The sampled loss of a rescue at a slot, float64 from its definition (kernels/budget.py): r the rule's
+    emission at the slot, p the raw softmax, p~ and q~ the processed distributions (cut-offs from the kernel,
+    whose truncation the other tests check), max(0, E_p~[log p] - E_r[log p]) / P(rescue)."""
+    from tests.test_budget import _rescue_set
+
+    def processed(row):
+        _, cut, _ = S.processed(row, row.shape[0], t, top_k, top_p, min_p)
+        z = np.where(row >= cut, row.astype(np.float64) / t, -np.inf)
+        w = np.exp(z - z.max())
+        return w / w.sum()
+
+    p, q = processed(x), processed(y)
+    a = _rescue_set(MODES.index(mode), x, tau, 0.09, 0.3, 10)
+    over, under = np.maximum(q - p, 0), np.maximum(p - q, 0)
+    rescued, rejected = over[a].sum(), over[~a].sum()
+    r = np.minimum(p, q) + np.where(a, over, 0) + (rejected * under / under.sum() if under.sum() else 0)
+    logp = log_softmax(x)
+    return max(0.0, float(np.sum(p * logp) - np.sum(r * logp))) / rescued if rescued else 0.0
+
+
+@pytest.mark.parametrize("mode", ["fsd", "typical", "cascade"])
+@pytest.mark.parametrize(("t", "top_k", "top_p", "min_p"), SAMPLED[:2])
+def test_the_sampled_loss_of_a_rescue_on_recorded_rows_is_the_reference(recorded, mode, t, top_k, top_p, min_p):
+    """What a sampled rescue is charged (with a budget or not: every lossy run reports it), computed over the kept
+    sets' union from the draft's kept logits alone, against its float64 definition, on the demo pair's rows."""
+    from fsd_local.kernels.budget import kept_union, sampled_loss
+
+    P, Q, _ = recorded
+    n = P.shape[1]
+    tau = TAUS[mode]
+    p_kept, q_kept = np.empty(S.KEPT_MAX, np.int64), np.empty(S.KEPT_MAX, np.int64)
+    union = np.empty(2 * S.KEPT_MAX, np.int64)
+    for x, y in zip(P, Q):
+        x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+        *ps, m_p = S.processed_kept(x, n, t, top_k, top_p, min_p, p_kept)
+        *qs, m_q = S.processed_kept(y, n, t, top_k, top_p, min_p, q_kept)
+        lx = float(np.logaddexp.reduce(x.astype(np.float64)))
+        rule = (MODES.index(mode), x, lx, y, False, 0, n, t, np.array(ps, np.float32), np.array(qs, np.float32))
+        dense = sampled_loss(*rule, tau, 10, 0.09, 0.3, union, -1, q_kept, y, -1)
+        m = kept_union(p_kept, m_p, q_kept, m_q, union) if m_p >= 0 and m_q >= 0 else -1
+        q_logits = np.zeros(S.KEPT_MAX, np.float32)
+        q_logits[: max(m_q, 0)] = y[q_kept[: max(m_q, 0)]]
+        sparse = sampled_loss(*rule, tau, 10, 0.09, 0.3, union, m, q_kept, q_logits, m_q)
+        want = _reference_loss(x, y, t, top_k, top_p, min_p, mode, tau)
+        assert dense == pytest.approx(want, rel=1e-3, abs=1e-6) and sparse == pytest.approx(want, rel=1e-3, abs=1e-6)

@@ -6,12 +6,11 @@ CLI's JSON, table and plot."""
 import json
 
 import pytest
-from click.testing import CliRunner
 
 from fsd_local.bench import calibrate as C
 from fsd_local.bench.frontier import dominates, frontier, frontier_rows, mark_frontier
 from fsd_local.bench.runner import BenchData, build_configs
-from fsd_local.cli import cli
+from support.clirun import invoke, tiny_models
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -137,18 +136,6 @@ def test_default_search_ranges():
 
 
 # ------------------------------------------------------------------------------------------ end to end
-def _invoke(args):
-    result = CliRunner().invoke(cli, args)
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
-def _models(tiny_pair):
-    draft, target = tiny_pair
-    return ["--target", target, "--draft", draft, "--threads", "1", "--ctx", "256"]
-
-
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("prompts") / "p.txt"
@@ -158,10 +145,10 @@ def prompts_file(tmp_path_factory):
 
 def test_bench_marks_the_frontier_of_every_mode(tiny_pair, prompts_file, tmp_path):
     png = tmp_path / "front.png"
-    args = ["bench", *_models(tiny_pair), "--prompts", prompts_file, "--taus", "0,0.5", "--max-tokens", "8"]
+    args = ["bench", *tiny_models(tiny_pair), "--prompts", prompts_file, "--taus", "0,0.5", "--max-tokens", "8"]
     args += ["--modes", "fsd,typical,cascade,relaxed,fsd-entropy", "--temp", "0,0.8", "--repeats", "1"]
     args += ["--policy-state", "cold"]
-    result = _invoke(args + ["--json", "--plot", str(png)])
+    result = invoke(args + ["--json", "--plot", str(png)])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert len(rows) == 2 * (1 + 1 + 5 * 2)  # ar, sd, 5 modes x 2 taus per temperature
@@ -178,21 +165,21 @@ def test_bench_marks_the_frontier_of_every_mode(tiny_pair, prompts_file, tmp_pat
         if r["temperature"] > 0:
             assert r["on_frontier_agreement"] is None
     assert png.read_bytes()[:8] == PNG_SIGNATURE
-    table = _invoke(args)
+    table = invoke(args)
     assert "front" in table.stdout.splitlines()[0] and "typical" in table.stdout
 
 
 def test_calibrate_modes_end_to_end(tiny_pair, prompts_file):
-    args = ["calibrate", *_models(tiny_pair), "--prompts", prompts_file, "--min-agreement", "0.5"]
+    args = ["calibrate", *tiny_models(tiny_pair), "--prompts", prompts_file, "--min-agreement", "0.5"]
     args += ["--steps", "2", "--max-tokens", "8", "--repeats", "1"]
-    result = _invoke(args + ["--modes", "fsd,cascade", "--json"])
+    result = invoke(args + ["--modes", "fsd,cascade", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     cands = out["candidates"]
     assert {c["mode"] for c in cands} == {"fsd", "cascade"}
     assert out["mode"] == cands[0]["mode"] and out["tokens_per_second"] == max(c["tokens_per_second"] for c in cands)
     assert all(c["agreement"] >= 0.5 for c in cands)
-    both = _invoke(args + ["--modes", "fsd,cascade", "--mode", "typical"])
+    both = invoke(args + ["--modes", "fsd,cascade", "--mode", "typical"])
     assert both.exit_code == 2 and "not both" in both.output
-    bad = _invoke(args + ["--modes", "fsd,ar"])
+    bad = invoke(args + ["--modes", "fsd,ar"])
     assert bad.exit_code == 2 and "'ar'" in bad.output

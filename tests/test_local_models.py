@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from localstores import hub_file, isolate, llamacpp_file, lmstudio_file, ollama_model, sha256
-from tinymodels import write_tiny_gguf
 
 from fsd_local.cli import cli
 from fsd_local.errors import ModelLoadError
@@ -22,6 +20,8 @@ from fsd_local.pairs import stores
 from fsd_local.pairs.header_index import HeaderIndex
 from fsd_local.pairs.local import format_listing, list_local_models
 from fsd_local.pairs.names import resolve
+from support.localstores import hub_file, isolate, llamacpp_file, lmstudio_file, ollama_model, sha256
+from support.tinymodels import write_tiny_gguf
 
 SPLIT = "acme/Tiny-GGUF/split/tiny-split-00001-of-00003.gguf"
 
@@ -307,10 +307,9 @@ def test_the_header_check_agrees_with_the_loaded_check_on_real_models(tmp_path, 
 def test_padding_at_the_end_is_allowed_and_a_changed_token_is_not(tmp_path):
     """Like Qwen2.5 0.5B and 7B (152064 vs 151936 entries): a longer list with the same prefix is the same
     vocabulary; one token changed in the middle is not, with the loaded check's answer."""
-    from tinymodels import WORDS
-
     from fsd_local.llama import gguf_info
     from fsd_local.llama.vocab import MAX_SIZE_DIFFERENCE, header_problem
+    from support.tinymodels import WORDS
 
     def vocab(name, words):
         path = str(write_tiny_gguf(tmp_path / name, n_layer=1, n_embd=32, words=words))

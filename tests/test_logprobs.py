@@ -1,5 +1,5 @@
 """Log-probabilities: the target's log-softmax of each emitted token and its top alternatives, computed by the
-acceptance kernel from the rows it saw, checked against a float64 recomputation (kernels/reference.py) in the
+acceptance kernel from the rows it saw, checked against a float64 recomputation (tests/support/reference.py) in the
 kernel and end to end on real llama.cpp models (the tiny F32 GGUFs; the F16 SmolLM2 pair)."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import pytest
 
 from fsd_local import ConfigError, Settings
 from fsd_local.kernels import sampling as S
-from fsd_local.kernels.accept import FSD, SD, Drafts, Rule, Sampling, accept_round, emit_one, round_out
+from fsd_local.kernels.accept import FSD, SD, Drafts, Rule, Sampling, accept_round, round_out
 from fsd_local.kernels.budget import new_budget
+from fsd_local.kernels.emit import emit_one
 from fsd_local.kernels.names import DIVERGENCES
-from fsd_local.kernels.reference import log_softmax
+from support.reference import log_softmax
 
 PROMPT = "the fox walks through the forest at night"
 

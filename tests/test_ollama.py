@@ -12,10 +12,10 @@ import httpx
 import jsonschema
 import ollama
 import pytest
-from serving import start_serve
 
 from fsd_local.server import BackgroundServer
 from fsd_local.settings import CHAT_DEFAULTS
+from support.serving import start_serve
 
 HELLO = [{"role": "user", "content": "hello there"}]
 TIMEOUT = 30  # seconds; every wait below is bounded

@@ -1,6 +1,6 @@
 """Tool calling on Ollama's /api/chat through the official `ollama` client, unchanged: a Python function as a
 tool, calls in Ollama's shape (arguments an object), streamed and not, the tool result sent back, the `tools`
-capability, and a template without tools. On tiny GGUFs with the test templates (tests/tool_templates.py);
+capability, and a template without tools. On tiny GGUFs with the test templates (tests/support/tool_templates.py);
 Ollama's API has no tool_choice, so fsd-local takes one in `options` to force a call of the random model."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import jsonschema
 import ollama
 import openai
 import pytest
-from tool_templates import TEMPLATES, with_template
 
 from fsd_local import Engine
 from fsd_local.server import BackgroundServer
+from support.tool_templates import TEMPLATES, with_template
 
 TIMEOUT = 120
 ASK = [{"role": "user", "content": "what time is it in paris?"}]

@@ -190,10 +190,19 @@ def test_sampled_sd_with_penalties_keeps_the_processed_target_distribution(small
         counts = np.zeros((n, n), np.int64)
         for seed in range(2000):
             out = eng.generate(
-                prompt, mode="sd", max_tokens=4, seed=seed, temperature=1.0, draft_max=3, ignore_eos=True,
-                repeat_penalty=2.0, presence_penalty=1.5, frequency_penalty=1.0, repeat_last_n=last_n,
+                prompt,
+                mode="sd",
+                max_tokens=4,
+                seed=seed,
+                temperature=1.0,
+                draft_max=3,
+                ignore_eos=True,
+                repeat_penalty=2.0,
+                presence_penalty=1.5,
+                frequency_penalty=1.0,
+                repeat_last_n=last_n,
                 logit_bias=["5+2"],
-            )  # fmt: skip
+            )
             counts[out.token_ids[0], out.token_ids[1]] += 1
     penalised = _first_two_tokens(target, prompt, n, last_n, lambda x, w: reference(x, w, 2.0, 1.0, 1.5, bias))
     plain = _first_two_tokens(target, prompt, n, last_n, lambda x, w: x.astype(np.float64))

@@ -13,11 +13,11 @@ from types import SimpleNamespace
 
 import llama_cpp as lc
 import pytest
-from tinymodels import write_tiny_mamba_gguf
 
 from fsd_local import CacheTruncationError, Engine
 from fsd_local.llama.bindings import init_backend
 from fsd_local.llama.model import Model
+from support.tinymodels import write_tiny_mamba_gguf
 
 
 @pytest.fixture(scope="module")

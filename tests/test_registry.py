@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
-from loopback_hub import COMMIT, LoopbackHub, closed_port, toml_for
 
 from fsd_local.errors import DownloadError, ModelLoadError, RegistryError
 from fsd_local.pairs.registry import (
@@ -21,6 +20,7 @@ from fsd_local.pairs.registry import (
     pull,
     unreachable,
 )
+from support.loopback_hub import COMMIT, LoopbackHub, closed_port, toml_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SHA_A = "a" * 64

@@ -1,6 +1,6 @@
 """One round as a unit (round.py): a proposal in, emitted tokens out, the caches cut back to the accepted text;
-the hot path allocates no row-sized memory per round; and the first request is not kept waiting by a
-calibration (drafting/calibration.py)."""
+the hot path allocates no row-sized memory per round; and the first request is not kept waiting by
+measure_costs (drafting/calibration.py)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_rounds_driven_by_hand_write_the_targets_own_text(tiny_engine):
 def wide_vocab_pair(tmp_path_factory):
     """A tiny pair over a 65,536-token vocabulary: one logit row is 256 KiB, so copying or allocating a row per
     round stands out from the round's Python objects and the kernels' small candidate lists (top-k's)."""
-    from tests.tinymodels import WORDS, write_tiny_gguf
+    from support.tinymodels import WORDS, write_tiny_gguf
 
     words = WORDS + [f"▁w{i}" for i in range(65536 - 259 - len(WORDS))]
     d = tmp_path_factory.mktemp("widevocab")
@@ -133,7 +133,7 @@ def test_no_row_sized_allocation_on_the_hot_path(wide_vocab_pair, name):
 def test_the_first_request_decodes_only_what_it_uses_and_the_next_engine_starts_from_its_costs(
     tiny_pair, tmp_path, monkeypatch
 ):
-    """No calibration inside a request: a fresh engine's first auto reply decodes the target only for its own
+    """No measure_costs inside a request: a fresh engine's first auto reply decodes the target only for its own
     rounds (every batch it timed is one of them); the sizes it measured are on disk for the next engine."""
     monkeypatch.setenv("FSD_LOCAL_COSTS", str(tmp_path / "costs.json"))  # a machine that never ran this pair
     d, t = tiny_pair

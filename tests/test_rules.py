@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 
-from fsd_local.kernels import reference_rules as ref
 from fsd_local.kernels import sampling as S
 from fsd_local.kernels.accept import BY_FUZZY, BY_SD, REJECTED, Drafts, Rule, Sampling, accept_round, round_out
 from fsd_local.kernels.budget import new_budget
@@ -16,6 +15,8 @@ from fsd_local.kernels.divergence import DIVERGENCES, compute
 from fsd_local.kernels.names import CASCADE, FSD_ENTROPY, MODES, RELAXED, SD, TARGET_RULES, TAU_MODES, TYPICAL
 from fsd_local.kernels.rows import row_entropy, row_lse
 from fsd_local.kernels.rules import entropy_scaled, target_rule
+from support import reference_rules as ref
+from support.rounds import random_round
 
 RULE_CODES = {"typical": TYPICAL, "cascade": CASCADE, "relaxed": RELAXED}
 NEW_MODES = ("typical", "cascade", "relaxed", "fsd-entropy")
@@ -191,19 +192,12 @@ def run_accept(P, Q, drafts, mode, tau, temperature=0.0, uniforms=None, div="js"
     return acc, nxt, out.reason.copy(), out.divergence.copy()
 
 
-def context(seed, k=6, n=500, spread=1.0):
-    rng = np.random.default_rng(seed)
-    P = (rng.standard_normal((k + 1, n)) * 2).astype(np.float32)
-    Q = (P[:k] + rng.standard_normal((k, n)) * spread).astype(np.float32)
-    return P, Q, [int(np.argmax(Q[i])) for i in range(k)]
-
-
 @pytest.mark.parametrize("mode", NEW_MODES)
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
 @pytest.mark.parametrize("onehot", [False, True])
 def test_tau_zero_is_exactly_sd(mode, temperature, onehot):
     for seed in range(12):
-        P, Q, drafts = context(seed, spread=0.2 + 0.2 * seed)
+        P, Q, drafts = random_round(seed, spread=0.2 + 0.2 * seed)
         us = np.random.default_rng(seed).random(len(drafts) + 1)
         sd = run_accept(P, Q, drafts, "sd", 0.0, temperature, us, onehot=onehot)
         got = run_accept(P, Q, drafts, mode, 0.0, temperature, us, onehot=onehot)
@@ -219,7 +213,7 @@ def test_accepted_slots_never_fall_as_tau_grows(mode, temperature, onehot):
     divs = DIVERGENCES if mode == "fsd-entropy" else ("js",)
     for div in divs:
         for seed in range(8):
-            P, Q, drafts = context(seed, spread=0.3 + 0.2 * seed)
+            P, Q, drafts = random_round(seed, spread=0.3 + 0.2 * seed)
             us = np.random.default_rng(seed).random(len(drafts) + 1)
             prev = -1
             for tau in taus:
@@ -230,7 +224,7 @@ def test_accepted_slots_never_fall_as_tau_grows(mode, temperature, onehot):
 
 @pytest.mark.parametrize("mode", NEW_MODES)
 def test_rules_rescue_only_where_sd_failed_and_record_the_rescuing_tau(mode):
-    P, Q, drafts = context(1, spread=0.8)
+    P, Q, drafts = random_round(1, spread=0.8)
     tau = 1e9
     acc, _, reason, crit = run_accept(P, Q, drafts, mode, tau)
     assert acc >= 1
@@ -243,7 +237,7 @@ def test_rules_rescue_only_where_sd_failed_and_record_the_rescuing_tau(mode):
             want = ref.critical_tau(mode, P[i], drafts[i], divergence=div)
             assert close(crit[i], want, rtol=1e-3), (i, crit[i], want)
     # the recorded value is the smallest tau that rescues: just above it the slot is accepted, below it not
-    P, Q, drafts = context(5, spread=1.5)
+    P, Q, drafts = random_round(5, spread=1.5)
     drafts[0] = int(np.argsort(-P[0])[1])  # the target's second choice: the SD test fails, the rules can rescue
     _, _, _, crit = run_accept(P, Q, drafts, mode, 1e9)
     c = crit[0]
@@ -254,7 +248,7 @@ def test_rules_rescue_only_where_sd_failed_and_record_the_rescuing_tau(mode):
 
 @pytest.mark.parametrize("mode", NEW_MODES)
 def test_nan_rows_never_accept(mode):
-    P, Q, drafts = context(2)
+    P, Q, drafts = random_round(2)
     drafts = [(int(np.argmax(P[i])) + 1) % P.shape[1] for i in range(len(drafts))]  # SD fails everywhere
     P[0, 5] = np.nan
     acc, _, reason, crit = run_accept(P, Q, drafts, mode, 1e9)

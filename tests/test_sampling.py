@@ -22,6 +22,7 @@ from fsd_local.kernels.accept import (
 )
 from fsd_local.kernels.budget import new_budget
 from fsd_local.kernels.divergence import DIVERGENCES
+from support.rounds import random_round
 
 ALPHA = 1e-3  # false-alarm rate of every statistical test in this file
 
@@ -135,20 +136,13 @@ def run_accept(P, Q, drafts, mode, div, tau, temperature=0.0, uniforms=None):
     return acc, nxt, out.reason.copy(), out.divergence.copy(), out.logprob.copy()
 
 
-def fixed_context(seed, k=6, n=500, spread=1.0):
-    rng = np.random.default_rng(seed)
-    P = (rng.standard_normal((k + 1, n)) * 2).astype(np.float32)
-    Q = (P[:k] + rng.standard_normal((k, n)) * spread).astype(np.float32)
-    return P, Q, [int(np.argmax(Q[i])) for i in range(k)]
-
-
 @pytest.mark.parametrize("div", DIVERGENCES)
 @pytest.mark.parametrize("mode", [FSD, FSD_PAPER])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_accepted_slots_only_grow_with_tau(div, mode, temperature):
     taus = [0.0, 0.01, 0.03, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 2.0, 5.0]
     for seed in range(8):
-        P, Q, drafts = fixed_context(seed, spread=0.3 + 0.2 * seed)
+        P, Q, drafts = random_round(seed, spread=0.3 + 0.2 * seed)
         us = np.random.default_rng(seed).random(len(drafts) + 1)
         prev = -1
         for tau in taus:
@@ -158,7 +152,7 @@ def test_accepted_slots_only_grow_with_tau(div, mode, temperature):
 
 
 def test_fsd_rescues_only_where_sd_failed_and_sd_never_rescues():
-    P, Q, drafts = fixed_context(1, spread=0.8)
+    P, Q, drafts = random_round(1, spread=0.8)
     acc0, _, reason0, divs0, _ = run_accept(P, Q, drafts, FSD, "js", 0.0)
     assert np.all(np.isnan(divs0)), "tau = 0 computes no divergence: it is exactly SD"
     acc, _, reason, divs, _ = run_accept(P, Q, drafts, FSD, "js", 10.0)
@@ -172,7 +166,7 @@ def test_fsd_rescues_only_where_sd_failed_and_sd_never_rescues():
 
 
 def test_nan_rows_never_accept():
-    P, Q, drafts = fixed_context(2)
+    P, Q, drafts = random_round(2)
     drafts = [(int(np.argmax(P[i])) + 1) % P.shape[1] for i in range(len(drafts))]  # SD test fails everywhere
     P[0, 5] = np.nan
     for div in DIVERGENCES:
@@ -183,7 +177,7 @@ def test_nan_rows_never_accept():
 
 
 def test_logprobs_are_the_targets_raw_log_probabilities():
-    P, Q, drafts = fixed_context(3, spread=0.2)
+    P, Q, drafts = random_round(3, spread=0.2)
     acc, nxt, _, _, lps = run_accept(P, Q, drafts, FSD, "kl", 0.5)
     emitted = drafts[:acc] + [nxt]
     for j, tok in enumerate(emitted):

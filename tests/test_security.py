@@ -10,10 +10,10 @@ import time
 
 import httpx
 import pytest
-from serving import start_serve
 
 from fsd_local.server import BackgroundServer
 from fsd_local.server.security import AccessPolicy
+from support.serving import start_serve
 
 HELLO = [{"role": "user", "content": "hello there"}]
 TIMEOUT = 20

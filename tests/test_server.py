@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from serving import start_serve
 
 from fsd_local.server import BackgroundServer
+from support.serving import start_serve
 
 HELLO = [{"role": "user", "content": "hello there"}]
 TIMEOUT = 20  # seconds; every wait below is bounded

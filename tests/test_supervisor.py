@@ -21,11 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from serving import start_serve
-from tinymodels import write_tiny_gguf
 
 from fsd_local import Engine, ModelOptions, Settings
 from fsd_local.server import BackgroundServer
+from support.serving import start_serve
+from support.tinymodels import write_tiny_gguf
 
 TIMEOUT = 60  # seconds; a restart loads the pair in a fresh interpreter (about 1-3 s on a busy 2-core machine)
 SIZE = dict(n_embd=256, n_layer=4, n_head=4, n_ff=1024)  # ~2 ms a token on one thread: 480 tokens > 1 s

@@ -1,5 +1,5 @@
 """Tool calling on the OpenAI chat route, through the official openai client, on tiny GGUFs whose templates
-(tests/tool_templates.py) can express tools. The weights are random: what is asserted is what the constraint
+(tests/support/tool_templates.py) can express tools. The weights are random: what is asserted is what the constraint
 and the parse guarantee (a call with schema-valid arguments), not what a good model would choose."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import jinja2
 import jsonschema
 import openai
 import pytest
-from tool_templates import TEMPLATES, with_template
 
 from fsd_local import Engine
 from fsd_local.server import BackgroundServer
+from support.tool_templates import TEMPLATES, with_template
 
 WEATHER = {
     "type": "object",

@@ -9,10 +9,10 @@ import json
 import jsonschema
 import openai
 import pytest
-from tool_templates import TEMPLATES, with_template
 
 from fsd_local import Engine
 from fsd_local.server import BackgroundServer
+from support.tool_templates import TEMPLATES, with_template
 
 pytestmark = pytest.mark.real
 

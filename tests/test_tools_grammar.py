@@ -9,14 +9,14 @@ import json
 import jsonschema
 import llguidance as llg
 import pytest
-from tinymodels import write_tiny_gguf
-from tool_templates import TEMPLATES, with_template
 
 from fsd_local import Engine
 from fsd_local.constrain import compile_grammar, tokenizer_for
 from fsd_local.llama.chat_template import ChatTemplate
 from fsd_local.tools import ToolError, ToolModel, detect, plan_tools, tool_request
 from fsd_local.tools.families import FAMILIES, closed
+from support.tinymodels import write_tiny_gguf
+from support.tool_templates import TEMPLATES, with_template
 
 TIME = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}}, "required": ["zone"]}
 TOOLS = [{"type": "function", "function": {"name": "get_time", "description": "time", "parameters": TIME}}]

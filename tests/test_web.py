@@ -15,13 +15,23 @@ import time
 
 import httpx
 import pytest
-from serving import start_serve
 
 from fsd_local.server import BackgroundServer
 from fsd_local.settings import CHAT_DEFAULTS, FIELDS, spec
+from support.serving import start_serve
 
 TIMEOUT = 30  # seconds; every wait below is bounded
 HELLO = [{"role": "user", "content": "hello there"}]
+BROWSER_FLAGS = (  # headless, and nothing a test does not need (no network of its own, no first-run pages)
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+)
 
 
 def stream_chunks(url, body, headers=None):
@@ -155,8 +165,8 @@ def test_chat_web_serves_the_page_and_opens_the_browser(tiny_pair, tmp_path):
     recorder.write_text(f"import sys\nopen({str(opened)!r}, 'w').write(sys.argv[1])\n")
     env = {**os.environ, "BROWSER": f"{sys.executable} {recorder} %s", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "fsd_local.cli", "chat", "--web", "--target", t, "--draft", d]
-    proc = subprocess.Popen(cmd + ["--ctx", "256", "--threads", "1", "--tau", "0.3"], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    cmd += ["--ctx", "256", "--threads", "1", "--tau", "0.3"]
+    proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
         while not (opened.exists() and opened.read_text()):
@@ -201,9 +211,7 @@ def _browser(tmp_path, width=1280, height=900):
     os.environ["SE_AVOID_STATS"] = "true"
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--window-size={width},{height}"):  # fmt: skip
+    for arg in BROWSER_FLAGS + (f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--window-size={width},{height}"):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
@@ -265,82 +273,95 @@ def test_the_page_in_a_browser_on_the_demo_pair(real_pair, tmp_path):
             assert browser.find_element("id", "set-" + name).tag_name == "select"
         assert not _unnamed_controls(browser)
 
-        # Shift+Enter adds a line and sends nothing
-        from selenium.webdriver.common.keys import Keys
-
-        box = browser.find_element("id", "input")
-        box.send_keys("first line", Keys.SHIFT, Keys.ENTER, Keys.SHIFT, "second line")
-        assert browser.execute_script("return document.getElementById('input').value") == "first line\nsecond line"
-        assert not browser.find_elements("css selector", ".msg")
-        box.clear()
-
-        _set_slider(browser, "tau", 0.5)
-        reply = _send(browser, "Name three colours and say why you like them.")
-        origins = [s.get_attribute("data-origin") for s in reply.find_elements("css selector", ".tok")]
-        assert set(origins) <= {"target", "sd", "fuzzy"} and "sd" in origins and "fuzzy" in origins
-        colours = {
-            o: browser.execute_script("return getComputedStyle(arguments[0]).backgroundColor", span)
-            for o, span in ((s.get_attribute("data-origin"), s) for s in reply.find_elements("css selector", ".tok"))
-        }
-        assert len(set(colours.values())) == 3  # target, sd and fuzzy look different
-        assert "tau 0.5" in reply.find_element("css selector", ".meta").text
-        assert float(_text(browser, "stat-tps")) > 0 and _text(browser, "stat-fuzzy").endswith("%")
-        assert int(_text(browser, "stat-tokens")) > 0
-        assert browser.find_elements("css selector", "#chart rect.bar")  # acceptance by draft position
-
-        # hovering a rescued token shows its divergence and log-probability gap
-        from selenium.webdriver import ActionChains
-
-        rescued = reply.find_element("css selector", ".tok[data-origin='fuzzy']")
-        ActionChains(browser).move_to_element(rescued).perform()
-        tip = _wait(lambda: _text(browser, "tip"), "the tooltip")
-        assert "divergence" in tip and "log-prob gap" in tip
-        assert float(rescued.get_attribute("data-divergence")) <= 0.5
-        assert float(rescued.get_attribute("data-logprob-gap")) >= 0
-        browser.save_screenshot(str(tmp_path / "chat-page.png"))
-
-        # tau 0: lossless speculative decoding, nothing is rescued
-        _set_slider(browser, "tau", 0)
-        reply = _send(browser, "And three animals?")
-        origins = [s.get_attribute("data-origin") for s in reply.find_elements("css selector", ".tok")]
-        assert "fuzzy" not in origins and "sd" in origins
-        assert "tau 0" in reply.find_element("css selector", ".meta").text and _text(browser, "stat-fuzzy") == "0%"
-
-        # regenerate replaces the last reply; stop ends a reply early; new conversation empties the page
-        browser.find_element("id", "regenerate").click()
-        _wait(lambda: _text(browser, "stats-state").startswith("finished"), "the regenerated reply", 120)
-        assert len(browser.find_elements("css selector", ".msg.assistant")) == 2
-        browser.execute_script(
-            "const m = document.getElementById('set-max_tokens'); m.value = 400;"
-            "m.dispatchEvent(new Event('change', {bubbles: true}));"
-        )
-        browser.find_element("id", "input").send_keys("Tell me a long story about a dragon.\n")
-        _wait(lambda: _text(browser, "stats-state") == "streaming…", "tokens to stream")
-        browser.find_element("id", "stop").click()
-        _wait(lambda: _text(browser, "stats-state") == "stopped", "the reply to stop")
-        assert (
-            browser.find_elements("css selector", ".msg.assistant")[-1].find_element("css selector", ".meta").text
-            == "stopped"
-        )
-        browser.find_element("id", "new-chat").click()
-        assert not browser.find_elements("css selector", ".msg")
-
-        # phone width: one column, nothing wider than the screen, the controls still named and usable
-        browser.set_window_size(390, 844)
-        reply = _send(browser, "Hi!")
-        assert reply.find_elements("css selector", ".tok")
-        assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
-        assert browser.find_element("id", "send").is_displayed() and not _unnamed_controls(browser)
-        browser.save_screenshot(str(tmp_path / "chat-page-phone.png"))
-        shots = os.environ.get("FSD_WEB_SCREENSHOTS")  # where to keep the screenshots (the README's comes from here)
-        for name in ("chat-page.png", "chat-page-phone.png"):
-            assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-            if shots:
-                shutil.copy(tmp_path / name, shots)
+        _check_the_input_box(browser)
+        _check_a_reply_at_tau(browser, tmp_path)
+        _check_tau_0_regenerate_stop_and_new(browser)
+        _check_the_phone_width(browser, tmp_path)
     finally:
         browser.quit()
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=TIMEOUT)
+
+
+def _check_the_input_box(browser):
+    # Shift+Enter adds a line and sends nothing
+    from selenium.webdriver.common.keys import Keys
+
+    box = browser.find_element("id", "input")
+    box.send_keys("first line", Keys.SHIFT, Keys.ENTER, Keys.SHIFT, "second line")
+    assert browser.execute_script("return document.getElementById('input').value") == "first line\nsecond line"
+    assert not browser.find_elements("css selector", ".msg")
+    box.clear()
+
+
+def _check_a_reply_at_tau(browser, tmp_path):
+    _set_slider(browser, "tau", 0.5)
+    reply = _send(browser, "Name three colours and say why you like them.")
+    origins = [s.get_attribute("data-origin") for s in reply.find_elements("css selector", ".tok")]
+    assert set(origins) <= {"target", "sd", "fuzzy"} and "sd" in origins and "fuzzy" in origins
+    colours = {
+        o: browser.execute_script("return getComputedStyle(arguments[0]).backgroundColor", span)
+        for o, span in ((s.get_attribute("data-origin"), s) for s in reply.find_elements("css selector", ".tok"))
+    }
+    assert len(set(colours.values())) == 3  # target, sd and fuzzy look different
+    assert "tau 0.5" in reply.find_element("css selector", ".meta").text
+    assert float(_text(browser, "stat-tps")) > 0 and _text(browser, "stat-fuzzy").endswith("%")
+    assert int(_text(browser, "stat-tokens")) > 0
+    assert browser.find_elements("css selector", "#chart rect.bar")  # acceptance by draft position
+
+    # hovering a rescued token shows its divergence and log-probability gap
+    from selenium.webdriver import ActionChains
+
+    rescued = reply.find_element("css selector", ".tok[data-origin='fuzzy']")
+    ActionChains(browser).move_to_element(rescued).perform()
+    tip = _wait(lambda: _text(browser, "tip"), "the tooltip")
+    assert "divergence" in tip and "log-prob gap" in tip
+    assert float(rescued.get_attribute("data-divergence")) <= 0.5
+    assert float(rescued.get_attribute("data-logprob-gap")) >= 0
+    browser.save_screenshot(str(tmp_path / "chat-page.png"))
+
+
+def _check_tau_0_regenerate_stop_and_new(browser):
+    # tau 0: lossless speculative decoding, nothing is rescued
+    _set_slider(browser, "tau", 0)
+    reply = _send(browser, "And three animals?")
+    origins = [s.get_attribute("data-origin") for s in reply.find_elements("css selector", ".tok")]
+    assert "fuzzy" not in origins and "sd" in origins
+    assert "tau 0" in reply.find_element("css selector", ".meta").text and _text(browser, "stat-fuzzy") == "0%"
+
+    # regenerate replaces the last reply; stop ends a reply early; new conversation empties the page
+    browser.find_element("id", "regenerate").click()
+    _wait(lambda: _text(browser, "stats-state").startswith("finished"), "the regenerated reply", 120)
+    assert len(browser.find_elements("css selector", ".msg.assistant")) == 2
+    browser.execute_script(
+        "const m = document.getElementById('set-max_tokens'); m.value = 400;"
+        "m.dispatchEvent(new Event('change', {bubbles: true}));"
+    )
+    browser.find_element("id", "input").send_keys("Tell me a long story about a dragon.\n")
+    _wait(lambda: _text(browser, "stats-state") == "streaming…", "tokens to stream")
+    browser.find_element("id", "stop").click()
+    _wait(lambda: _text(browser, "stats-state") == "stopped", "the reply to stop")
+    assert (
+        browser.find_elements("css selector", ".msg.assistant")[-1].find_element("css selector", ".meta").text
+        == "stopped"
+    )
+    browser.find_element("id", "new-chat").click()
+    assert not browser.find_elements("css selector", ".msg")
+
+
+def _check_the_phone_width(browser, tmp_path):
+    # phone width: one column, nothing wider than the screen, the controls still named and usable
+    browser.set_window_size(390, 844)
+    reply = _send(browser, "Hi!")
+    assert reply.find_elements("css selector", ".tok")
+    assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+    assert browser.find_element("id", "send").is_displayed() and not _unnamed_controls(browser)
+    browser.save_screenshot(str(tmp_path / "chat-page-phone.png"))
+    shots = os.environ.get("FSD_WEB_SCREENSHOTS")  # where to keep the screenshots (the README's comes from here)
+    for name in ("chat-page.png", "chat-page-phone.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        if shots:
+            shutil.copy(tmp_path / name, shots)
 
 
 def test_the_page_asks_for_the_api_key_and_sends_it(tiny_engine, tmp_path):

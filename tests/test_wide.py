@@ -9,7 +9,7 @@ import pytest
 from fsd_local.errors import ModelLoadError
 from fsd_local.llama.model import Model, ModelOptions
 from fsd_local.pairs.wide import estimate_bytes, widen
-from tests.tinymodels import write_tiny_gguf
+from support.tinymodels import write_tiny_gguf
 
 TEXT = "the cat sat on the mat, and the dog ran far away!"
 

@@ -57,9 +57,15 @@ TIMED_KEYS = (
 
 
 VISITED_KEYS = (
-    "agreement", "target_logprob_mean", "logprob_drop", "acceptance_rate", "tokens_per_target_call", "loss_per_token",
-    "loss_worst_reply", "meets",
-)  # fmt: skip
+    "agreement",
+    "target_logprob_mean",
+    "logprob_drop",
+    "acceptance_rate",
+    "tokens_per_target_call",
+    "loss_per_token",
+    "loss_worst_reply",
+    "meets",
+)
 
 
 def default_tau_max(mode: str, divergence: str) -> float:
@@ -126,20 +132,7 @@ def calibrate(
     speed, every point visited and, with several modes, each mode's own answer (`candidates`, fastest first).
     `on_step(tau, row)` is called after each tau is measured (row["mode"] says for which mode)."""
     modes = list(dict.fromkeys(modes)) if modes else [mode]
-    if budget.kind == "agreement" and temperature > 0:
-        raise ConfigError(
-            "--min-agreement compares with the target's greedy output: use it with --temp 0, "
-            "or budget the log-prob drop (--max-logprob-drop) instead"
-        )
-    if budget.kind not in BUDGETS:
-        raise ConfigError(f"unknown budget {budget.kind!r}")
-    for m in modes:
-        if m not in TAU_MODES:
-            raise ConfigError(f"calibrate searches tau, which only {', '.join(TAU_MODES)} use (not {m!r})")
-    if steps < 1:
-        raise ConfigError("--steps must be >= 1")
-    if tau_max is not None and tau_max <= 0:
-        raise ConfigError("--tau-max must be > 0")
+    _check(budget, modes, temperature, steps, tau_max)
     run: dict[str, Any] = dict(max_tokens=max_tokens, repeats=1, seed=seed, chat=chat, ignore_eos=ignore_eos)
     ar, sd = Config("ar", temperature), Config("sd", temperature, draft_max=draft_max)
     base = run_bench(engine, prompts, [ar, sd], **run)
@@ -174,28 +167,46 @@ def calibrate(
         searched[m] = (best, top, visited)
     chosen = [config(m, best) for m, (best, _, _) in searched.items()]
     timed = summarise(run_bench(engine, prompts, [ar, sd, *chosen], **dict(run, repeats=repeats)))[2:]
-    candidates: list[dict[str, Any]] = []
-    for c, row in zip(chosen, timed):
-        best, top, visited = searched[c.mode]
-        candidates.append(
-            {
-                "mode": c.mode,
-                "tau": best,  # with a speed goal: the quality budget
-                "divergence": c.divergence,
-                "tau_max": top,
-                **{k: row.get(k) for k in TIMED_KEYS},
-                "visited": [
-                    {
-                        "tau": t,
-                        **{k: r.get(k) for k in VISITED_KEYS},
-                    }
-                    for t, r in sorted(visited.items())
-                ],
-            }
-        )
+    candidates = [_candidate(c, row, *searched[c.mode]) for c, row in zip(chosen, timed)]
     candidates.sort(key=lambda r: -(r["tokens_per_second"] or 0.0))
-    pick = candidates[0]
-    result = {
+    result = _result(candidates[0], budget, draft_max, temperature)
+    if len(modes) > 1:
+        result["candidates"] = candidates
+    return result
+
+
+def _check(budget: Budget, modes: list[str], temperature: float, steps: int, tau_max: float | None) -> None:
+    """The search's arguments, refused before anything runs."""
+    if budget.kind == "agreement" and temperature > 0:
+        raise ConfigError(
+            "--min-agreement compares with the target's greedy output: use it with --temp 0, "
+            "or budget the log-prob drop (--max-logprob-drop) instead"
+        )
+    if budget.kind not in BUDGETS:
+        raise ConfigError(f"unknown budget {budget.kind!r}")
+    for m in modes:
+        if m not in TAU_MODES:
+            raise ConfigError(f"calibrate searches tau, which only {', '.join(TAU_MODES)} use (not {m!r})")
+    if steps < 1:
+        raise ConfigError("--steps must be >= 1")
+    if tau_max is not None and tau_max <= 0:
+        raise ConfigError("--tau-max must be > 0")
+
+
+def _candidate(c: Config, row: dict, best: float, top: float, visited: dict[float, dict]) -> dict[str, Any]:
+    """One mode's answer: its tau (with a speed goal, its quality budget), as timed, and every point visited."""
+    return {
+        "mode": c.mode,
+        "tau": best,  # with a speed goal: the quality budget
+        "divergence": c.divergence,
+        "tau_max": top,
+        **{k: row.get(k) for k in TIMED_KEYS},
+        "visited": [{"tau": t, **{k: r.get(k) for k in VISITED_KEYS}} for t, r in sorted(visited.items())],
+    }
+
+
+def _result(pick: dict[str, Any], budget: Budget, draft_max: int, temperature: float) -> dict[str, Any]:
+    return {
         "tau": pick["tau"] if budget.knob == "tau" else None,
         "quality_budget": pick["tau"] if budget.knob == "quality_budget" else None,
         "budget": {budget.kind: budget.value},
@@ -207,9 +218,6 @@ def calibrate(
         **{k: pick[k] for k in TIMED_KEYS},
         "visited": pick["visited"],
     }
-    if len(modes) > 1:
-        result["candidates"] = candidates
-    return result
 
 
 def _bisect(below, lo: float, hi: float, steps: int) -> tuple[float, float]:

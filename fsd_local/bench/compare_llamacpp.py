@@ -1,7 +1,7 @@
 """Side by side with llama.cpp's own `speculative-simple` example on the same pair, prompt and k.
 
     native/build.sh --tool llama-speculative-simple cpu    # from the llama.cpp that llama-cpp-python vendors
-    python -m fsd_local.compare_llamacpp \\
+    python -m fsd_local.bench.compare_llamacpp \\
         --binary ~/.cache/fsd-local/build/llama-speculative-simple-cpu/bin/llama-speculative-simple
 
 Both run greedy standard speculative decoding (`sd`, tau = 0) with a fixed draft length and no p_min early

@@ -4,7 +4,6 @@ Both sides do the full job for `rows` (target row, draft row) pairs: each row's 
 divergence. The NumPy side is what a careful NumPy user would write: whole-array float32 operations on all
 rows at once (SIMD exp/log, pairwise sums), `np.argpartition` for the top-k forms. It assumes finite logits
 and skips the -inf / NaN guards the kernels pay for, so the comparison errs in NumPy's favour.
-(fsd_local/reference.py is the float64 clarity reference the tests use, not this baseline.)
 Each cell: median of several timings, the two implementations alternating in the same process.
 """
 

@@ -1,5 +1,5 @@
-"""`bench --plot`: tokens/s and quality against tau, and the speed / quality frontier, one row of panels per
-temperature.
+"""`bench --plot`: tokens/s and quality against tau, and the speed / quality frontier, every temperature's panels in
+a grid two panels wide (about 1000 px at its resolution) with one legend under them.
 
 One line per (mode, divergence, draft length) of the tau modes, coloured by draft length; the baselines are
 horizontal lines: `ar` black dashed, `sd` dotted in the colour of its draft length, `draft-only` grey.
@@ -29,19 +29,34 @@ def require_matplotlib():
     return matplotlib
 
 
-LEGEND_COLUMNS = 5
+COLUMNS = 2  # panels side by side: the figure stays readable where a README or a page shows it (about 900 px)
+WIDTH_IN, PANEL_HEIGHT_IN, DPI = 9.0, 3.4, 110  # 990 px wide
+LEGEND_COLUMNS = 3
 PANELS = (
     ("tokens_per_second", "tokens/s"),
     ("target_logprob_mean", "target log-prob / token"),
     ("agreement", "agreement with target greedy"),
 )
 FRONTIER_PANELS = (
-    ("target_logprob_mean", "frontier: tokens/s against target log-prob / token"),
-    ("agreement", "frontier: tokens/s against agreement"),
+    ("target_logprob_mean", "frontier: tokens/s by target log-prob / token"),
+    ("agreement", "frontier: tokens/s by agreement"),
 )
+MARKERS = "osD^vP*X"
 
 
 def plot(rows: list[dict], path: str, title: str = "") -> None:
+    """Write `figure(rows, title)` as a PNG at DPI."""
+    require_matplotlib()
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows, title)
+    fig.savefig(path, format="png", dpi=DPI)
+    plt.close(fig)
+
+
+def figure(rows: list[dict], title: str = ""):
+    """Every temperature's panels in a grid COLUMNS wide (its tau panels, its frontiers, its budgets), one legend
+    for the tau panels' lines under them all."""
     require_matplotlib()
     import matplotlib.pyplot as plt
 
@@ -49,68 +64,24 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
     if any("on_frontier" not in r for r in rows):
         rows = mark_frontier([dict(r) for r in rows])
     budgets = any(r.get("quality_budget") is not None for r in rows)
-    cols = len(PANELS) + len(FRONTIER_PANELS) + budgets
-    fig, axes = plt.subplots(len(temps), cols, figsize=(5 * cols, 3.6 * len(temps)), squeeze=False)
+    per_temp = math.ceil((len(PANELS) + len(FRONTIER_PANELS) + budgets) / COLUMNS)
+    fig, axes = plt.subplots(
+        per_temp * len(temps), COLUMNS, figsize=(WIDTH_IN, PANEL_HEIGHT_IN * per_temp * len(temps)), squeeze=False
+    )
     ks = sorted({r["draft_max"] for r in rows if r["draft_max"] is not None})
     colour = {k: f"C{i}" for i, k in enumerate(ks)}
-    # (mode, divergence) -> marker, so one divergence looks the same in every panel
-    styles: dict[tuple[str, str], str] = {}
-    markers = "osD^vP*X"
+    styles: dict[tuple[str, str], str] = {}  # (mode, divergence) -> marker, the same in every panel
     for ti, temp in enumerate(temps):
         at = [r for r in rows if r["temperature"] == temp]
-        for pi, (key, label) in enumerate(PANELS):
-            ax = axes[ti][pi]
-            ax.set_title(f"{label}, temperature {temp:g}", fontsize=9)
-            ax.set_xlabel("tau")
-            if key == "agreement" and temp > 0:
-                ax.text(
-                    0.5,
-                    0.5,
-                    "not defined at temperature > 0\n(outputs are samples)",
-                    ha="center",
-                    va="center",
-                    transform=ax.transAxes,
-                    fontsize=9,
-                    color="grey",
-                )
-                ax.set_xticks([])
-                ax.set_yticks([])
-                continue
-            curves: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
-            for r in at:
-                if r["mode"] in TAU_MODES and r[key] is not None and r["tau"] is not None:
-                    curves.setdefault((r["mode"], r["divergence"], r["draft_max"]), []).append((r["tau"], r[key]))
-            for (mode, div, k), pts in sorted(curves.items()):
-                pts.sort()
-                m = styles.setdefault((mode, div), markers[len(styles) % len(markers)])
-                ax.plot(
-                    [p[0] for p in pts],
-                    [p[1] for p in pts],
-                    marker=m,
-                    color=colour[k],
-                    linestyle="-" if mode == "fsd" else "-.",
-                    label=f"{mode} {div} k={k}",
-                )
-            for r in at:
-                if r[key] is None:
-                    continue
-                if r["mode"] == "ar":
-                    ax.axhline(r[key], color="black", linestyle="--", linewidth=1, label="ar (target alone)")
-                elif r["mode"] == "sd":
-                    ax.axhline(
-                        r[key],
-                        color=colour[r["draft_max"]],
-                        linestyle=":",
-                        linewidth=1.2,
-                        label=f"sd k={r['draft_max']}",
-                    )
-                elif r["mode"] == "draft-only":
-                    ax.axhline(r[key], color="grey", linestyle="-.", linewidth=1, label="draft alone")
-            ax.grid(alpha=0.3)
-        for fi, (key, label) in enumerate(FRONTIER_PANELS):
-            _frontier_panel(axes[ti][len(PANELS) + fi], at, key, f"{label}, temperature {temp:g}")
+        cells = list(axes[ti * per_temp : (ti + 1) * per_temp].ravel())
+        for key, label in PANELS:
+            _tau_panel(cells.pop(0), at, key, f"{label}, temperature {temp:g}", temp, colour, styles)
+        for key, label in FRONTIER_PANELS:
+            _frontier_panel(cells.pop(0), at, key, f"{label}, temperature {temp:g}")
         if budgets:
-            _budget_panel(axes[ti][-1], at, f"tokens/s against loss per token (budget), temperature {temp:g}")
+            _budget_panel(cells.pop(0), at, f"tokens/s by loss per token (budgets), temperature {temp:g}")
+        for ax in cells:
+            ax.axis("off")
     # one legend under the panels, where it hides no data; the first panel holds every line
     handles, labels = axes[0][0].get_legend_handles_labels()
     height = fig.get_size_inches()[1]
@@ -118,18 +89,53 @@ def plot(rows: list[dict], path: str, title: str = "") -> None:
     fig.legend(handles, labels, loc="lower center", ncol=LEGEND_COLUMNS, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, (0.25 * legend_rows + 0.15) / height, 1, 1))
-    fig.savefig(path, format="png", dpi=110)
-    plt.close(fig)
+    fig.tight_layout(rect=(0, (0.18 * legend_rows + 0.15) / height, 1, 1))
+    return fig
+
+
+def _tau_panel(ax, rows: list[dict], key: str, title: str, temp: float, colour: dict, styles: dict) -> None:
+    """`key` against tau: one line per (mode, divergence, draft length), the baselines as horizontal lines."""
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("tau")
+    if key == "agreement" and temp > 0:
+        _not_defined(ax, "not defined at temperature > 0\n(outputs are samples)")
+        return
+    curves: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["mode"] in TAU_MODES and r[key] is not None and r["tau"] is not None:
+            curves.setdefault((r["mode"], r["divergence"], r["draft_max"]), []).append((r["tau"], r[key]))
+    for (mode, div, k), pts in sorted(curves.items()):
+        pts.sort()
+        m = styles.setdefault((mode, div), MARKERS[len(styles) % len(MARKERS)])
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        ax.plot(
+            xs, ys, marker=m, color=colour[k], linestyle="-" if mode == "fsd" else "-.", label=f"{mode} {div} k={k}"
+        )
+    for r in rows:
+        if r[key] is None:
+            continue
+        if r["mode"] == "ar":
+            ax.axhline(r[key], color="black", linestyle="--", linewidth=1, label="ar (target alone)")
+        elif r["mode"] == "sd":
+            ax.axhline(
+                r[key], color=colour[r["draft_max"]], linestyle=":", linewidth=1.2, label=f"sd k={r['draft_max']}"
+            )
+        elif r["mode"] == "draft-only":
+            ax.axhline(r[key], color="grey", linestyle="-.", linewidth=1, label="draft alone")
+    ax.grid(alpha=0.3)
+
+
+def _not_defined(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")
+    ax.set_xticks([])
+    ax.set_yticks([])
 
 
 def _frontier_panel(ax, rows: list[dict], quality: str, title: str) -> None:
     ax.set_title(title, fontsize=9)
     pts = [r for r in rows if r[quality] is not None and r[SPEED] is not None]
     if not pts:
-        ax.text(0.5, 0.5, "not defined here", ha="center", va="center", transform=ax.transAxes, color="grey")
-        ax.set_xticks([])
-        ax.set_yticks([])
+        _not_defined(ax, "not defined here")
         return
     flag = dict((q, f) for f, q in QUALITIES)[quality]
     modes = list(dict.fromkeys(r["mode"] for r in rows))
@@ -166,10 +172,8 @@ def _budget_panel(ax, rows: list[dict], title: str) -> None:
         for r in budgeted:
             if r.get("loss_per_token") is None or r[SPEED] is None:
                 continue
-            ax.annotate(
-                f"B {r['quality_budget']:g}", (r["loss_per_token"], r[SPEED]), fontsize=6, xytext=(3, -8),
-                textcoords="offset points",
-            )  # fmt: skip
+            at = (r["loss_per_token"], r[SPEED])
+            ax.annotate(f"B {r['quality_budget']:g}", at, fontsize=6, xytext=(3, -8), textcoords="offset points")
             worst = r.get("loss_worst_reply")
             if worst is not None:
                 ax.plot([r["loss_per_token"], worst], [r[SPEED]] * 2, color=f"C{i}", linewidth=0.6, alpha=0.6)

@@ -171,6 +171,7 @@ def run_bench(
     prompts: list[Prompt],
     configs: list[Config],
     *,
+    common: dict | None = None,
     max_tokens: int,
     repeats: int,
     seed: int = 0,
@@ -178,7 +179,8 @@ def run_bench(
     ignore_eos: bool = False,
     progress=None,
 ) -> BenchData:
-    """Run every configuration on every prompt `repeats` times, interleaved; `progress()` after each run.
+    """Run every configuration on every prompt `repeats` times, interleaved; `progress()` after each run. `common`:
+    settings every run shares (the sampling chain: bench --chat-sampling, --top-k, ...).
     The seed of a generation depends on (repeat, prompt) only, so all configurations share it.
     ignore_eos: every generation runs to max_tokens (fixed-length speed runs; the text past the end of
     generation is not a real answer)."""
@@ -196,7 +198,7 @@ def run_bench(
                 engine.reset()  # every configuration starts from the same (empty) cache
                 # and from a freshly loaded engine's policy state, or its own (the machine's costs stay)
                 engine.set_policy_state(learned.get(ci))
-                settings = configs[ci].settings(max_tokens, seed + r * len(prompts) + pi)
+                settings = {**configs[ci].settings(max_tokens, seed + r * len(prompts) + pi), **(common or {})}
                 out = engine.generate(toks, ignore_eos=ignore_eos, **settings)
                 if configs[ci].state == "warm":
                     learned[ci] = engine.policy_state()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import click
 
-from fsd_local.cli.bench import CommaList, _engine, _given, _say, run_options
+from fsd_local.cli.bench import engine, given, say
+from fsd_local.cli.bench_options import CommaList, run_options
 from fsd_local.kernels.names import DIVERGENCES, TAU_MODES
 
 
@@ -73,6 +74,7 @@ def calibrate_options(f):
 def calibrate_command(
     *,
     prompts_file,
+    limit,
     chat,
     max_tokens,
     seed,
@@ -94,48 +96,22 @@ def calibrate_command(
 ):
     import json
 
-    from fsd_local.bench.calibrate import Budget, calibrate, format_report
+    from fsd_local.bench.calibrate import calibrate, format_report
     from fsd_local.bench.prompts import load_prompts
 
-    given = [
-        (k, v)
-        for k, v in (
-            ("agreement", min_agreement),
-            ("logprob_drop", max_logprob_drop),
-            ("acceptance", target_acceptance),
-            ("speed", target_speed),
-        )
-        if v is not None
-    ]
-    if len(given) != 1:
-        raise click.UsageError(
-            "give exactly one of --min-agreement, --max-logprob-drop, --target-acceptance, --target-speed"
-        )
-    budget = Budget(*given[0])
-    if budget.kind == "agreement" and temperature > 0:  # fail before loading the models
-        raise click.UsageError("--min-agreement needs --temp 0 (agreement is with the target's greedy output)")
-    prompts = load_prompts(prompts_file)
-
-    if modes and _given("mode"):
+    budget = _budget(min_agreement, max_logprob_drop, target_acceptance, target_speed, temperature)
+    prompts = load_prompts(prompts_file)[:limit]
+    if modes and given("mode"):
         raise click.UsageError("give --mode or --modes, not both")
     searched = modes or [mode]
-
-    def step(tau, row):
-        agree = "" if row["agreement"] is None else f"agreement {row['agreement']:.3f}, "
-        _say(
-            f"{row['mode']} {'B' if budget.kind == 'speed' else 'tau'} {tau:.4f}: {agree}"
-            f"{row['tokens_per_target_call']:.2f} tokens/call, log-prob drop {row['logprob_drop']:+.3f}, acceptance "
-            f"{row['acceptance_rate']:.0%} -> {'meets' if row['meets'] else 'misses'} the budget"
-        )
-
-    with _engine(model_kwargs) as engine:
-        _say(
+    with engine(model_kwargs) as eng:
+        say(
             f"calibrating {','.join(searched)} ({divergence} where a divergence applies) k={draft_max} at "
             f"temperature {temperature:g} on "
             f"{len(prompts)} prompts, {max_tokens} tokens each: {budget.describe()}"
         )
         result = calibrate(
-            engine,
+            eng,
             prompts,
             budget=budget,
             divergence=divergence,
@@ -149,6 +125,41 @@ def calibrate_command(
             seed=seed,
             chat=chat,
             ignore_eos=ignore_eos,
-            on_step=step,
+            on_step=_step_reporter(budget),
         )
     click.echo(json.dumps(result, indent=1) if as_json else format_report(result, budget))
+
+
+def _budget(min_agreement, max_logprob_drop, target_acceptance, target_speed, temperature):
+    """The one budget or goal given (bench/calibrate.py Budget), checked before any model is loaded."""
+    from fsd_local.bench.calibrate import Budget
+
+    named = (
+        ("agreement", min_agreement),
+        ("logprob_drop", max_logprob_drop),
+        ("acceptance", target_acceptance),
+        ("speed", target_speed),
+    )
+    given_ = [(k, v) for k, v in named if v is not None]
+    if len(given_) != 1:
+        raise click.UsageError(
+            "give exactly one of --min-agreement, --max-logprob-drop, --target-acceptance, --target-speed"
+        )
+    budget = Budget(*given_[0])
+    if budget.kind == "agreement" and temperature > 0:
+        raise click.UsageError("--min-agreement needs --temp 0 (agreement is with the target's greedy output)")
+    return budget
+
+
+def _step_reporter(budget):
+    """What the search says on standard error at every tau (or budget) it measures."""
+
+    def step(tau, row):
+        agree = "" if row["agreement"] is None else f"agreement {row['agreement']:.3f}, "
+        say(
+            f"{row['mode']} {'B' if budget.kind == 'speed' else 'tau'} {tau:.4f}: {agree}"
+            f"{row['tokens_per_target_call']:.2f} tokens/call, log-prob drop {row['logprob_drop']:+.3f}, acceptance "
+            f"{row['acceptance_rate']:.0%} -> {'meets' if row['meets'] else 'misses'} the budget"
+        )
+
+    return step

@@ -57,9 +57,9 @@ def bench_drafters(model_kwargs: dict, drafters: list[str], say: Callable) -> li
     if model_kwargs.get("draft") == NONE:
         say("--draft none: no draft model, so the speculative rows draft by prompt lookup (--drafter ngram)")
         return ["ngram"]
-    from fsd_local.cli.options import resolve_models
+    from fsd_local.pairs.names import resolve
 
-    target, _ = resolve_models(model_kwargs["target"], None, None)
+    target = resolve(model_kwargs["target"], "target")  # a path, or a model of the local stores
     path, settings = auto_draft(target, model_kwargs["target"], None, Settings(), say)
     model_kwargs["draft"] = path
     return drafters if path else ["ngram"]
@@ -71,10 +71,9 @@ def require_draft(model_kwargs: dict, say: Callable) -> None:
         return
     if model_kwargs.get("draft") == NONE:
         raise click.UsageError("calibrate compares against speculative decoding: it needs a draft (drop --draft none)")
-    from fsd_local.cli.options import resolve_models
-    from fsd_local.pairs.names import choose_draft
+    from fsd_local.pairs.names import choose_draft, resolve
 
-    target, _ = resolve_models(model_kwargs["target"], None, None)
+    target = resolve(model_kwargs["target"], "target")
     choice = choose_draft(target)
     if choice.draft is None:
         raise click.UsageError(

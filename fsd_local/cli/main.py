@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from fsd_local.cli import bench as bench_cli
+from fsd_local.cli import bench_modes, bench_options
 from fsd_local.cli import calibrate as calibrate_cli
 from fsd_local.cli.options import (
     chat_settings_options,
@@ -205,7 +205,7 @@ Examples:
 PAIR_EPILOG = f"""
 A pair is a small draft model and a large target model with the same tokenizer; fsd-local runs them with
 Fuzzy Speculative Decoding. tau: {TAU_HELP}. Modes: {MODE_HELP}. Divergences: {DIVERGENCE_HELP}. The suggested tau per
-divergence is a starting point; calibrate it with `fsd-local bench`.
+divergence is a starting point; `fsd-local calibrate` finds one for a budget on your prompts.
 
 \b
 Examples:
@@ -249,7 +249,7 @@ def chat(system, color, as_json, web, **kwargs):
     if web:
         if as_json or color or system:
             raise click.UsageError("--web opens the chat page: --json, --color and --system apply to the terminal chat")
-        open_page = _server_part("web").open_page
+        open_page = _server_part("app").open_page
         with load_engine(**kwargs, settings=settings, say=say) as engine:
             open_page(engine, say)
         return
@@ -313,18 +313,21 @@ Examples:
   fsd-local bench --taus 0,0.1,0.2 --divergence js,kl --draft-max 2,4 --temp 0,0.7 --plot bench.png
   fsd-local bench --pair qwen2.5-0.5b-7b --prompts my.jsonl --max-tokens 128 --json > bench.json
   fsd-local bench --kernels
+  fsd-local bench --costs --sizes 1,2,4,8,16
+  fsd-local bench --serve --clients 8 --requests 64 --max-tokens 32
 """
 
 
 @cli.command(epilog=BENCH_EXAMPLES)
 @model_options
-@bench_cli.bench_options
+@bench_options.bench_options
 def bench(**kwargs):
     """Measure the speed / quality trade-off of a pair: every combination of modes, divergences, taus, draft
     lengths and temperatures on the same prompts and seeds, interleaved, with the ar and sd baselines. Reports
     tokens/s, speed-ups, acceptance, target log-prob, agreement with the target's greedy output and task accuracy
-    (JSON Lines prompts with answers). --kernels times the divergence kernels against NumPy instead."""
-    bench_cli.bench_command(**kwargs)
+    (JSON Lines prompts with answers). Instead: --kernels times the divergence kernels against NumPy, --overhead
+    the loop's own time, --costs one decode of each batch size on both models, --serve the server under load."""
+    bench_modes.bench_command(**kwargs)
 
 
 @cli.command()

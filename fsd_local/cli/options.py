@@ -64,16 +64,19 @@ def _read_text(ctx, param, value: str | None) -> str | None:
         raise click.BadParameter(f"cannot read {value!r}: {why}") from None
 
 
-def _setting_option(f, chat: bool = False) -> Callable:
-    """The click option of one Settings field (with `fsd-local chat`'s default if `chat`). Numbers are parsed by
-    click and range-checked by Settings (one validation, one message for CLI, API and chat alike); integers also
-    get click's range so --help shows it."""
+def _setting_option(f, chat: bool = False, unset: bool = False) -> Callable:
+    """The click option of one Settings field (with `fsd-local chat`'s default if `chat`; with `unset`, no default:
+    None when not given, for a command that applies only what the user gave). Numbers are parsed by click and
+    range-checked by Settings (one validation, one message for CLI, API and chat alike); integers also get click's
+    range so --help shows it."""
     s, kind = spec(f), field_type(f)
     cli = s.cli
     assert cli is not None, f"setting {f.name} has no command-line flag"
     default = None if f.name == "seed" else (f.default if f.default is not MISSING else None)
     if chat and s.chat_default is not None:
         default = s.chat_default
+    if unset:
+        default = None
     if kind is bool:
         return click.option(cli, f.name, is_flag=True, help=s.help)
     if kind is tuple:
@@ -93,6 +96,16 @@ def _setting_option(f, chat: bool = False) -> Callable:
 SETTING_OPTIONS = [_setting_option(f) for f in FIELDS if spec(f).cli]
 CHAT_SETTING_OPTIONS = [_setting_option(f, chat=True) for f in FIELDS if spec(f).cli]
 SETTING_NAMES = tuple(f.name for f in FIELDS if spec(f).cli)
+
+
+# the sampling chain's settings a benchmark may fix for every configuration it runs (bench --chat-sampling sets
+# chat's values of them at once)
+BENCH_SAMPLING = ("top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
+BENCH_SAMPLING_OPTIONS = [_setting_option(f, unset=True) for f in FIELDS if f.name in BENCH_SAMPLING]
+
+
+def bench_sampling_options(f: Callable) -> Callable:
+    return _apply(f, BENCH_SAMPLING_OPTIONS)
 
 
 def settings_options(f: Callable) -> Callable:

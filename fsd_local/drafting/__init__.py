@@ -8,6 +8,8 @@
   acceptance per draft position online and picks the k in [0, k_max] with the highest expected tokens per second,
   re-probing so that a policy that settled on k = 0 (plain target steps) can come back.
 
-These modules are self-contained (no llama.cpp, no engine imports), so the engine owns all timing and calls them
-with plain numbers and token lists.
+The package sits above kernels/ and llama/ and below the engine (the layers of tests/test_architecture.py).
+ngram.py, cost_model.py, verify_cost.py and length.py work on plain numbers and token lists; proposer.py drafts
+with the draft model (llama/model.py) and calibration.py times both models (`measure_costs`) and keeps their costs
+on disk.
 """

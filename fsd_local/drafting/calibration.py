@@ -1,7 +1,7 @@
 """What the `auto` policy knows of the machine before it has measured anything in this process: costs measured
 earlier, kept on disk per model file and machine (`CostStore`), and `measure_costs`, which times them on purpose.
 
-No generation ever waits for a calibration: an engine reads the store when it loads, measures each batch size
+No generation ever waits for `measure_costs`: an engine reads the store when it loads, measures each batch size
 as the loop uses it (verify_cost.py, drafting/length.py), and writes what it measured back after each reply.
 A first reply on a new machine prices the sizes it has not used from a fitted line and explores them while its
 evidence is thin (cost_model.py); every later engine of the same files starts where the last one stopped.
@@ -50,9 +50,20 @@ def _model_key(m: Model) -> list:
     o = m.opts
     st = os.stat(m.path)
     return [
-        os.path.realpath(m.path), st.st_size, int(st.st_mtime), o.n_threads, o.n_threads_batch, o.n_gpu_layers,
-        o.n_batch, o.flash_attn, o.cache_type_k, o.cache_type_v, o.split_mode, o.rpc_servers, m.repack.repack,
-    ]  # fmt: skip
+        os.path.realpath(m.path),
+        st.st_size,
+        int(st.st_mtime),
+        o.n_threads,
+        o.n_threads_batch,
+        o.n_gpu_layers,
+        o.n_batch,
+        o.flash_attn,
+        o.cache_type_k,
+        o.cache_type_v,
+        o.split_mode,
+        o.rpc_servers,
+        m.repack.repack,
+    ]
 
 
 class CostStore:
@@ -155,11 +166,11 @@ def measure_costs(lengths: DraftLength, target: Model, draft: Model | None, n_hi
     that every configuration is priced from the same complete curve. Returns the seconds it took."""
     t0 = perf_counter()
     todo = [n for n in range(1, n_hi + 1) if not lengths.verify.measured_at(n)]
-    for n, seconds in _time_sizes(target, todo, token).items():
+    for n, seconds in time_sizes(target, todo, token).items():
         lengths.verify.observe(n, seconds)
     cm = lengths.cost(("model", 0))
     if draft is not None and not cm.draft_measured:
-        timed = _time_sizes(draft, [1, CATCH_UP_BATCH], token)
+        timed = time_sizes(draft, [1, CATCH_UP_BATCH], token)
         if 1 in timed:
             cm.observe_draft(1, timed[1])
         if CATCH_UP_BATCH in timed:
@@ -167,9 +178,9 @@ def measure_costs(lengths: DraftLength, target: Model, draft: Model | None, n_hi
     return perf_counter() - t0
 
 
-def _time_sizes(m: Model, sizes: list[int], token: int) -> dict[int, float]:
-    """The fastest of MEASURE_PASSES decodes of each size (logits on every row), the largest first (llama.cpp
-    sizes its buffers for it), up then down; the cache is as it was on return."""
+def time_sizes(m: Model, sizes: list[int], token: int, passes: int = MEASURE_PASSES) -> dict[int, float]:
+    """The fastest of `passes` decodes of each size (logits on every row), the largest first (llama.cpp sizes its
+    buffers for it), up then down; the cache is as it was on return (`fsd-local bench --costs` prints these)."""
     base = len(m.tokens)
     sizes = [n for n in sizes if base + n <= m.n_ctx]
     if not sizes:
@@ -179,7 +190,7 @@ def _time_sizes(m: Model, sizes: list[int], token: int) -> dict[int, float]:
         m.decode([token] * max(sizes), "from:0")
         m.synchronize()
         m.truncate(base)
-        for p in range(MEASURE_PASSES):
+        for p in range(passes):
             for n in sizes if p % 2 == 0 else sizes[::-1]:
                 t = perf_counter()
                 m.decode([token] * n, "from:0")

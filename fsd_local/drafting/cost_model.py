@@ -59,6 +59,7 @@ OPTIMISM = 1.0
 OPTIMISM_FADE = 4.0
 ACCEPT_MAX = 0.995
 VOI_WEIGHT_CAP = 16.0
+RECHECK = 8  # rounds a plain-step decision or a probe value is reused while the evidence is unchanged
 MODEL_DRAFT_COST_PRIOR = 0.3  # seconds per draft token / seconds of one target decode, before measuring
 
 
@@ -113,6 +114,13 @@ class CostModel:
         self.rounds = 0
         self.probes = 0
         self.last_rate = 0.0  # expected tokens per second (or per decode before measuring) of the last choice
+        # what the last plain-step decision and probe value were computed from: while the evidence is the same,
+        # a plain step is a plain step again (a catch-up price only grows, a limit only shrinks), and a probe's
+        # value is its value per token of horizon times the horizon; the costs drift, so both are recomputed
+        # every RECHECK rounds
+        self._version = 0
+        self._plain: tuple | None = None
+        self._pv: tuple | None = None
 
     # ------------------------------------------------------------------ configuration
     def set_k_max(self, k_max: int) -> None:
@@ -140,12 +148,14 @@ class CostModel:
         self.k_histogram = [0] * len(self.k_histogram)
         self._zero_streak, self._probe_interval, self._probing = 0, self.probe_every, False
         self.rounds = self.probes = 0
+        self._version += 1
 
     def settings_changed(self, keep: float = 0.1) -> None:
         """Acceptance depends on tau, mode, divergence and temperature: keep only `keep` of its evidence (so a
         couple of rounds under the new settings dominate), keep every cost."""
         self._acc = [a * keep for a in self._acc]
         self._seen = [s * keep for s in self._seen]
+        self._version += 1
 
     # ------------------------------------------------------------------ observations
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
@@ -155,6 +165,7 @@ class CostModel:
             return
         self._draft_weight = self._draft_weight * self.decay + 1.0
         self._draft_mean += (seconds / n_tokens - self._draft_mean) / self._draft_weight
+        self._version += 1
 
     def observe_verify(self, batch_n: int, seconds: float) -> None:
         """One target decode of batch_n tokens (k drafts + the pending token(s)); plain steps are batch_n = 1."""
@@ -167,6 +178,7 @@ class CostModel:
         (a free drafter's declined proposal, drafting/length.py); it is evidence, not the outcome of a probe."""
         if n_drafted <= 0:
             return
+        self._version += 1
         n_accepted = max(0, min(n_accepted, n_drafted))
         if n_drafted > len(self._acc):
             self.set_k_max(n_drafted)
@@ -237,6 +249,16 @@ class CostModel:
         estimate moves by a normal amount of variance var x m / (w + m) around its mean; where it would then
         pass the rate plain steps reach, the horizon is drafted at that rate instead. 0 when no plausible
         acceptance makes drafting pay (a draft nearly as dear as the target, or acceptance known well enough)."""
+        key = (self._version, m, k_limit)
+        if self._pv is not None and self._pv[0] == key and self._pv[1] < RECHECK:
+            self._pv = (key, self._pv[1] + 1, self._pv[2])
+            return self._pv[2] * horizon
+        per_token = self._probe_value(m, k_limit)
+        self._pv = (key, 1, per_token)
+        return per_token * horizon
+
+    def _probe_value(self, m: int, k_limit: int | None) -> float:
+        """probe_value per token of horizon (it is linear in the horizon)."""
         mu, w = self.pooled()
         w = min(w, VOI_WEIGHT_CAP)  # old evidence ages: acceptance follows the text, not only the pair
         sd = math.sqrt(max(mu * (1.0 - mu), 1e-4) / (w + 1.0) * m / (w + m))
@@ -246,7 +268,7 @@ class CostModel:
             a = min(max(mu + sd * z, 0.0), 0.999)
             rate = self.rate_at(a, k_limit)
             if rate * v1 > 1.0:
-                value += weight * horizon * (v1 - 1.0 / rate)
+                value += weight * (v1 - 1.0 / rate)
         return value
 
     def draft_seconds_per_token(self) -> float:
@@ -260,7 +282,7 @@ class CostModel:
     @property
     def plain_tokens_per_second_est(self) -> float:
         """1 / seconds of a single-token target decode, only where one was timed (a plain step, a probe's
-        catch-up is not one, the engine's calibration): what `ar` does here, for the speed-up figure. 0 when
+        catch-up is not one, Engine.measure_costs): what `ar` does here, for the speed-up figure. 0 when
         none was: a figure read off the fitted curve is a prior, not a measurement, and is never shown as one."""
         if not self.verify.measured_at(1):
             return 0.0
@@ -286,10 +308,19 @@ class CostModel:
     def choose_k(self, k_limit: int | None = None, start_seconds: float = 0.0) -> int:
         """The k for this round (at most k_limit, e.g. the tokens still wanted minus one), re-probing
         periodically when the best is 0. start_seconds: see `rates`."""
+        limit = self.k_max if k_limit is None else k_limit
+        p = self._plain
+        if self.probe_every == 0 and p is not None and p[0] == self._version and p[1] < RECHECK:
+            if limit <= p[2] and start_seconds >= p[3]:  # nothing that could make drafting pay has changed
+                self._plain = (p[0], p[1] + 1, p[2], p[3])
+                self.rounds += 1
+                self.k_histogram[0] += 1
+                return 0
         rates = self.rates(k_limit, start_seconds)
         k = best_k(rates)
         self.last_rate = rates[k]
         self._probing = False
+        self._plain = (self._version, 1, limit, start_seconds) if k == 0 else None
         if k == 0 and len(rates) > 1 and self.probe_every > 0:
             self._zero_streak += 1
             if self._zero_streak >= self._probe_interval:

@@ -212,7 +212,7 @@ class DraftLength:
     @property
     def plain_tokens_per_second_est(self) -> float:
         """1 / the target's seconds for a one-token decode, only where one was timed by this engine (plain steps
-        of auto or ar, the calibration of auto's first use, an earlier reply): 0 otherwise, and the summary then
+        of auto or ar, measure_costs (drafting/calibration.py), an earlier reply): 0 otherwise, and the summary then
         says nothing about plain decoding (a rate read off the fitted curve would be a prior shown as a
         measurement)."""
         return 1.0 / self.verify.seconds(1) if self.verify.measured_at(1) else 0.0

@@ -44,6 +44,8 @@ def new_drafts(k: int, n_vocab: int) -> Drafts:
         prob=np.empty(k),
         stats=np.zeros((k + 1, 3), np.float32),
         onehot=np.zeros(k, np.uint8),
+        kept=np.empty((k, KEPT_MAX), np.int64),
+        kept_n=np.full(k, -1, np.int64),
     )
 
 
@@ -63,7 +65,6 @@ class Proposer:
         self.ngram: NgramDrafter | None = None
         self._kept: np.ndarray | None = None  # (ROWS_KEPT, n_vocab): target rows of plain steps, by position
         self._kept_pos = np.full(ROWS_KEPT, -1, np.int64)
-        self._pick = np.empty(KEPT_MAX, np.int64)  # the draft's kept tokens when it samples (scratch)
         self.keeps_rows = False
 
     def start(self, g: Generation) -> None:
@@ -129,8 +130,8 @@ class Proposer:
             g.chain.draft_row(row, i)
             if copy:  # the kernel reads it after the draft's next decode has overwritten llama.cpp's buffer
                 drafts.rows[i, :nv] = row[:nv]
-            tok, p_tok, p_top = pick_kept(
-                row, nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], drafts.stats[i], self._pick, p_min > 0
+            tok, p_tok, p_top, drafts.kept_n[i] = pick_kept(
+                row, nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], drafts.stats[i], drafts.kept[i], p_min > 0
             )
             if p_top < p_min:
                 break

@@ -42,6 +42,7 @@ class VerifyCost:
         self.level = 1.0
         self._mean = [0.0] * (n_max + 1)  # index n; 0 unused: the shape, seconds / level at the time
         self._weight = [0.0] * (n_max + 1)
+        self._live: list[int] = []  # the sizes with weight
         self._cache: list[float] | None = None
 
     @property
@@ -65,8 +66,11 @@ class VerifyCost:
             self.level *= (seconds / (self.level * self._mean[n])) ** (1.0 - self.decay)
         elif not self.measured:
             self.level = seconds  # the first measurement sets the scale: shapes are then near 1
-        for i in range(len(w)):
+        for i in self._live:  # only the sizes measured decay (a few of the 65)
             w[i] = w[i] * self.shape_decay if w[i] * self.shape_decay >= FORGET_WEIGHT else 0.0
+        if w[n] == 0.0 and n not in self._live:
+            self._live.append(n)
+        self._live = [i for i in self._live if w[i] > 0.0 or i == n]
         w[n] += 1.0
         self._mean[n] += (seconds / self.level - self._mean[n]) / w[n]
         self._cache = None

@@ -12,8 +12,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.budget import TAU, afford, end_round, new_budget, plan_round, sampled_loss
+from fsd_local.kernels.budget import TAU, afford, end_round, kept_union, new_budget, plan_round, sampled_loss
 from fsd_local.kernels.divergence import divergence
+from fsd_local.kernels.emit import _lse_row, emit_one, fill_top
 from fsd_local.kernels.names import (  # noqa: F401
     AR,
     CASCADE,
@@ -31,7 +32,7 @@ from fsd_local.kernels.names import (  # noqa: F401
     TYPICAL_EPS_DEFAULT,
 )
 from fsd_local.kernels.onehot import divergence_onehot
-from fsd_local.kernels.rows import max_argmax, row_lse, row_max
+from fsd_local.kernels.rows import max_argmax, max_argmax_rows, row_lse
 from fsd_local.kernels.rules import entropy_scaled, target_rule
 from fsd_local.kernels.sampling import (
     KEPT_MAX,
@@ -44,7 +45,6 @@ from fsd_local.kernels.sampling import (
     residual_kept,
     sample_kept,
 )
-from fsd_local.kernels.topk import top_indices
 
 # why a slot was accepted (the core statistic)
 REJECTED, BY_SD, BY_FUZZY = 0, 1, 2
@@ -75,14 +75,18 @@ class Sampling(NamedTuple):
 
 class Drafts(NamedTuple):
     """What the drafter produced this round: the raw rows Q, the tokens, each token's draft probability, the
-    (max, cut-off, log-normaliser) of each processed draft row, and whether a row is one-hot (prompt lookup:
-    its divergences are closed forms, kernels/onehot.py)."""
+    (max, cut-off, log-normaliser) of each processed draft row, whether a row is one-hot (prompt lookup: its
+    divergences are closed forms, kernels/onehot.py), and where the draft sampled, each row's kept tokens and
+    their logits: a truncated q~ is all there, and the row itself is needed only for a divergence."""
 
     rows: np.ndarray
     tokens: np.ndarray
     prob: np.ndarray
     stats: np.ndarray
     onehot: np.ndarray
+    kept: np.ndarray = np.zeros((0, 0), np.int64)  # the sampled draft rows' kept tokens (sampling.py), sorted
+    kept_n: np.ndarray = np.zeros(0, np.int64)  # how many in each row (-1: not truncated; none stored: dense)
+    kept_logits: np.ndarray = np.zeros((0, 0), np.float32)  # their (processed) logits: q~ without the row
 
 
 NO_TOP_IDS = np.zeros((0, 0), np.int32)
@@ -112,6 +116,7 @@ class RoundOut(NamedTuple):
     pstats: np.ndarray
     kept: np.ndarray
     kept_n: np.ndarray
+    union: np.ndarray
 
 
 def round_out(k: int, n_top: int = 0, logprobs: bool = True) -> RoundOut:
@@ -130,6 +135,7 @@ def round_out(k: int, n_top: int = 0, logprobs: bool = True) -> RoundOut:
         np.empty(3, np.float32),
         np.empty((k + 1, KEPT_MAX), np.int64),
         np.empty(k + 1, np.int64),
+        np.empty(2 * KEPT_MAX, np.int64),
     )
 
 
@@ -179,69 +185,84 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
     Each row is read only for what the rule needs: greedy, an argmax (with its max, which gives the loss and the
     gap for free); sampled, the processed distribution over its kept tokens; a log-partition and a divergence
     only at a slot whose SD test failed (and where log-probabilities are asked)."""
-    Q, drafts, q_prob, q_stats = draft.rows, draft.tokens, draft.prob, draft.stats
-    mode = rule.mode
     tau = rule.tau if budget.bound < 0.0 else budget.state[TAU]
-    temperature = sampling.temperature
-    reason, divs = out.reason, out.divergence
-    greedy = temperature <= 0.0
-    n = n_vocab
+    greedy = sampling.temperature <= 0.0
+    n, loss = n_vocab, budget.loss
+    _clear(out, loss, n_drafts)
+    planned = greedy and budget.bound > 0.0
+    if greedy:  # every row's argmax at once, in parallel (a rejection early in the round wastes a little)
+        max_argmax_rows(P, n_drafts + 1, n, out.row_max, out.top)
     accepted = 0
-    loss = budget.loss
+    while accepted < n_drafts:
+        why = _judge(P, draft, accepted, n_drafts, n, rule, sampling, tau, uniforms, out, budget, planned)
+        if why == REJECTED:
+            break
+        out.reason[accepted] = why
+        accepted += 1
+    if planned and accepted:  # greedy under a budget: how many of the drafts the rule accepts the budget affords
+        kept = plan_round(budget, out.reason, BY_FUZZY, accepted)
+        for j in range(kept, accepted):
+            out.reason[j], loss[j] = REJECTED, 0.0
+        accepted = kept
+    nxt = _extra_token(P, draft, accepted, n_drafts, n, rule.mode, sampling, uniforms[n_drafts], out)
+    _describe(P, draft.tokens, accepted, nxt, n, greedy, out, loss)
+    end_round(budget, accepted + 1, n_drafts, accepted)
+    return accepted, nxt
+
+
+@njit(cache=True)
+def _clear(out, loss, n_drafts):
     for i in range(n_drafts + 1):
         out.lse[i] = np.nan
         out.top[i] = -1
         loss[i] = 0.0
         if i < n_drafts:
-            reason[i] = REJECTED
-            divs[i] = np.nan
-    planned = greedy and budget.bound > 0.0
-    for i in range(n_drafts):
-        x = P[i]
-        d = drafts[i]
+            out.reason[i] = REJECTED
+            out.divergence[i] = np.nan
+
+
+@njit(cache=True)
+def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget, planned):
+    """Why draft i is accepted (BY_SD, BY_FUZZY) or REJECTED; out.divergence[i] where a rescue was tried, and the
+    rescue's cost in budget.loss[i] (planned: the whole round decides on it later; sampled: once afforded)."""
+    x, d, mode = P[i], draft.tokens[i], rule.mode
+    greedy = sampling.temperature <= 0.0
+    if not greedy:
         _row_stats(x, i, n, sampling, out)
-        if mode != FSD_PAPER:
-            if greedy:
-                ok = out.top[i] == d
-            else:  # accept with probability min(1, p~(d) / q~(d))
-                ok = uniforms[i] * q_prob[i] < prob(x, d, temperature, out.pstats[0], out.pstats[1], out.pstats[2])
-            if ok:
-                reason[i] = BY_SD
-                accepted += 1
-                continue
-            if mode == SD or not tau > 0.0 or budget.bound == 0.0:  # tau = 0 or B = 0: exactly sd
-                break
-        elif budget.bound == 0.0:
-            break
-        ok, dv = rescue(rule, x, _lse(P, i, n, out), Q[i], draft.onehot[i], d, n, tau)
-        divs[i] = dv
-        if ok:  # what the rescue costs (kernels/budget.py), known before accepting it
-            if greedy:
-                cost = float(out.row_max[i]) - float(x[d])
-            elif budget.bound < 0.0:
-                cost = np.nan  # sampled: measured under a budget only (two scalar passes over the row)
-            else:
-                cost = sampled_loss(
-                    mode, x, out.lse[i], Q[i], draft.onehot[i], d, n, temperature, out.pstats, q_stats[i], tau,
-                    rule.relaxed_k, rule.typical_eps, rule.typical_alpha,
-                )  # fmt: skip
-            if planned:  # decided with the whole round below; loss[i] holds the cost until then
-                loss[i] = cost
-            else:
-                ok = afford(budget, cost, i, n_drafts)
-                if ok and not greedy:
-                    loss[i] = cost
+    if mode != FSD_PAPER:
+        if greedy:
+            ok = out.top[i] == d
+        else:  # accept with probability min(1, p~(d) / q~(d))
+            pst = out.pstats
+            ok = uniforms[i] * draft.prob[i] < prob(x, d, sampling.temperature, pst[0], pst[1], pst[2])
         if ok:
-            reason[i] = BY_FUZZY
-            accepted += 1
-        else:
-            break
-    if planned and accepted:  # greedy under a budget: how many of the drafts the rule accepts the budget affords
-        kept = plan_round(budget, reason, BY_FUZZY, accepted)
-        for j in range(kept, accepted):
-            reason[j], loss[j] = REJECTED, 0.0
-        accepted = kept
-    nxt = _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, uniforms[n_drafts], out)
+            return BY_SD
+        if mode == SD or not tau > 0.0 or budget.bound == 0.0:  # tau = 0 or B = 0: exactly sd
+            return REJECTED
+    elif budget.bound == 0.0:
+        return REJECTED
+    ok, dv = rescue(rule, x, _lse(P, i, n, out), draft.rows[i], draft.onehot[i], d, n, tau)
+    out.divergence[i] = dv
+    if not ok:
+        return REJECTED
+    # what the rescue costs (kernels/budget.py), known before accepting it
+    if greedy:
+        cost = float(out.row_max[i]) - float(x[d])
+    else:
+        cost = _sampled_cost(draft, i, x, n, rule, sampling, tau, out)
+    if planned:  # decided with the whole round; loss[i] holds the cost until then
+        budget.loss[i] = cost
+        return BY_FUZZY
+    if not afford(budget, cost, i, n_drafts):
+        return REJECTED
+    if not greedy:
+        budget.loss[i] = cost
+    return BY_FUZZY
+
+
+@njit(cache=True)
+def _describe(P, drafts, accepted, nxt, n, greedy, out, loss):
+    """The emitted tokens' gap, greedy loss and (where asked) log-probability and top alternatives."""
     for j in range(accepted + 1):
         x = P[j]
         tok = drafts[j] if j < accepted else nxt
@@ -252,8 +273,46 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
             out.logprob[j] = float(x[tok]) - _lse(P, j, n, out)
         if out.top_ids.shape[1] > 0:
             fill_top(x, n, _lse(P, j, n, out), j, out)
-    end_round(budget, accepted + 1, n_drafts, accepted)
-    return accepted, nxt
+
+
+@njit(cache=True)
+def _sampled_cost(draft, i, x, n, rule, sampling, tau, out):
+    """budget.sampled_loss of a rescue at slot i, over the tokens where p~ or q~ has mass when both are truncated
+    (their kept sets' union: a few dozen tokens under chat's sampling), else over the whole rows."""
+    m_p = out.kept_n[i]
+    if draft.onehot[i]:  # prompt lookup: q~ is the drafted token alone
+        m = kept_union(out.kept[i], m_p, draft.tokens[i : i + 1], 1, out.union) if m_p >= 0 else -1
+    elif draft.kept.shape[0] > i and m_p >= 0 and draft.kept_n[i] >= 0:
+        m = kept_union(out.kept[i], m_p, draft.kept[i], draft.kept_n[i], out.union)
+    else:
+        m = -1
+    return sampled_loss(
+        rule.mode,
+        x,
+        out.lse[i],
+        draft.rows[i],
+        draft.onehot[i],
+        draft.tokens[i],
+        n,
+        sampling.temperature,
+        out.pstats,
+        draft.stats[i],
+        tau,
+        rule.relaxed_k,
+        rule.typical_eps,
+        rule.typical_alpha,
+        out.union,
+        m,
+        *_q_kept(draft, i),
+    )
+
+
+@njit(inline="always")
+def _q_kept(draft, i):
+    """Draft row i's kept tokens, their logits and how many (-1: none stored: read the row)."""
+    if draft.kept_logits.shape[0] > i:
+        return draft.kept[i], draft.kept_logits[i], draft.kept_n[i]
+    return draft.tokens.astype(np.int64), draft.rows[0], -1
 
 
 @njit(cache=True)
@@ -271,11 +330,23 @@ def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
         pst = out.pstats
         return sample_kept(x, n, temperature, pst[0], pst[1], pst[2], out.kept[accepted], out.kept_n[accepted], u)
     pst = out.pstats  # the stats of row `accepted`: the last row _row_stats read
-    d = draft.tokens[accepted]
+    q_kept, q_logits, m_q = _q_kept(draft, accepted)
     return residual_kept(
-        x, draft.rows[accepted], n, temperature, pst, draft.stats[accepted], out.kept[accepted],
-        out.kept_n[accepted], u, draft.onehot[accepted], d,
-    )  # fmt: skip
+        x,
+        draft.rows[accepted],
+        n,
+        temperature,
+        pst,
+        draft.stats[accepted],
+        out.kept[accepted],
+        out.kept_n[accepted],
+        u,
+        draft.onehot[accepted],
+        draft.tokens[accepted],
+        q_kept,
+        q_logits,
+        m_q,
+    )
 
 
 @njit(cache=True)
@@ -318,46 +389,6 @@ def score_slots(P, p_idx, Q, q_idx, n, rule, sampling, tau, us, q_stats, out):
         if not ok and rule.mode != SD and tau > 0.0:
             ok, _ = rescue(rule, x, row_lse(x, n), y, 0, d, n, tau)
         out[i] = ok
-
-
-@njit(cache=True)
-def fill_top(x, n, lse, j, out):
-    """out.top_ids[j] / out.top_logprob[j]: the most likely tokens of row x (as many as top_ids has columns)."""
-    n_top = out.top_ids.shape[1]
-    if n_top == 0:
-        return
-    idx = top_indices(x, n, n_top)
-    for t in range(n_top):
-        if t < idx.shape[0]:
-            out.top_ids[j, t] = idx[t]
-            out.top_logprob[j, t] = float(x[idx[t]]) - lse
-        else:
-            out.top_ids[j, t] = -1
-            out.top_logprob[j, t] = -np.inf
-
-
-@njit(cache=True)
-def emit_one(x, n, sampling, u, stats, out):
-    """Plain decoding (the ar and draft-only baselines): (token, raw log-prob of the token, NaN when not asked);
-    out.logprob[0], out.gap[0] and the top alternatives (out.top_ids[0]) as accept_round fills them."""
-    t, _, _ = pick_kept(
-        x, n, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, u, stats, out.kept[0], False
-    )
-    out.lse[0] = np.nan
-    out.gap[0] = float(row_max(x, n)) - float(x[t])
-    lp = np.nan
-    if out.logprob.shape[0] > 0:
-        lp = out.logprob[0] = float(x[t]) - _lse_row(x, n, 0, out)
-    if out.top_ids.shape[1] > 0:
-        fill_top(x, n, _lse_row(x, n, 0, out), 0, out)
-    return t, lp
-
-
-@njit(cache=True)
-def _lse_row(x, n, i, out):
-    if not out.lse[i] == out.lse[i]:
-        out.lse[i] = row_lse(x, n)
-    return out.lse[i]
 
 
 _warm = False

@@ -7,9 +7,13 @@ token is known when the acceptance rule looks at it:
   temperature 1): 0 for every token the target would choose itself;
 - sampled: only a rescue costs (SD-accepted tokens, replacements and bonus tokens are drawn as `sd` would draw
   them). A slot where rescues are allowed emits from r, a mix of the draft's and the target's processed
-  distributions, instead of the target's p~; the rescue is charged KL(r || p~) / P(rescue at this slot), so
-  the expected charge of the slot is exactly KL(r || p~), and it is +inf where r puts mass on a token p~ never
-  emits (such a rescue is never affordable).
+  distributions, instead of the target's p~; what that gives up is the target's log-probability the slot's token
+  loses in expectation, E_{t~p~}[log p(t)] - E_{t~r}[log p(t)] with p the raw softmax at temperature 1 (clamped
+  at 0: a rescue never earns budget). That is the greedy loss's own definition carried over: greedy, p~ is the
+  target's top token and r the emitted one. (The KL(r || p~) charged before is infinite wherever r reaches a
+  token that truncation - top-k, top-p, min-p - removed from p~, which under chat's sampling is most rescues.) A
+  rescue is charged that loss over P(rescue at this slot), so the expected charge of the slot is exactly its loss;
+  every lossy run measures it, with a budget or without, so taus and budgets compare on one axis.
 
 The hard cap: the reply's loss stays <= B x its tokens at every point where the reply can end. Only rescues add
 loss. Sampled, a rescue is allowed only when the running loss, with it, stays <= B x (tokens so far, this one
@@ -20,7 +24,7 @@ text: the engine marks it, `stop_at`). So a rescue may be paid for by the tokens
 and the round keeps the longest run of the drafts the rule accepts whose loss fits at each of those points. Every
 reply keeps its budget, cut by a stop string, cancellation or max_tokens too. (Sampled stays slot by slot: a
 decision that looked at the drafts after a slot would depend on the token drawn there, and the slot would no
-longer emit from r, nor its expected charge be KL(r || p~).)
+longer emit from r, nor its expected charge be its loss.)
 
 Where the budget is spent: a rescue is worth taking when its loss c buys enough tokens. Greedy, what a stretch of
 the round buys is known exactly: the tokens between where the round would end without it and where it ends with it.
@@ -39,14 +43,32 @@ import numpy as np
 from numba import njit
 
 from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
-from fsd_local.kernels.names import CASCADE, FSD_PAPER, RELAXED, TYPICAL
+from fsd_local.kernels.names import (  # noqa: F401  (the state's indices, declared once there)
+    ACCEPTED,
+    BUDGET_STATE,
+    CAPPED,
+    CASCADE,
+    DRAFTED,
+    FSD_PAPER,
+    LOSS,
+    REFUSED,
+    RELAXED,
+    ROUNDS,
+    STOP_AT,
+    TAU,
+    TAU0,
+    TAU_MAX,
+    TAU_MIN,
+    TAU_SUM,
+    TOKENS,
+    TYPICAL,
+    G,
+)
 from fsd_local.kernels.rows import row_entropy, row_max
+from fsd_local.kernels.sampling import q_at
 from fsd_local.kernels.topk import top_indices
 
-# the state vector of one reply's budget (TAU: the threshold the rule uses now, TAU0 x G; CAPPED: refusals by the
-# cap alone, of REFUSED; STOP_AT: this round's draft that ends the reply)
-LOSS, TOKENS, TAU, TAU_SUM, TAU_MIN, TAU_MAX, ROUNDS, REFUSED, G, TAU0, DRAFTED, ACCEPTED, CAPPED, STOP_AT = range(14)
-N_STATE = 14
+N_STATE = len(BUDGET_STATE)
 NO_STOP = 1e9  # STOP_AT when no draft of the round ends the reply
 G_START, G_LO, G_HI = 1.0, 0.01, 40.0  # the controlled gain: first value and range
 TAU_HI = 4.0  # the threshold never goes above this (every rule's tau scale is below it)
@@ -121,25 +143,72 @@ def _rescuable(mode, xv, lx, lpmax, kth, m, tau):
 
 
 @njit(cache=True)
-def sampled_loss(mode, x, lx, y, onehot, d, n, temperature, p_stats, q_stats, tau, relaxed_k, eps, alpha):
-    """KL(r || p~) / P(rescue) of a slot where the rule may rescue (module docstring). x, y: the target's and the
-    draft's raw rows, lx = row_lse(x); p_stats, q_stats: (max, cutoff, log-normaliser) of p~ and q~; a one-hot
-    draft row (prompt lookup) is q~ = the drafted token d."""
+def kept_union(p_kept, m_p, q_kept, m_q, out):
+    """out[:m] = the sorted union of p_kept[:m_p] and q_kept[:m_q] (both sorted); returns m."""
+    i = j = m = 0
+    while i < m_p or j < m_q:
+        if j >= m_q or (i < m_p and p_kept[i] < q_kept[j]):
+            t = p_kept[i]
+            i += 1
+        elif i >= m_p or q_kept[j] < p_kept[i]:
+            t = q_kept[j]
+            j += 1
+        else:
+            t = p_kept[i]
+            i += 1
+            j += 1
+        out[m] = t
+        m += 1
+    return m
+
+
+@njit(cache=True)
+def sampled_loss(
+    mode,
+    x,
+    lx,
+    y,
+    onehot,
+    d,
+    n,
+    temperature,
+    p_stats,
+    q_stats,
+    tau,
+    relaxed_k,
+    eps,
+    alpha,
+    tokens,
+    m,
+    q_kept,
+    q_logits,
+    m_q,
+):
+    """What a rescue at a slot costs when sampling (module docstring): the target log-probability the slot gives
+    up, E_{t~p~}[log p(t)] - E_{t~r}[log p(t)] (p the target's raw softmax at temperature 1, p~ its processed
+    distribution, r what the rule emits from at this slot), clamped at 0, over P(rescue): charged on a rescue,
+    its expectation is the slot's loss. x, y: the target's and the draft's raw rows, lx = row_lse(x); p_stats,
+    q_stats: (max, cutoff, log-normaliser) of p~ and q~; a one-hot draft row (prompt lookup) is q~ = the drafted
+    token d. tokens[:m]: every token where p~ or q~ has mass, sorted (m < 0: all n); the draft's logits are read
+    through sampling.q_at (its row y, or its kept tokens q_kept[:m_q] and their logits)."""
     inv_t = 1.0 / temperature
     pmx, pcut, plz = float(p_stats[0]), float(p_stats[1]), float(p_stats[2])
     qmx, qcut, qlz = float(q_stats[0]), float(q_stats[1]), float(q_stats[2])
-    lpmax, kth, m = _row_constants(mode, x, lx, n, relaxed_k, eps, alpha)
-    if not m == m:
+    lpmax, kth, mm = _row_constants(mode, x, lx, n, relaxed_k, eps, alpha)
+    if not mm == mm:
         return np.nan
-    # pass 1: the mass the rule rescues, and the rejected mass the residual replaces
-    rescued = 0.0
-    rejected = 0.0
-    residual = 0.0
-    for t in range(n):
+    size = m if m >= 0 else n
+    # pass 1: the mass the rule rescues, the rejected mass the residual replaces, and E_p~[log p]
+    rescued, rejected, residual, base, c = 0.0, 0.0, 0.0, 0.0, 0
+    for j in range(size):
+        t = tokens[j] if m >= 0 else j
         p = _p(x[t], pmx, pcut, plz, inv_t)
-        q = (1.0 if t == d else 0.0) if onehot else _p(y[t], qmx, qcut, qlz, inv_t)
+        yv, c = q_at(y, t, q_kept, q_logits, m_q, c)
+        q = (1.0 if t == d else 0.0) if onehot else _p(yv, qmx, qcut, qlz, inv_t)
+        if p > 0.0:
+            base += p * (float(x[t]) - lx)
         if q > p:
-            if mode == FSD_PAPER or _rescuable(mode, x[t], lx, lpmax, kth, m, tau):
+            if mode == FSD_PAPER or _rescuable(mode, x[t], lx, lpmax, kth, mm, tau):
                 rescued += q - p
             else:
                 rejected += q - p
@@ -149,22 +218,24 @@ def sampled_loss(mode, x, lx, y, onehot, d, n, temperature, p_stats, q_stats, ta
         rescued, rejected = 1.0, 0.0
     if not rescued > 0.0:
         return 0.0
-    # pass 2: KL(r || p~), r = min(p, q) + rescued part of (q - p)+ + rejected mass spread as the residual
-    kl = 0.0
-    for t in range(n):
+    # pass 2: E_r[log p], r = min(p, q) + rescued part of (q - p)+ + rejected mass spread as the residual
+    emitted, c = 0.0, 0
+    for j in range(size):
+        t = tokens[j] if m >= 0 else j
         p = _p(x[t], pmx, pcut, plz, inv_t)
-        q = (1.0 if t == d else 0.0) if onehot else _p(y[t], qmx, qcut, qlz, inv_t)
+        yv, c = q_at(y, t, q_kept, q_logits, m_q, c)
+        q = (1.0 if t == d else 0.0) if onehot else _p(yv, qmx, qcut, qlz, inv_t)
         if mode == FSD_PAPER:
             r = q
         elif q > p:
-            r = q if _rescuable(mode, x[t], lx, lpmax, kth, m, tau) else p
+            r = q if _rescuable(mode, x[t], lx, lpmax, kth, mm, tau) else p
         else:
             r = q + (rejected * (p - q) / residual if residual > 0.0 else 0.0)
         if r > 0.0:
-            if not p > 0.0:
-                return np.inf
-            kl += r * math.log(r / p)
-    return max(kl, 0.0) / rescued
+            if not x[t] > -np.inf:
+                return np.inf  # the rule would emit a token the target masks
+            emitted += r * (float(x[t]) - lx)
+    return max(base - emitted, 0.0) / rescued
 
 
 @njit(cache=True)

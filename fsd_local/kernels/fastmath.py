@@ -151,55 +151,6 @@ def log_mid(e):
     return (e - np.float32(1.0)) * r
 
 
-# log(1 + f) = f - f^2/2 + f^3 * P(f) on f in [sqrt(1/2) - 1, sqrt(2) - 1] (Cephes logf, ~1e-7 relative)
-_L = tuple(
-    np.float32(c)
-    for c in (
-        7.0376836292e-2,
-        -1.1514610310e-1,
-        1.1676998740e-1,
-        -1.2420140846e-1,
-        1.4249322787e-1,
-        -1.6668057665e-1,
-        2.0000714765e-1,
-        -2.4999993993e-1,
-        3.3333331174e-1,
-    )
-)
-L0, L1, L2, L3, L4, L5, L6, L7, L8 = _L
-SQRT2 = np.float32(1.41421356)
-
-
-@njit(inline="always", fastmath=FLAGS, error_model="numpy")
-def _log_poly(f, ef):
-    """log(2^ef * (1 + f)) for f in [sqrt(1/2) - 1, sqrt(2) - 1]: Cephes' logf polynomial, no division."""
-    z = f * f
-    y = L0
-    y = y * f + L1
-    y = y * f + L2
-    y = y * f + L3
-    y = y * f + L4
-    y = y * f + L5
-    y = y * f + L6
-    y = y * f + L7
-    y = y * f + L8
-    y = (y * f) * z + ef * LN2_LO
-    return (f + (y - np.float32(0.5) * z)) + ef * LN2_HI
-
-
-@njit(inline="always", fastmath=FLAGS, error_model="numpy")
-def vlog(x):
-    """natural log of a positive normal float32; -inf for x <= 0 (callers pass x >= 0)."""
-    bits = _bits_from_f32(np.float32(x))
-    ef = np.float32(np.int32((bits >> np.int32(23)) & np.int32(0xFF))) - np.float32(127.0)
-    m = _f32_from_bits(np.int32((bits & np.int32(0x7FFFFF)) | np.int32(0x3F800000)))  # mantissa in [1, 2)
-    big = m > SQRT2
-    m = m * np.float32(0.5) if big else m
-    ef = ef + np.float32(1.0) if big else ef
-    r = _log_poly(m - np.float32(1.0), ef)
-    return np.float32(-np.inf) if x <= np.float32(0.0) else r
-
-
 INT32_MIN = np.int32(-2147483647 - 1)  # below every order key
 
 

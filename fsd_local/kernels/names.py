@@ -19,3 +19,24 @@ RELAXED_K_DEFAULT = 10  # top-k window of the relaxed rule (TensorRT-LLM's own d
 
 DRAFTERS = ("model", "ngram", "ngram+model")  # who proposes: the draft GGUF, prompt lookup, or lookup first
 DRAFT_POLICIES = ("fixed", "adaptive", "auto")  # how many tokens a round drafts (drafting/length.py)
+
+# the state vector of one reply's quality budget (kernels/budget.py; read by stats.py): TAU the threshold the rule
+# uses now (TAU0 x G); REFUSED the rescues refused, CAPPED those refused by the hard cap alone; STOP_AT this
+# round's draft that ends the reply
+BUDGET_STATE = (
+    "LOSS",
+    "TOKENS",
+    "TAU",
+    "TAU_SUM",
+    "TAU_MIN",
+    "TAU_MAX",
+    "ROUNDS",
+    "REFUSED",
+    "G",
+    "TAU0",
+    "DRAFTED",
+    "ACCEPTED",
+    "CAPPED",
+    "STOP_AT",
+)
+LOSS, TOKENS, TAU, TAU_SUM, TAU_MIN, TAU_MAX, ROUNDS, REFUSED, G, TAU0, DRAFTED, ACCEPTED, CAPPED, STOP_AT = range(14)

@@ -3,7 +3,7 @@
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from fsd_local.kernels.fastmath import INT32_MIN, from_order_key, kernel, order_key, radd, vexp, wide
 
@@ -85,35 +85,85 @@ def row_entropy(x, n, lx):
     return max(math.log(s) - t / s, 0.0)
 
 
-ARGMAX_BLOCK = 512  # the block size of argmax's search for the maximum once its value is known
+ARGMAX_BLOCK = 2048  # argmax's blocks: their maxima in one vectorised pass, then one block scanned
 
 
 @kernel
-def _holds(x, lo, hi, v):
-    """1 if v occurs in x[lo:hi], else 0: one vectorised compare-and-or pass over the slice."""
+def _block_max(x, lo, hi):
+    """The order key of max(x[lo:hi]): one vectorised pass over the slice."""
     wide()
     xb = x[lo:hi]  # a slice: see sum_exp
-    c = np.int32(0)
+    m = INT32_MIN
     for i in range(xb.shape[0]):
-        c |= np.int32(1) if xb[i] == v else np.int32(0)
-    return c
+        k = order_key(xb[i])
+        m = k if k > m else m
+    return m
 
 
 @njit(cache=True)
 def max_argmax(x, n):
-    """(max, index of its first occurrence) of x[:n] at memory speed: the vectorised max pass, then vectorised
-    tests of blocks up to the one that holds the max, and a scan of that block. A row with a positive NaN has
-    max NaN, and the index the plain scalar rule gives (the first entry no later one exceeds)."""
-    mx = row_max(x, n)
+    """(max, index of its first occurrence) of x[:n] in one pass at memory speed: the maximum of every block of
+    ARGMAX_BLOCK entries (vectorised), the first block holding the largest, and a scan of that block alone. A row
+    with a positive NaN has max NaN, and the index the plain scalar rule gives (the first entry no later one
+    exceeds)."""
+    best, where = INT32_MIN, 0
+    for lo in range(0, n, ARGMAX_BLOCK):
+        m = _block_max(x, lo, min(lo + ARGMAX_BLOCK, n))
+        if m > best:
+            best, where = m, lo
+    mx = from_order_key(best)
     if mx == mx:
-        for lo in range(0, n, ARGMAX_BLOCK):
-            hi = min(lo + ARGMAX_BLOCK, n)
-            if _holds(x, lo, hi, mx):
-                for i in range(lo, hi):
-                    if x[i] == mx:
-                        return mx, i
-    best = 0
+        for i in range(where, min(where + ARGMAX_BLOCK, n)):
+            if x[i] == mx:
+                return mx, i
+    best_i = 0
     for i in range(1, n):
-        if x[i] > x[best]:
-            best = i
-    return mx, best
+        if x[i] > x[best_i]:
+            best_i = i
+    return mx, best_i
+
+
+@njit(parallel=True, cache=True)
+def max_argmax_rows(P, m, n, mx, top):
+    """max_argmax of rows P[:m], on every core numba has: between two decodes llama.cpp's threads are idle, and a
+    verify batch's rows are read at the memory speed of all of them rather than one's."""
+    for r in prange(m):
+        mx[r], top[r] = max_argmax(P[r], n)
+
+
+PARALLEL_MIN = 65536  # rows this long are split over the cores (below, a thread's start costs more than it saves)
+PARALLEL_PARTS = 8
+
+
+@njit(parallel=True, cache=True)
+def _part_max(x, n, keys, starts):
+    step = (n + PARALLEL_PARTS - 1) // PARALLEL_PARTS
+    for p in prange(PARALLEL_PARTS):
+        lo = p * step
+        best, where = INT32_MIN, lo
+        for b in range(lo, min(lo + step, n), ARGMAX_BLOCK):
+            k = _block_max(x, b, min(b + ARGMAX_BLOCK, lo + step, n))
+            if k > best:
+                best, where = k, b
+        keys[p], starts[p] = best, where
+
+
+@njit(cache=True)
+def max_argmax_wide(x, n):
+    """max_argmax of one long row read by every core (a draft's row of a 150-260k vocabulary): the block maxima of
+    PARALLEL_PARTS parts in parallel, then one block scanned."""
+    if n < PARALLEL_MIN:
+        return max_argmax(x, n)
+    keys = np.empty(PARALLEL_PARTS, np.int32)
+    starts = np.empty(PARALLEL_PARTS, np.int64)
+    _part_max(x, n, keys, starts)
+    best, where = keys[0], starts[0]
+    for p in range(1, PARALLEL_PARTS):
+        if keys[p] > best:
+            best, where = keys[p], starts[p]
+    mx = from_order_key(best)
+    if mx == mx:
+        for i in range(where, min(where + ARGMAX_BLOCK, n)):
+            if x[i] == mx:
+                return mx, i
+    return max_argmax(x, n)

@@ -13,9 +13,10 @@ import math
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.fastmath import kernel, radd, vexp, wide
-from fsd_local.kernels.rows import max_argmax, row_max
-from fsd_local.kernels.topk import count_at_least, gather_sorted, top_indices
+from fsd_local.kernels.fastmath import from_order_key, kernel, radd, vexp, wide
+from fsd_local.kernels.rows import max_argmax_wide, row_max
+from fsd_local.kernels.topk import BLOCK as TOPK_BLOCK
+from fsd_local.kernels.topk import block_max_keys, count_at_least, gather_sorted, top_from_blocks, top_indices
 
 BLOCK = 1024  # inverse-CDF sampling scans block sums (vectorised) before one scalar block
 
@@ -226,12 +227,14 @@ def processed_kept(x, n, temperature, top_k, top_p, min_p, kept):
     """(mx, cutoff, lz, m) of the processed distribution of x[:n] (as `processed`), with its kept tokens in
     kept[:m] (index order); m = -1 when the distribution is not truncated to at most KEPT_MAX tokens (then lz
     was computed over the whole row)."""
-    mx = row_max(x, n)
     inv_t = np.float32(1.0 / temperature)
     cutoff = np.float32(-np.inf)
     top = np.empty(0, np.int64)
-    if 0 < top_k <= kept.shape[0]:
-        top = top_indices(x, n, top_k)
+    if 0 < top_k <= kept.shape[0]:  # one pass: the blocks' maxima give the row's max and the top-k's candidates
+        bk = np.empty((n + TOPK_BLOCK - 1) // TOPK_BLOCK, np.int32)
+        block_max_keys(x, n, bk)
+        mx = from_order_key(np.max(bk))
+        top = top_from_blocks(x, n, top_k, bk)
         cutoff = x[top[top.shape[0] - 1]] if top.shape[0] > 0 else cutoff
         if top_p < 1.0:
             w = np.exp((x[top].astype(np.float64) - mx) * inv_t)
@@ -240,8 +243,10 @@ def processed_kept(x, n, temperature, top_k, top_p, min_p, kept):
                 if cum[j] >= top_p * cum[-1]:
                     cutoff = x[top[j]]
                     break
-    elif top_k > 0 or top_p < 1.0:
-        cutoff = _cutoff(x, n, mx, inv_t, top_k, top_p)
+    else:
+        mx = row_max(x, n)
+        if top_k > 0 or top_p < 1.0:
+            cutoff = _cutoff(x, n, mx, inv_t, top_k, top_p)
     if min_p > 0.0:
         cutoff = max(cutoff, np.float32(mx + math.log(min_p) * temperature))
     m = _kept_indices(x, n, cutoff, top, kept) if cutoff > -np.inf else -1
@@ -273,42 +278,61 @@ def sample_kept(x, n, temperature, mx, cutoff, lz, kept, m, u):
 
 
 @njit(inline="always")
-def _residual_at(x, y, t, inv_t, px, py, onehot, d):
-    """max(p~_t - q~_t, 0), float64; q~ is one-hot on d for prompt lookup."""
-    p = math.exp((float(x[t]) - px[0]) * inv_t - px[2]) if x[t] >= px[1] else 0.0
+def q_at(y, t, q_kept, q_logits, m_q, j):
+    """The draft's logit of token t and the cursor for the next lookup: from its row y, or where its row was not
+    kept (m_q >= 0) from its kept tokens q_kept[:m_q] and their logits (-inf elsewhere: q~ is 0 there); callers
+    look tokens up in increasing order, so the cursor j only moves forward."""
+    if m_q < 0:
+        return y[t], j
+    while j < m_q and q_kept[j] < t:
+        j += 1
+    if j < m_q and q_kept[j] == t:
+        return q_logits[j], j
+    return np.float32(-np.inf), j
+
+
+@njit(inline="always")
+def _residual_at(xv, yv, inv_t, px, py, onehot, is_d):
+    """max(p~_t - q~_t, 0), float64, from the two logits of t; q~ is one-hot on d for prompt lookup."""
+    p = math.exp((float(xv) - px[0]) * inv_t - px[2]) if xv >= px[1] else 0.0
     if onehot:
-        q = 1.0 if t == d else 0.0
+        q = 1.0 if is_d else 0.0
     else:
-        q = math.exp((float(y[t]) - py[0]) * inv_t - py[2]) if y[t] >= py[1] else 0.0
+        q = math.exp((float(yv) - py[0]) * inv_t - py[2]) if yv >= py[1] else 0.0
     return max(p - q, 0.0)
 
 
 @njit(cache=True)
-def residual_kept(x, y, n, temperature, px, py, kept, m, u, onehot, d):
+def residual_kept(x, y, n, temperature, px, py, kept, m, u, onehot, d, q_kept, q_logits, m_q):
     """Draw from norm(max(p~ - q~, 0)) (the SD replacement) where p~'s kept tokens are kept[:m]: the residual
-    is 0 wherever p~ is. q~ is read from the draft row y and its (mx, cutoff, lz) py, or with `onehot` it is
-    the drafted token d alone (prompt lookup: y is not read; the residual is p~ without d). m < 0: every token
-    of the rows, in vectorised passes. Falls back to p~ when the residual has no mass."""
+    is 0 wherever p~ is. q~ is read from the draft's logits (`q_at`: its row y, or its kept tokens where the row
+    was not kept, m_q >= 0) and its (mx, cutoff, lz) py, or with `onehot` it is the drafted token d alone (prompt
+    lookup: nothing of q is read; the residual is p~ without d). m < 0: every token of the rows, in vectorised
+    passes where q's row is there. Falls back to p~ when the residual has no mass."""
     if m < 0:
-        if not onehot:
+        if onehot:  # p~ without d: the inverse CDF of p~ at a point that skips d's interval
+            p_d = prob(x, d, temperature, px[0], px[1], px[2])
+            v = u * (1.0 - p_d)
+            before = float(_block_mass(x, 0, d, px[0], np.float32(1.0 / temperature), px[1], px[2]))
+            return sample(x, n, temperature, px[0], px[1], px[2], min(v if v < before else v + p_d, 1.0 - 1e-12))
+        if m_q < 0:
             return sample_residual(x, y, n, temperature, px, py, u)
-        # p~ without d: the inverse CDF of p~ at a point that skips d's interval (vectorised passes only)
-        p_d = prob(x, d, temperature, px[0], px[1], px[2])
-        v = u * (1.0 - p_d)
-        before = float(_block_mass(x, 0, d, px[0], np.float32(1.0 / temperature), px[1], px[2]))
-        return sample(x, n, temperature, px[0], px[1], px[2], min(v if v < before else v + p_d, 1.0 - 1e-12))
     inv_t = 1.0 / temperature
     pf = (float(px[0]), float(px[1]), float(px[2]))
     qf = (float(py[0]), float(py[1]), float(py[2]))
-    total = 0.0
-    for j in range(m):
-        total += _residual_at(x, y, kept[j], inv_t, pf, qf, onehot, d)
+    size = m if m >= 0 else n
+    total, j = 0.0, 0
+    for i in range(size):
+        t = kept[i] if m >= 0 else i
+        yv, j = q_at(y, t, q_kept, q_logits, m_q, j)
+        total += _residual_at(x[t], yv, inv_t, pf, qf, onehot, t == d)
     if not total > 1e-12:
         return sample_kept(x, n, temperature, px[0], px[1], px[2], kept, m, u)
-    target, cum, last = u * total, 0.0, -1
-    for j in range(m):
-        t = kept[j]
-        r = _residual_at(x, y, t, inv_t, pf, qf, onehot, d)
+    target, cum, last, j = u * total, 0.0, -1, 0
+    for i in range(size):
+        t = kept[i] if m >= 0 else i
+        yv, j = q_at(y, t, q_kept, q_logits, m_q, j)
+        r = _residual_at(x[t], yv, inv_t, pf, qf, onehot, t == d)
         if r > 0.0:
             cum += r
             last = t
@@ -320,15 +344,16 @@ def residual_kept(x, y, n, temperature, px, py, kept, m, u, onehot, d):
 @njit(cache=True)
 def pick_kept(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top=True):
     """`pick` with the kept-set path: one token from row x (argmax when greedy, at memory speed), writing (mx,
-    cutoff, lz) to out_stats; returns (token, p~(token), p~ of the most likely token)."""
+    cutoff, lz) to out_stats and the kept tokens to kept; returns (token, p~(token), p~ of the most likely token,
+    how many tokens are kept: -1 when not truncated, or greedy)."""
     if temperature <= 0.0:
-        mx, t = max_argmax(x, n)
+        mx, t = max_argmax_wide(x, n)
         if not want_top:
-            return t, 1.0, 1.0
+            return t, 1.0, 1.0, -1
         z = _kept_mass(x, n, mx, np.float32(1.0), np.float32(-np.inf))
         out_stats[0], out_stats[1], out_stats[2] = mx, -np.inf, math.log(z)
-        return t, 1.0, 1.0 / float(z)
+        return t, 1.0, 1.0 / float(z), -1
     mx, cutoff, lz, m = processed_kept(x, n, temperature, top_k, top_p, min_p, kept)
     out_stats[0], out_stats[1], out_stats[2] = mx, cutoff, lz
     t = sample_kept(x, n, temperature, mx, cutoff, lz, kept, m, u)
-    return t, prob(x, t, temperature, mx, cutoff, lz), math.exp(-lz)
+    return t, prob(x, t, temperature, mx, cutoff, lz), math.exp(-lz), m

@@ -114,33 +114,22 @@ def gather_sorted(x, n, t):
 
 
 @njit(cache=True)
-def top_threshold(x, n, mx, k):
-    """A logit t with k <= count(x >= t) <= 4k where ties allow, found by counting passes only: double the
-    distance below the max until k entries are in, then bisect it down. (top_indices no longer needs it.)"""
-    lo, hi = np.float32(0.0), np.float32(0.25)
-    while count_at_least(x, n, mx - hi) < k:
-        lo, hi = hi, hi * np.float32(2.0)
-        if hi > np.float32(1e30):
-            return np.float32(-np.inf)  # fewer than k finite entries: take everything
-    for _ in range(30):
-        if count_at_least(x, n, mx - hi) <= 4 * k:
-            break
-        mid = np.float32(0.5) * (lo + hi)
-        if count_at_least(x, n, mx - mid) >= k:
-            hi = mid
-        else:
-            lo = mid
-    return mx - hi
-
-
-@njit(cache=True)
 def top_indices(x, n, k):
     """Indices of the k largest entries of x[:n], largest first (ties broken by lower index)."""
-    k = min(k, n)
-    if k <= 0:
+    if min(k, n) <= 0:
         return np.empty(0, np.int64)
     bk = np.empty((n + BLOCK - 1) // BLOCK, np.int32)
     block_max_keys(x, n, bk)
+    return top_from_blocks(x, n, k, bk)
+
+
+@njit(cache=True)
+def top_from_blocks(x, n, k, bk):
+    """top_indices given the block maxima bk of x[:n] (block_max_keys): the caller may have read the row's max
+    off them already (the max of the block maxima)."""
+    k = min(k, n)
+    if k <= 0:
+        return np.empty(0, np.int64)
     k_blocks = min(k, bk.shape[0])
     t = from_order_key(kth_largest_key(bk, bk.shape[0], k_blocks))  # >= k entries are >= t
     cand = _gather_blocks(x, n, bk, t)

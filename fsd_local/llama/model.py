@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 from time import perf_counter
+from typing import Any
 
 import numpy as np
 
@@ -83,6 +84,12 @@ def _device_list(opts: ModelOptions):
     return (ctypes.c_void_p * (len(local) + 1))(*local, None)
 
 
+# llama_get_logits returning the address itself (llama-cpp-python's binding returns a float pointer to cast)
+_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+    ctypes.cast(lc.llama_get_logits, ctypes.c_void_p).value or 0
+)
+
+
 class Model:
     def __init__(self, opts: ModelOptions, role: str = "model"):
         self.opts = opts
@@ -93,7 +100,21 @@ class Model:
         check_gguf_file(opts.path, role)
         _check_options(opts, role)
         init_backend()
+        self._load_weights(opts, role)
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        if opts.vocab_only:
+            return
+        self._create_context(opts)
+        self.tokens: list[int] = []
+        self.n_outputs = 0
+        self.decode_seconds = 0.0  # time spent inside llama.cpp's decode calls, for the loop's own time (stats)
+        self._view: np.ndarray | None = None  # the output buffer as an array, kept while llama.cpp keeps it
+        self._view_addr: int | None = None
 
+    def _load_weights(self, opts: ModelOptions, role: str) -> None:
         mp = lc.llama_model_default_params()
         mp.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers >= 0 else 2**31 - 1
         mp.split_mode = SPLIT_MODES[opts.split_mode]
@@ -124,13 +145,9 @@ class Model:
                 f"{role} model {opts.path} ({arch}) keeps a recurrent state that cannot be rewound to the "
                 "accepted text, which speculative decoding needs after every rejection; use a transformer model"
             )
-        self.vocab = lc.llama_model_get_vocab(self.model)
-        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
-        self._pieces: dict[int, bytes] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
-        if opts.vocab_only:
-            return
 
+    def _create_context(self, opts: ModelOptions) -> None:
+        """The context (one sequence, opts' sizes and KV types) and its batch, filled by vector writes."""
         cp = lc.llama_context_default_params()
         cp.n_ctx = opts.n_ctx
         cp.n_batch = cp.n_ubatch = opts.n_batch
@@ -147,9 +164,9 @@ class Model:
         if not self.ctx:
             self.close()
             raise ModelLoadError(f"llama.cpp could not create a context for {opts.path}: {recent_log()}")
-        self.n_ctx = lc.llama_n_ctx(self.ctx)
-        self.n_batch = opts.n_batch
-        self.mem = lc.llama_get_memory(self.ctx)
+        self.n_ctx: int = lc.llama_n_ctx(self.ctx)
+        self.n_batch: int = opts.n_batch
+        self.mem: Any = lc.llama_get_memory(self.ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
         # the batch's arrays as NumPy views, filled with one vector write each per decode; one sequence, set once
         b, nb = self._batch, self.n_batch
@@ -160,9 +177,7 @@ class Model:
         for j in range(nb):
             b.seq_id[j][0] = SEQ
         self._steps = np.arange(nb, dtype=np.int32)
-        self.tokens: list[int] = []
-        self.n_outputs = 0
-        self.decode_seconds = 0.0  # time spent inside llama.cpp's decode calls, for the loop's own time (stats)
+        self._token_p, self._pos_p, self._want_p = b.token, b.pos, b.logits
 
     # ---------------------------------------------------------------- metadata
     def meta(self, key: str) -> str | None:
@@ -296,10 +311,13 @@ class Model:
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             n, base = len(chunk), len(self.tokens)
-            self._token[:n] = chunk
-            np.add(self._steps[:n], base, out=self._pos[:n])
-            self._want[:n] = 0
-            self._want[max(0, first_row - start) : n] = 1
+            if n == 1:  # the draft's tokens, a plain step: three stores beat three array operations
+                self._token_p[0], self._pos_p[0], self._want_p[0] = chunk[0], base, first_row <= start
+            else:
+                self._token[:n] = chunk
+                np.add(self._steps[:n], base, out=self._pos[:n])
+                self._want[:n] = 0
+                self._want[max(0, first_row - start) : n] = 1
             b.n_tokens = n
             t = perf_counter()
             rc = lc.llama_decode(self.ctx, b)
@@ -325,11 +343,15 @@ class Model:
         rows = self.n_outputs if rows is None else rows
         if not 0 < rows <= self.n_outputs:
             raise ValueError(f"{self.role} model: {rows} logit rows asked, the last decode output {self.n_outputs}")
-        ptr = lc.llama_get_logits(self.ctx)
-        if not ptr:
+        addr = _logits_address(self.ctx)
+        if addr is None:
             raise RuntimeError(f"{self.role} model returned no logits: {recent_log()}")
-        out = np.ctypeslib.as_array(ptr, (self.n_outputs, self.n_vocab))
-        return out[self.n_outputs - rows :]
+        view = self._view
+        if view is None or self._view_addr != addr or view.shape[0] < self.n_outputs:  # llama.cpp moved or grew it
+            buf = (ctypes.c_float * (self.n_outputs * self.n_vocab)).from_address(addr)
+            view = self._view = np.frombuffer(buf, dtype=np.float32).reshape(self.n_outputs, self.n_vocab)
+            self._view_addr = addr
+        return view[self.n_outputs - rows : self.n_outputs]
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:

@@ -23,6 +23,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from fsd_local.errors import ModelLoadError
 
@@ -116,7 +117,7 @@ def widen(
     `blocks` of the source renumbered 0..n-1; quantize "q8_0" (llama.cpp's quantiser) or None (F32, exact).
     Written to temporary files next to dst, then renamed."""
     import numpy as np
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, quants
+    from gguf import GGUFReader, GGUFWriter, LlamaFileType
 
     reader = GGUFReader(str(src))
     arch = reader.fields["general.architecture"].contents()
@@ -132,57 +133,14 @@ def widen(
         f"{arch}.attention.head_count_kv": sp["kv_w"],
         "general.file_type": int(LlamaFileType.MOSTLY_F16 if quantize else LlamaFileType.ALL_F32),
     }
-    eps_key = f"{arch}.attention.layer_norm_rms_epsilon"
-    parts = []
+    parts: list[str] = []
     try:
         fd, flat = tempfile.mkstemp(dir=dst.parent, suffix=".partial")
         os.close(fd)
         parts.append(flat)
         writer = GGUFWriter(flat, arch)
-        for name, f in reader.fields.items():
-            if name.startswith("GGUF.") or name == "general.architecture":
-                continue
-            if name in set_to:
-                writer.add_uint32(name, set_to[name])
-            elif name == eps_key:  # the mean of squares is over width dims now (module docstring)
-                writer.add_float32(name, float(f.contents()) * sp["h"] / width)
-            else:
-                vtype = f.types[0]
-                writer.add_key_value(
-                    name, f.contents(), vtype, sub_type=f.types[1] if vtype == GGUFValueType.ARRAY else None
-                )
-        per_block: dict[int, list] = {}
-        others = []
-        for t in reader.tensors:
-            parts_ = t.name.split(".", 2)
-            if parts_[0] == "blk":
-                per_block.setdefault(int(parts_[1]), []).append((parts_[2], t))
-            else:
-                others.append((t.name, t))
-        missing = sorted(set(blocks) - set(per_block))
-        if missing:
-            raise ModelLoadError(f"{src} has no blocks {missing}")
-        order = [(n, t) for n, t in others if n == "token_embd.weight"]
-        for new_i, old_i in enumerate(blocks):
-            order += [(f"blk.{new_i}.{suffix}", t) for suffix, t in per_block[old_i]]
-        order += [(n, t) for n, t in others if n != "token_embd.weight"]
-
-        def narrow(t):
-            if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-                return np.asarray(t.data, np.float32)
-            return quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-
-        for name, t in order:
-            shape = _wide_shape(name, tuple(int(n) for n in reversed(t.shape)), sp)
-            dtype = np.float32 if len(shape) == 1 else out_dtype
-            writer.add_tensor_info(name, shape, np.dtype(dtype), math.prod(shape) * np.dtype(dtype).itemsize)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for name, t in order:  # one tensor in memory at a time
-            base = name.split(".", 2)[-1] if name.startswith("blk.") else name
-            data = _pad(base, narrow(t).reshape(tuple(int(n) for n in reversed(t.shape))), sp)
-            writer.write_tensor_data(data.astype(np.float32 if data.ndim == 1 else out_dtype))
+        _copy_fields(reader, writer, set_to, f"{arch}.attention.layer_norm_rms_epsilon", sp["h"], width)
+        _write_tensors(writer, _tensor_order(reader, blocks, src), sp, out_dtype)
         writer.close()
         if quantize:
             _quantize(flat, dst, quantize, threads, parts)
@@ -194,6 +152,66 @@ def widen(
             if os.path.exists(p):
                 os.unlink(p)
     return dst
+
+
+def _copy_fields(reader, writer, set_to: dict, eps_key: str, h: int, width: int) -> None:
+    """Every metadata field of the source, those in `set_to` replaced and the norm's epsilon scaled by h / width."""
+    from gguf import GGUFValueType
+
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if name in set_to:
+            writer.add_uint32(name, set_to[name])
+        elif name == eps_key:  # the mean of squares is over width dims now (module docstring)
+            writer.add_float32(name, float(f.contents()) * h / width)
+        else:
+            vtype = f.types[0]
+            writer.add_key_value(
+                name, f.contents(), vtype, sub_type=f.types[1] if vtype == GGUFValueType.ARRAY else None
+            )
+
+
+def _tensor_order(reader, blocks: list[int], src) -> list[tuple[str, Any]]:
+    """(new name, source tensor) in the written order: the embedding, blocks `blocks` renumbered, the rest."""
+    per_block: dict[int, list] = {}
+    others = []
+    for t in reader.tensors:
+        parts_ = t.name.split(".", 2)
+        if parts_[0] == "blk":
+            per_block.setdefault(int(parts_[1]), []).append((parts_[2], t))
+        else:
+            others.append((t.name, t))
+    missing = sorted(set(blocks) - set(per_block))
+    if missing:
+        raise ModelLoadError(f"{src} has no blocks {missing}")
+    order = [(n, t) for n, t in others if n == "token_embd.weight"]
+    for new_i, old_i in enumerate(blocks):
+        order += [(f"blk.{new_i}.{suffix}", t) for suffix, t in per_block[old_i]]
+    return order + [(n, t) for n, t in others if n != "token_embd.weight"]
+
+
+def _write_tensors(writer, order: list[tuple[str, Any]], sp: dict, out_dtype) -> None:
+    """The header, then each tensor widened (one in memory at a time); vectors stay F32."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    def narrow(t):
+        if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            return np.asarray(t.data, np.float32)
+        return quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+
+    for name, t in order:
+        shape = _wide_shape(name, tuple(int(n) for n in reversed(t.shape)), sp)
+        dtype = np.float32 if len(shape) == 1 else out_dtype
+        writer.add_tensor_info(name, shape, np.dtype(dtype), math.prod(shape) * np.dtype(dtype).itemsize)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for name, t in order:
+        base = name.split(".", 2)[-1] if name.startswith("blk.") else name
+        data = _pad(base, narrow(t).reshape(tuple(int(n) for n in reversed(t.shape))), sp)
+        writer.write_tensor_data(data.astype(np.float32 if data.ndim == 1 else out_dtype))
 
 
 def _quantize(src: str, dst: Path, kind: str, threads: int, parts: list) -> None:

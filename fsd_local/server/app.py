@@ -10,6 +10,8 @@ prefix of the accepted text, so the next request is answered as if nothing happe
 `fsd-local serve` runs the models in a supervised child process (supervisor.py): a crash in llama.cpp costs the
 request it was running, not the server. The app serves an in-process Engine or a Supervisor alike; apps that
 embed the server (create_app, BackgroundServer) keep the in-process Engine unless they ask for the child.
+`open_page` is `fsd-local chat --web`: a BackgroundServer on a free loopback port and the chat page (web.py) in the
+browser.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 import socket
 import threading
 import time
+import webbrowser
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +36,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fsd_local.engine import CancelToken, Engine
+from fsd_local.engine import CancelToken
+from fsd_local.engine_like import EngineLike
 from fsd_local.llama.options import ModelOptions
 from fsd_local.server import openai_tools
 from fsd_local.server.generation import Runner, as_api_error, check_available
@@ -53,7 +57,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def create_app(
-    engine: Engine | Supervisor,
+    engine: EngineLike,
     *,
     model_name: str | None = None,
     api_key: str | None = None,
@@ -124,7 +128,7 @@ def _install_openai(app: FastAPI, runner: Runner, guarded: list[Any], name: str)
     @app.get("/health")
     async def health() -> JSONResponse:
         # ok | restarting (the model process died and a new one is loading) | failed (gave up; reason says why)
-        state, reason = getattr(engine, "state", "ok"), getattr(engine, "reason", None)
+        state, reason = engine.state, engine.reason
         body: dict[str, Any] = {
             "status": state,
             "model": name,
@@ -300,7 +304,7 @@ def create_supervised_app(
 
 
 def serve(
-    engine: Engine | Supervisor,
+    engine: EngineLike,
     *,
     host: str = "127.0.0.1",
     port: int = 8080,
@@ -335,7 +339,7 @@ class BackgroundServer:
 
     def __init__(
         self,
-        engine: Engine | Supervisor | None = None,
+        engine: EngineLike | None = None,
         *,
         app: FastAPI | None = None,
         host: str = "127.0.0.1",
@@ -394,3 +398,14 @@ class BackgroundServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_page(engine: EngineLike, say: Callable[[str], None], stop: threading.Event | None = None) -> None:
+    """`fsd-local chat --web`: serve `engine` on a free loopback port, open the chat page (web.py) in the browser,
+    and serve until Ctrl-C (or until `stop` is set)."""
+    with BackgroundServer(engine, host="127.0.0.1", port=0, model_name=Path(engine.target.path).stem) as srv:
+        url = srv.url + "/"
+        say(f"the chat page is at {url} (Ctrl-C stops the server)")
+        if not webbrowser.open(url):
+            say("no browser could be started here: open the address above yourself")
+        (stop or threading.Event()).wait()

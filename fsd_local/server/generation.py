@@ -20,8 +20,7 @@ from fsd_local.server.worker import Worker
 from fsd_local.settings import Settings
 
 if TYPE_CHECKING:
-    from fsd_local.engine import Engine
-    from fsd_local.server.supervisor import Supervisor
+    from fsd_local.engine_like import EngineLike
 
 log = logging.getLogger("fsd_local.server")
 
@@ -29,7 +28,7 @@ log = logging.getLogger("fsd_local.server")
 class Runner:
     """The engine, its queue and its metrics, as the routes use them."""
 
-    def __init__(self, engine: Engine | Supervisor, worker: Worker, metrics: Metrics):
+    def __init__(self, engine: EngineLike, worker: Worker, metrics: Metrics):
         self.engine, self.worker, self.metrics = engine, worker, metrics
 
     def stream(self, prompt: list[int], settings: Settings, cancel: CancelToken) -> asyncio.Queue:
@@ -86,10 +85,10 @@ def _consume(fut: asyncio.Future) -> None:
         fut.exception()
 
 
-def check_available(engine: Engine | Supervisor) -> None:
+def check_available(engine: EngineLike) -> None:
     """503 when the supervisor has given up on the model process (its reason says why)."""
-    if getattr(engine, "state", "ok") == "failed":
-        raise APIError(503, str(getattr(engine, "reason", "")), type="server_error", code="model_unavailable")
+    if engine.state == "failed":
+        raise APIError(503, str(engine.reason or ""), type="server_error", code="model_unavailable")
 
 
 def as_api_error(exc: BaseException) -> APIError:

@@ -17,8 +17,7 @@ from fsd_local.server.ollama_schema import route_defaults
 from fsd_local.server.ollama_tools import can_call_tools
 
 if TYPE_CHECKING:
-    from fsd_local.engine import Engine
-    from fsd_local.server.supervisor import Supervisor
+    from fsd_local.engine_like import EngineLike
 
 _BLOB = re.compile(r"sha256-([0-9a-f]{64})$")  # a file in Ollama's store is named by its digest
 # what the pair can do in Ollama's terms (no vision, embedding, insert, thinking); "tools" where the template can
@@ -80,18 +79,18 @@ def _modified(path: str) -> str:
     return datetime.fromtimestamp(os.stat(path).st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _pair(engine: Engine | Supervisor) -> dict[str, Any]:
+def _pair(engine: EngineLike) -> dict[str, Any]:
     """fsd-local's extension: the two files of the pair."""
     draft = engine.draft.path if engine.draft else None
     return {"target": engine.target.path, "draft": draft, "draft_details": details(draft) if draft else None}
 
 
-def _sizes(engine: Engine | Supervisor) -> int:
+def _sizes(engine: EngineLike) -> int:
     paths = [engine.target.path] + ([engine.draft.path] if engine.draft else [])
     return sum(os.path.getsize(p) for p in paths)
 
 
-def tag(engine: Engine | Supervisor, name: str) -> dict[str, Any]:
+def tag(engine: EngineLike, name: str) -> dict[str, Any]:
     """The pair's entry in /api/tags."""
     path = engine.target.path
     return {
@@ -105,7 +104,7 @@ def tag(engine: Engine | Supervisor, name: str) -> dict[str, Any]:
     }
 
 
-def running(engine: Engine | Supervisor, name: str) -> dict[str, Any]:
+def running(engine: EngineLike, name: str) -> dict[str, Any]:
     """The pair's entry in /api/ps (size_vram 0: fsd-local does not report where llama.cpp placed layers)."""
     path = engine.target.path
     return {
@@ -121,7 +120,7 @@ def running(engine: Engine | Supervisor, name: str) -> dict[str, Any]:
     }
 
 
-def show(engine: Engine | Supervisor) -> dict[str, Any]:
+def show(engine: EngineLike) -> dict[str, Any]:
     """/api/show: details, model_info (the target's GGUF header; long arrays such as the vocabulary as null),
     the chat template, the defaults the Ollama routes use as `parameters`, capabilities."""
     path = engine.target.path

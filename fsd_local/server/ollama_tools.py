@@ -14,11 +14,11 @@ from fsd_local.tools import Parsed, ToolPlan, ToolStream, detect
 from fsd_local.tools.render import supports_tools
 
 if TYPE_CHECKING:
-    from fsd_local.engine import Completion, Engine, Piece
-    from fsd_local.server.supervisor import Supervisor
+    from fsd_local.engine_like import EngineLike
+    from fsd_local.results import Completion, Piece
 
 
-def can_call_tools(engine: Engine | Supervisor) -> bool:
+def can_call_tools(engine: EngineLike) -> bool:
     """Whether /api/show lists the `tools` capability: the target's template writes tools and its calls parse."""
     from fsd_local.server.openai_tools import tool_model
 

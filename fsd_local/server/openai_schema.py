@@ -19,8 +19,8 @@ from fsd_local.server.logprobs import TokenBytes, chat_logprobs, text_logprobs
 from fsd_local.settings import FIELDS, Settings, field_type, spec
 
 if TYPE_CHECKING:
-    from fsd_local.engine import Completion, Engine, Piece
-    from fsd_local.server.supervisor import Supervisor
+    from fsd_local.engine_like import EngineLike
+    from fsd_local.results import Completion, Piece
 
 # request fields that map one to one onto Settings, from the settings that declare an HTTP field (max_tokens is
 # handled per endpoint: chat also has max_completion_tokens)
@@ -168,7 +168,7 @@ def _response_schema(req: _Request) -> Any:
     return None
 
 
-def settings_for(engine: Engine | Supervisor, req: ChatRequest | CompletionRequest) -> Settings:
+def settings_for(engine: EngineLike, req: ChatRequest | CompletionRequest) -> Settings:
     """The server's default settings with the request's overrides, validated; an error names the field at fault."""
     given: dict[str, Any] = {name: getattr(req, name) for name in SETTING_FIELDS if getattr(req, name) is not None}
     max_tokens = getattr(req, "max_completion_tokens", None)
@@ -235,7 +235,7 @@ def _culprit(defaults: Settings, given: dict[str, Any]) -> str | None:
     return None
 
 
-def prompt_tokens(engine: Engine | Supervisor, req: ChatRequest | CompletionRequest) -> list[int]:
+def prompt_tokens(engine: EngineLike, req: ChatRequest | CompletionRequest) -> list[int]:
     """The prompt as token ids (chat: rendered with the target's template), checked against the context."""
     if isinstance(req, ChatRequest):
         param = "messages"
@@ -256,7 +256,7 @@ def prompt_tokens(engine: Engine | Supervisor, req: ChatRequest | CompletionRequ
     return check_prompt(engine, tokens, param)
 
 
-def check_prompt(engine: Engine | Supervisor, tokens: Any, param: str) -> list[int]:
+def check_prompt(engine: EngineLike, tokens: Any, param: str) -> list[int]:
     """The engine's own checks of a prompt (vocabulary, empty, context length) as 400s naming `param`."""
     try:
         return engine.prompt_tokens(tokens)

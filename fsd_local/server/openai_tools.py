@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from fsd_local.conversation import reply_room, splice_cached
 from fsd_local.errors import ConfigError
-from fsd_local.llama.chat_template import ChatTemplate
 from fsd_local.server.openai_schema import APIError, ChatRequest, Reply, check_prompt, plain_message
 from fsd_local.tools import Parsed, ToolError, ToolModel, ToolPlan, ToolStream, call_stats, plan_tools, tool_request
 
 if TYPE_CHECKING:
-    from fsd_local.engine import Completion, Engine, Piece
-    from fsd_local.server.supervisor import Supervisor
+    from fsd_local.engine_like import EngineLike
+    from fsd_local.results import Completion, Piece
     from fsd_local.settings import Settings
 
 HEADER = "X-FSD-Tools"
@@ -31,11 +30,10 @@ def uses_tools(req: ChatRequest) -> bool:
     return bool(req.tools) or req.tool_choice is not None or any(m.tool_calls or m.role == "tool" for m in req.messages)
 
 
-def tool_model(engine: Engine | Supervisor) -> ToolModel:
-    from fsd_local.server.supervisor import Supervisor
-
-    template = engine.chat_template() if isinstance(engine, Supervisor) else ChatTemplate.of(engine.target)
-    return ToolModel(template, lambda text, special: engine.tokenize(text, add_special=special), engine.token_bytes)
+def tool_model(engine: EngineLike) -> ToolModel:
+    return ToolModel(
+        engine.chat_template(), lambda text, special: engine.tokenize(text, add_special=special), engine.token_bytes
+    )
 
 
 def api_error(exc: ConfigError) -> APIError:
@@ -44,7 +42,7 @@ def api_error(exc: ConfigError) -> APIError:
     return APIError(400, str(exc), param="messages", code="invalid_value")
 
 
-def plan(engine: Engine | Supervisor, req: ChatRequest, settings: Settings) -> tuple[ToolPlan, Settings]:
+def plan(engine: EngineLike, req: ChatRequest, settings: Settings) -> tuple[ToolPlan, Settings]:
     """The request's prompt (checked like any prompt) and its settings with the tool-call constraint."""
     from fsd_local.engine import Engine
 

@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsd_local import errors
 from fsd_local.engine import CancelToken, Completion, Piece
@@ -42,6 +42,10 @@ from fsd_local.results import check_prompt_ids, final_completion
 from fsd_local.server.process_errors import ModelProcessDied, ModelProcessError, ModelUnavailable, _how, describe_exit  # noqa: F401
 from fsd_local.settings import Settings
 from fsd_local.stats import Stats
+
+if TYPE_CHECKING:
+    from fsd_local.engine import Engine
+    from fsd_local.engine_like import EngineLike
 
 log = logging.getLogger("fsd_local.server.supervisor")
 
@@ -436,3 +440,9 @@ def _rebuild(name: str, message: str) -> Exception:
     if isinstance(cls, type) and issubclass(cls, FSDError):
         return cls(message)
     return RuntimeError(f"{message} ({name} in the model process)")
+
+
+if TYPE_CHECKING:  # mypy checks that both things a server may serve satisfy its protocol (engine_like.py)
+
+    def _serves(engine: Engine, supervisor: Supervisor) -> tuple[EngineLike, EngineLike]:
+        return engine, supervisor

@@ -6,15 +6,12 @@
 - `TokenTrail`: the `fsd_delta` extension field of every streamed chunk (README, "The chat page"): each new
   token's id, text, origin and, for a token rescued by tau, its divergence and log-probability gap, and how
   many tokens the round drafted.
-- `open_page`: `fsd-local chat --web`, the server on a free loopback port and the page in the browser.
 """
 
 from __future__ import annotations
 
 import codecs
 import math
-import threading
-import webbrowser
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,15 +24,14 @@ from fsd_local.server.openai_schema import SETTING_FIELDS, APIError
 from fsd_local.settings import FIELDS, chat_sampling, field_type, spec
 
 if TYPE_CHECKING:
-    from fsd_local.engine import Engine
-    from fsd_local.server.supervisor import Supervisor
+    from fsd_local.engine_like import EngineLike
 
 STATIC = Path(__file__).resolve().parent / "static"
 MEDIA_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
 TYPE_NAMES = {float: "number", int: "integer", bool: "boolean", str: "string", tuple: "strings"}
 
 
-def install(app: FastAPI, engine: Engine | Supervisor, guarded: list[Any], model_name: str) -> None:
+def install(app: FastAPI, engine: EngineLike, guarded: list[Any], model_name: str) -> None:
     """Add the page's routes to the server's app."""
     files = {p.name: p for p in STATIC.iterdir() if p.suffix in MEDIA_TYPES}  # nothing else is served
 
@@ -55,7 +51,7 @@ def install(app: FastAPI, engine: Engine | Supervisor, guarded: list[Any], model
         return {"model": model_name, "has_draft": engine.draft is not None, "settings": describe_settings(engine)}
 
 
-def describe_settings(engine: Engine | Supervisor) -> list[dict[str, Any]]:
+def describe_settings(engine: EngineLike) -> list[dict[str, Any]]:
     """Every setting a request body may carry, with this server's default (max_tokens included) and, for chat's
     sampling settings, the value the page starts with (`start`: chat's defaults over the server's)."""
     defaults = engine.defaults.to_dict()
@@ -102,16 +98,3 @@ class TokenTrail:
                 entry["logprob_gap"] = gap
             tokens.append(entry)
         return {"tokens": tokens, "drafted": piece.drafted}
-
-
-def open_page(engine: Engine, say: Callable[[str], None], stop: threading.Event | None = None) -> None:
-    """Serve `engine` on a free loopback port, open the chat page in the browser, and serve until Ctrl-C (or
-    until `stop` is set)."""
-    from fsd_local.server.app import BackgroundServer
-
-    with BackgroundServer(engine, host="127.0.0.1", port=0, model_name=Path(engine.target.path).stem) as srv:
-        url = srv.url + "/"
-        say(f"the chat page is at {url} (Ctrl-C stops the server)")
-        if not webbrowser.open(url):
-            say("no browser could be started here: open the address above yourself")
-        (stop or threading.Event()).wait()

@@ -8,11 +8,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsd_local.engine import CancelToken
 from fsd_local.server.openai_schema import APIError
 from fsd_local.settings import SERVER_MAX_QUEUE
+
+if TYPE_CHECKING:
+    from fsd_local.engine_like import EngineLike
 
 
 class Worker:
@@ -67,10 +70,10 @@ class Worker:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def retry_after(engine: Any, worker: Worker) -> int:
+def retry_after(engine: EngineLike, worker: Worker) -> int:
     """Retry-After of a 503 that did not set its own: while the model process restarts, its last start time;
     when the supervisor has given up, a minute; otherwise when a place in the queue is likely to be free."""
-    state = getattr(engine, "state", "ok")
+    state = engine.state
     if state == "restarting":
-        return int(min(60, max(1, math.ceil(getattr(engine, "last_start_seconds", 0.0)))))
+        return int(min(60, max(1, math.ceil(engine.last_start_seconds))))
     return 60 if state == "failed" else worker.retry_after()

@@ -2,7 +2,7 @@
 (js, tau 0.2), greedy, on one demo pair, all configurations interleaved per prompt on one engine (bench's
 runner), with the offline oracle (the best fixed k in 0..16 at this run's own costs and acceptance).
 
-    python tests/auto_goals.py --demo wide --fixed 3,7 [--prompts FILE] [--tokens 64] [--repeats 1]
+    python benchmarks/auto_goals.py --demo wide --fixed 3,7 [--prompts FILE] [--tokens 64] [--repeats 1]
 
 Prints bench's table, then per rule: auto's tokens/s over ar, over the best measured fixed k, and over the
 oracle's best k; and the loop's own share of wall time (outside the two models).
@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rules", default="sd,fsd")
+    ap.add_argument("--target", help="a target GGUF instead of the demo pair's (with --draft)")
+    ap.add_argument("--draft", help="its draft GGUF")
     a = ap.parse_args()
     if a.prompts:
         prompts = load_prompts(a.prompts)
@@ -51,7 +53,7 @@ def main() -> None:
         extra = ("js", 0.2) if rule == "fsd" else (None, None)
         configs.append(Config(rule, 0.0, *extra, a.k_max, "model", "auto"))
         configs += [Config(rule, 0.0, *extra, k, "model", "fixed") for k in fixed]
-    draft, target = demo_pair(precision=a.demo)
+    draft, target = (a.draft, a.target) if a.target else demo_pair(precision=a.demo)
     with Engine(str(target), str(draft), n_ctx=2048, n_threads=a.threads) as eng:
         data = run_bench(eng, prompts, configs, max_tokens=a.tokens, repeats=a.repeats, chat=True, ignore_eos=True)
     rows = summarise(data)

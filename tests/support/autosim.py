@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from fsd_local.drafting.calibration import CATCH_UP_BATCH as CALIBRATE_CATCH_UP
+from fsd_local.drafting.calibration import CATCH_UP_BATCH
 from fsd_local.drafting.length import PENDING_MAX, DraftLength
 from fsd_local.drafting.proposer import MODEL, ROWS_KEPT
 from fsd_local.settings import Settings
@@ -64,21 +64,21 @@ def trace(a: float, n: int, seed: int, repeat: float = 0.3) -> list[bool]:
     return out
 
 
-def calibrated(costs: Costs, k_max: int = 16) -> DraftLength:
-    """A fresh engine's policy after its calibration (every batch size, the draft's token and a catch-up)."""
+def measured(costs: Costs, k_max: int = 16) -> DraftLength:
+    """A fresh engine's policy after Engine.measure_costs (every batch size, the draft's token and a catch-up)."""
     dl = DraftLength()
     dl.start(Settings(draft_policy="auto", draft_max=k_max))
     for n in range(1, k_max + 2):
         dl.verify.observe(n, costs.v(n))
     dl.cost(MODEL).observe_draft(1, costs.draft)
-    dl.observe_catch_up(CALIBRATE_CATCH_UP, CALIBRATE_CATCH_UP * costs.catch_up)
+    dl.observe_catch_up(CATCH_UP_BATCH, CATCH_UP_BATCH * costs.catch_up)
     return dl
 
 
 def run_auto(outcomes, costs: Costs, n_tokens: int, k_max: int = 16, lengths: DraftLength | None = None):
     """One reply of n_tokens on `outcomes` (at least n_tokens + k_max long), the policy `lengths` (default: a
-    freshly calibrated one) carried in. The draft model starts current, as after the engine's prefill."""
-    dl = lengths or calibrated(costs, k_max)
+    freshly measured one) carried in. The draft model starts current, as after the engine's prefill."""
+    dl = lengths or measured(costs, k_max)
     dl.start(Settings(draft_policy="auto", draft_max=k_max))
     res, behind, kept = Result(), 1, []
 
@@ -135,7 +135,7 @@ def run_fixed(outcomes, costs: Costs, n_tokens: int, k: int) -> Result:
 def session(traces, costs: Costs, n_tokens: int, k_max: int = 16) -> tuple[list[Result], dict[int, list[Result]]]:
     """One fresh engine replying to each trace in turn with auto, and every fixed k 0..k_max (0 = ar) on the
     same traces: (auto's replies, {k: fixed k's replies})."""
-    lengths = calibrated(costs, k_max)
+    lengths = measured(costs, k_max)
     auto = []
     for t in traces:
         res, lengths = run_auto(t, costs, n_tokens, k_max, lengths)

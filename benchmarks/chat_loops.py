@@ -1,7 +1,7 @@
 """Loop check for chat's default sampling (a script, not a unit test): first messages to the SmolLM2 demo pair,
 greedy against `fsd-local chat`'s defaults (settings.CHAT_DEFAULTS) and other candidates, several seeds.
 
-    python tests/chat_loops.py [--seeds 3] [--max-tokens 128] [--tau 0.2] [--threads 1]
+    python benchmarks/chat_loops.py [--seeds 3] [--max-tokens 128] [--tau 0.2] [--threads 1]
 
 A reply "loops" when one span of 2 to 32 tokens repeats 3 or more times back to back. Prints each reply's
 longest repeat and its end, then one summary line per setting.
@@ -50,8 +50,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--tau", type=float, default=0.2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=len(FIRST), help="the first N first messages")
+    ap.add_argument("--target", help="a target GGUF instead of the demo pair's (with --draft)")
+    ap.add_argument("--draft", help="its draft GGUF")
     args = ap.parse_args()
-    draft, target = demo_pair()
+    draft, target = (args.draft, args.target) if args.target else demo_pair()
     summary = []
     with Engine(target=str(target), draft=str(draft), n_ctx=2048, n_threads=args.threads) as eng:
         for name, settings in CANDIDATES.items():
@@ -60,7 +63,7 @@ def main() -> None:
             seeds = [None] if settings["temperature"] == 0 else list(range(1, args.seeds + 1))
             loops = runs = 0
             for seed in seeds:
-                for msg in FIRST:
+                for msg in FIRST[: args.prompts]:
                     eng.reset()
                     messages = [{"role": "user", "content": msg}]
                     c = eng.chat(messages, max_tokens=args.max_tokens, tau=args.tau, seed=seed, **settings)

@@ -1,6 +1,6 @@
 """Measure the lossy rules side by side on the F16 demo pair (README, "Modes": the frontier table).
 
-    PYTHONPATH=. python tests/rules_frontier.py --out frontier.json [--repeats 2] [--max-tokens 64]
+    python benchmarks/rules_frontier.py --out frontier.json [--repeats 2] [--max-tokens 64]
 
 Greedy and temperature 0.7, the shipped prompt files (example + grounded), the draft length from the cost model
 (`--draft-policy auto`, up to --k) or fixed (--policy fixed --k K), each mode at its own taus (a tau means
@@ -22,7 +22,7 @@ from fsd_local.bench.frontier import frontier, frontier_rows, mark_frontier
 from fsd_local.bench.prompts import EXAMPLE_FILE, load_prompts
 from fsd_local.bench.report import format_table
 from fsd_local.bench.runner import Config, run_bench, summarise
-from fsd_local.demo import demo_pair
+from fsd_local.pairs.demo import demo_pair
 
 TAUS = {  # from a probe on 4 prompts: from little rescue to nearly all drafts accepted, for each rule
     "fsd": (0.1, 0.2, 0.3),
@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8, help="draft length (fixed) or its upper bound (auto)")
     ap.add_argument("--threads", type=int, default=1, help="1 leaves the other core to a neighbour's benchmark")
     ap.add_argument("--taus", default="", help="mode=t1/t2/...;mode=... overrides the built-in taus")
+    ap.add_argument("--target", help="a target GGUF instead of the demo pair's (with --draft)")
+    ap.add_argument("--draft", help="its draft GGUF")
     args = ap.parse_args()
     Config.settings = policy_settings  # type: ignore[method-assign]
     POLICY["draft_policy"] = args.policy
@@ -72,7 +74,7 @@ def main() -> None:
         for mode in args.modes.split(","):
             div = "js" if mode in runner.DIVERGENCE_MODES else None
             configs += [Config(mode, t, div, tau, args.k) for tau in taus[mode]]
-    draft, target = demo_pair(precision="f16")
+    draft, target = (args.draft, args.target) if args.target else demo_pair(precision="f16")
     t0 = time.time()
     done = [0]
 

@@ -1,7 +1,7 @@
 """What a JSON-schema constraint costs per token (a script, not a unit test): the same chat prompts with and
 without `json_schema`, interleaved, for ar, sd and fsd, on the demo pair.
 
-    python tests/json_overhead.py [--precision f16] [--repeats 2] [--max-tokens 64] [--threads 2] [--tau 0.3]
+    python benchmarks/json_overhead.py [--precision f16] [--repeats 2] [--max-tokens 64] [--threads 2] [--tau 0.3]
 
 Time per token is the engine's generation time (after the prompt) over its output tokens, summed over the
 prompts of each side. The two sides write different text (one is JSON), so their acceptance differs in the
@@ -58,16 +58,19 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tau", type=float, default=0.3)
+    ap.add_argument("--people", type=int, default=len(PEOPLE), help="the first N people to describe")
+    ap.add_argument("--target", help="a target GGUF instead of the demo pair's (with --draft)")
+    ap.add_argument("--draft", help="its draft GGUF")
     args = ap.parse_args()
     for name in HOOKS:
         _timed(name)
     modes = {"ar": dict(mode="ar"), "sd": dict(mode="sd"), f"fsd {args.tau}": dict(mode="fsd", tau=args.tau)}
-    d, t = demo_pair(precision=args.precision)
+    d, t = (args.draft, args.target) if args.target else demo_pair(precision=args.precision)
     totals = {(m, c): [0.0, 0, 0.0] for m in modes for c in (False, True)}  # seconds, tokens, chain seconds
     with Engine(target=str(t), draft=str(d), n_ctx=1024, n_threads=args.threads) as eng:
         eng.chat([{"role": "user", "content": "hi"}], max_tokens=4, json_schema=SCHEMA)  # tokenizer and kernels
         for r in range(args.repeats):
-            for i, who in enumerate(PEOPLE):
+            for i, who in enumerate(PEOPLE[: args.people]):
                 msg = [{"role": "user", "content": f"Describe {who} as JSON: name, age, city, occupation, student."}]
                 for m in modes:
                     for c in (False, True) if (r + i) % 2 == 0 else (True, False):  # each side first half the time

@@ -1,9 +1,9 @@
 """How many tokens per target call a per-reply quality budget could buy at most, on a fixed tau's replies
 (README, "Quality budget": the wide demo target at B 0.1).
 
-    python tests/budget_bound.py [wide|f16] --tau 0.15 --budgets 0.05,0.1,0.2 [--prompts FILE]
+    python benchmarks/budget_bound.py [wide|f16] --tau 0.15 --budgets 0.05,0.1,0.2 [--prompts FILE]
 
-Runs fsd js at the fixed tau (greedy, k = 6 fixed, 64 tokens, chat turns) and records every rescue's loss, its
+Runs fsd js at the fixed tau (greedy, k = 6 fixed, --tokens 64, chat turns) and records every rescue's loss, its
 slot in its round and where the rounds end. Then, per reply, a clairvoyant policy that knew the whole reply in
 advance refuses the rescues with the highest loss per token of round they give up (k - i at slot i of a round of
 k drafts) until the reply fits B x its tokens: at its end only (weaker than the engine's guarantee), or at the end
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from fsd_local.bench.prompts import load_prompts
+from fsd_local.bench.prompts import EXAMPLE_FILE, load_prompts
 from fsd_local.engine import Engine
 from fsd_local.pairs.demo import demo_pair
 
@@ -76,10 +76,13 @@ def main() -> None:
     ap.add_argument("demo", nargs="?", default="wide", choices=("wide", "f16"))
     ap.add_argument("--tau", type=float, default=0.15)
     ap.add_argument("--budgets", default="0.05,0.1,0.2")
-    ap.add_argument("--prompts", default="fsd_local/data/prompts-chat.jsonl")
+    ap.add_argument("--prompts", default=str(EXAMPLE_FILE.with_name("prompts-chat.jsonl")))
+    ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--target", help="a target GGUF instead of the demo pair's (with --draft)")
+    ap.add_argument("--draft", help="its draft GGUF")
     a = ap.parse_args()
-    draft, target = demo_pair(precision=a.demo)
+    draft, target = (a.draft, a.target) if a.target else demo_pair(precision=a.demo)
     replies = []
     with Engine(target=str(target), draft=str(draft), n_threads=a.threads, n_ctx=2048) as eng:
         for p in load_prompts(a.prompts):
@@ -91,7 +94,7 @@ def main() -> None:
                 tau=a.tau,
                 draft_policy="fixed",
                 draft_max=K,
-                max_tokens=64,
+                max_tokens=a.tokens,
                 temperature=0.0,
                 logprobs=True,
                 top_logprobs=1,

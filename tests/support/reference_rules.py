@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from fsd_local.kernels.names import RELAXED_K_DEFAULT, TYPICAL_ALPHA_DEFAULT, TYPICAL_EPS_DEFAULT
-from fsd_local.kernels.reference import log_softmax
+from support.reference import log_softmax
 
 
 def entropy(x) -> float:

@@ -8,8 +8,8 @@ import math
 import numpy as np
 
 from fsd_local.kernels.divergence import TOPK_DEFAULT
-from fsd_local.kernels.reference import divergence as reference_divergence
-from fsd_local.kernels.reference import log_softmax
+from support.reference import divergence as reference_divergence
+from support.reference import log_softmax
 
 
 def onehot_row(n: int, d: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 server (HTTP + the child's socket), through the server with the Engine in its own process (HTTP alone) and
 through the Engine directly, interleaved, on the SmolLM2 demo pair; then the restart time after a SIGKILL.
 
-    python tests/serve_overhead.py [--repeats 8] [--max-tokens 128] [--threads 1] [--tau 0.2] [--restarts 3]
+    python benchmarks/serve_overhead.py [--repeats 8] [--max-tokens 128] [--threads 1] [--tau 0.2] [--restarts 3]
 
 All sides run the same settings with ignore_eos (a fixed length) from a warm KV prefix (the prompt is the
 same every time), one at a time: tokens/s is output tokens over the wall time of the whole request, as a
@@ -25,7 +25,7 @@ import time
 import httpx
 
 from fsd_local import Engine, ModelOptions, Settings
-from fsd_local.demo import demo_pair
+from fsd_local.pairs.demo import demo_pair
 from fsd_local.server import BackgroundServer
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -61,9 +61,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tau", type=float, default=0.2)
     ap.add_argument("--restarts", type=int, default=3)
+    ap.add_argument("--target", help="a target GGUF instead of the demo pair's (with --draft)")
+    ap.add_argument("--draft", help="its draft GGUF")
     args = ap.parse_args()
 
-    d, t = (str(p) for p in demo_pair())
+    d, t = (args.draft, args.target) if args.target else (str(p) for p in demo_pair())
     opts = [ModelOptions(p, n_ctx=1024, n_threads=args.threads) for p in (t, d)]
     settings = Settings(ignore_eos=True, tau=args.tau)
     t0 = time.perf_counter()

@@ -3,7 +3,7 @@ repacked and not, generating alternately in one process so both see the same mac
 per mode and the ratio. Run on a host where repacking is safe (doctor says `repack: on`); the demo pair's
 Q4_0 copies are what the CPU backend repacks (Q4_1 has no repacked layout).
 
-    python tests/repack_cost.py [--precision q4_0] [--tokens 128] [--repeats 5] [--threads 2]
+    python benchmarks/repack_cost.py [--precision q4_0] [--tokens 128] [--repeats 5] [--threads 2]
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import argparse
 import statistics
 
 from fsd_local import Engine, ModelOptions
-from fsd_local.demo import demo_pair
 from fsd_local.llama.cpu_features import repack_choice
+from fsd_local.pairs.demo import demo_pair
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -24,9 +24,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--target", help="a target GGUF instead of the demo pair's (with --draft)")
+    ap.add_argument("--draft", help="its draft GGUF")
     a = ap.parse_args()
     print(f"host default: repack {repack_choice()}")
-    draft, target = demo_pair(precision=a.precision)
+    draft, target = (a.draft, a.target) if a.target else demo_pair(precision=a.precision)
     engines = {}
     for repack in (True, False):
         opts = dict(n_ctx=1024, n_threads=a.threads, repack=repack)

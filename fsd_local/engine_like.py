@@ -1,0 +1,84 @@
+"""`EngineLike`: what serving a pair needs of it, which an in-process `Engine` (engine.py) and a `Supervisor`
+running one in a child process (server/supervisor.py) both provide. The server is written against this protocol,
+so it reads `state` and `reason` of either without asking which it has; mypy checks that both satisfy it
+(server/supervisor.py).
+
+`state` is "ok" while generations can run (an Engine always), "starting" or "restarting" while a model process
+loads, and "failed" once the supervisor has given up; `reason` says why when it is not "ok", and
+`last_start_seconds` is how long the last model process took to load (0 for an Engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from fsd_local.llama.chat_template import ChatTemplate
+    from fsd_local.results import CancelToken, Completion, Piece
+    from fsd_local.settings import Settings
+
+
+class LoadedModel(Protocol):
+    """What the server reads of each loaded model: a llama/model.py Model, or the Supervisor's ModelInfo."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def n_ctx(self) -> int: ...
+
+
+class EngineLike(Protocol):
+    @property
+    def defaults(self) -> Settings: ...
+
+    @property
+    def target(self) -> LoadedModel: ...
+
+    @property
+    def draft(self) -> LoadedModel | None: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+    @property
+    def last_start_seconds(self) -> float: ...
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def chat_template(self) -> ChatTemplate: ...
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]: ...
+
+    def prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]: ...
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        cancel: CancelToken | None = None,
+        settings: Settings | None = None,
+        **overrides: Any,
+    ) -> Completion: ...
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        cancel: CancelToken | None = None,
+        settings: Settings | None = None,
+        **overrides: Any,
+    ) -> Iterator[Piece]: ...
+
+    def close(self) -> None: ...

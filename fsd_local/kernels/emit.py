@@ -1,0 +1,51 @@
+"""What a round writes about each token it emits, and plain decoding's one token (the ar and draft-only
+baselines): the raw log-probability, the gap to the row's max, the top alternatives; each log-partition computed
+once per row and only where asked (out.lse caches it, NaN until then)."""
+
+import numpy as np
+from numba import njit
+
+from fsd_local.kernels.rows import row_lse, row_max
+from fsd_local.kernels.sampling import pick_kept
+from fsd_local.kernels.topk import top_indices
+
+
+@njit(cache=True)
+def fill_top(x, n, lse, j, out):
+    """out.top_ids[j] / out.top_logprob[j]: the most likely tokens of row x (as many as top_ids has columns)."""
+    n_top = out.top_ids.shape[1]
+    if n_top == 0:
+        return
+    idx = top_indices(x, n, n_top)
+    for t in range(n_top):
+        if t < idx.shape[0]:
+            out.top_ids[j, t] = idx[t]
+            out.top_logprob[j, t] = float(x[idx[t]]) - lse
+        else:
+            out.top_ids[j, t] = -1
+            out.top_logprob[j, t] = -np.inf
+
+
+@njit(cache=True)
+def emit_one(x, n, sampling, u, stats, out):
+    """Plain decoding (the ar and draft-only baselines): (token, raw log-prob of the token, NaN when not asked);
+    out.logprob[0], out.gap[0] and the top alternatives (out.top_ids[0]) as accept_round (kernels/accept.py) fills
+    them."""
+    t, _, _, _ = pick_kept(
+        x, n, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, u, stats, out.kept[0], False
+    )
+    out.lse[0] = np.nan
+    out.gap[0] = float(row_max(x, n)) - float(x[t])
+    lp = np.nan
+    if out.logprob.shape[0] > 0:
+        lp = out.logprob[0] = float(x[t]) - _lse_row(x, n, 0, out)
+    if out.top_ids.shape[1] > 0:
+        fill_top(x, n, _lse_row(x, n, 0, out), 0, out)
+    return t, lp
+
+
+@njit(cache=True)
+def _lse_row(x, n, i, out):
+    if not out.lse[i] == out.lse[i]:
+        out.lse[i] = row_lse(x, n)
+    return out.lse[i]

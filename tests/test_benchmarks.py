@@ -1,0 +1,61 @@
+"""Every script in benchmarks/ runs to its end on the smallest inputs (the tiny pair, one prompt, a few tokens), so
+that none of them rots unnoticed. What they print is measured on real pairs elsewhere; here only that they run and
+print what they say they print."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+TINY = ["--threads", "1"]
+
+
+def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[list[str], str]:
+    """The smallest run of each script and a piece of what it must print."""
+    pair = ["--target", target, "--draft", draft]
+    return {
+        "auto_goals": (pair + TINY + ["--prompts", prompts, "--tokens", "4", "--fixed", "2", "--k-max", "3"], "auto "),
+        "budget_bound": (pair + TINY + ["--prompts", prompts, "--tokens", "6", "--budgets", "0.1"], "B 0.1, "),
+        "chat_loops": (pair + TINY + ["--seeds", "1", "--only", "greedy", "--prompts", "1", "--max-tokens", "4"], "1 "),
+        "json_overhead": (pair + TINY + ["--repeats", "1", "--people", "1", "--max-tokens", "6"], "json ms/tok"),
+        "record_traces": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--out", str(tmp / "t.json")], "written"),
+        "repack_cost": (pair + TINY + ["--tokens", "4", "--repeats", "1"], "no-repack / repack"),
+        "rules_frontier": (
+            pair
+            + TINY
+            + ["--out", str(tmp / "f.json"), "--repeats", "1", "--max-tokens", "4", "--temps", "0"]
+            + ["--modes", "fsd", "--prompts", "1", "--k", "2", "--taus", "fsd=0.2"],
+            "frontier at temperature 0",
+        ),
+        "serve_overhead": (pair + TINY + ["--repeats", "1", "--max-tokens", "4", "--restarts", "1"], "restart_seconds"),
+    }[name]
+
+
+def test_every_script_has_a_smoke_run():
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py")}
+    with pytest.raises(KeyError):
+        _args("not a script", "t", "d", Path("."), "p")
+    for name in scripts:
+        _args(name, "t", "d", Path("."), "p")  # KeyError: a new script without its smoke run here
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in BENCHMARKS.glob("*.py")))
+def test_script_runs_on_the_tiny_pair(name, tiny_pair, tmp_path):
+    draft, target = tiny_pair
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "the cat sat on the mat"}) + "\n")
+    args, expected = _args(name, target, draft, tmp_path, str(prompts))
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,  # no script may depend on where it is started from
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert expected in out.stdout, out.stdout[-2000:]
