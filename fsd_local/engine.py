@@ -1,4 +1,4 @@
-"""The FSD loop: prompt -> tokens -> rounds -> stream (FSD.md, "One round").
+"""The FSD loop: prompt -> tokens -> rounds -> stream (docs/design.md, "One round").
 
 A round is a proposal in and emitted tokens out (round.py): the drafters propose up to k tokens (drafting/), the
 target scores [last accepted, d_1..d_k] in ONE decode and `accept_round` keeps the longest acceptable prefix and

@@ -1,4 +1,5 @@
-"""One round of the loop: a proposal in, the emitted tokens out, each half with its own seconds (FSD.md, "One round").
+"""One round of the loop: a proposal in, the emitted tokens out, each half with its own seconds (docs/design.md,
+"One round").
 
 A round is drafting (drafting/proposer.py returns a `Proposal`), then `verify`: the target scores [pending, d_1..d_n]
 in ONE decode, the chain processes its rows as the draft's were, and `accept_round` keeps the longest acceptable

@@ -1,4 +1,4 @@
-"""The statistics every generation returns (FSD.md, "Statistics every generation returns")."""
+"""The statistics every generation returns (docs/generation.md, "Statistics")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny GGUF pairs written by the tests, and the real SmolLM2 demo pair (FSD.md)."""
+"""Shared fixtures: tiny GGUF pairs written by the tests, and the real SmolLM2 demo pair (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -87,7 +87,8 @@ def real_pair():
 @pytest.fixture(scope="session")
 def real_pair_f16():
     """(draft, target) F16 copies of the demo pair: the same functions without per-batch-shape activation
-    quantisation, so greedy token ids may be compared exactly whatever the host's CPU (FSD.md, Known facts)."""
+    quantisation, so greedy token ids may be compared exactly whatever the host's CPU
+    (docs/measurements/numerics.md)."""
     from fsd_local.pairs.demo import demo_pair
 
     d, t = demo_pair(precision="f16")

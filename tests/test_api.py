@@ -124,7 +124,8 @@ def test_threads_get_the_single_threaded_results_and_caches_stay_consistent(engi
         for _ in range(3):
             assert list(pool.map(lambda job: run(engine, job), work)) == expected
             assert list(pool.map(lambda job: run(engine, job), reversed(work))) == expected[::-1]
-    # FSD.md's invariant: each cache holds exactly the tokens it claims (logits equal a fresh evaluation)
+    # the KV-cache contract's invariant (docs/design.md, rule 5): each cache holds exactly the tokens it claims
+    # (logits equal a fresh evaluation)
     d, t = tiny_pair
     for model, path in ((engine.target, t), (engine.draft, d)):
         held = list(model.tokens)

@@ -349,7 +349,7 @@ def test_choose_k_is_cheap(capsys):
         print(f"\ncost model: choose_k + observations {per * 1e6:.1f} us a round (k_max 16)")
 
 
-# recorded: one decode of a batch of n tokens on the padded 1.4 GB Q8_0 target (FSD.md "A cost-realistic target"),
+# recorded: one decode of a batch of n tokens on the padded 1.4 GB Q8_0 target (`--demo wide`, docs/models.md),
 # 2 threads: llama.cpp's CPU kernels work in tiles of 4 and 8 rows, so 8 rows cost about what 5 cost
 TILED_MS = [150, 171, 202, 225, 303, 313, 355, 312, 405]
 

@@ -101,7 +101,8 @@ def test_kept_set_sampling_equals_the_whole_row(recorded, gemma_rows, t, top_k, 
 
 
 def _reference_round(P, Q, drafts, mode, div, tau):
-    """Greedy, float64, straight from FSD.md: the SD test (the draft is the target's argmax), then the rule."""
+    """Greedy, float64, straight from docs/design.md, "The acceptance rules": the SD test (the draft is the
+    target's argmax), then the rule."""
     from support.reference_rules import critical_tau
 
     for i, d in enumerate(drafts):

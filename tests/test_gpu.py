@@ -97,7 +97,7 @@ def test_both_models_are_fully_offloaded(gpu_engine, real_pair):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_gpu_greedy_tokens_match_the_cpu_on_f16(gpu_engine_f16, cpu_engine_f16, prompt):
-    # F16 weights: no per-batch-shape activation quantisation on either side (FSD.md, Known facts)
+    # F16 weights: no per-batch-shape activation quantisation on either side (docs/measurements/numerics.md)
     cpu = cpu_engine_f16.generate(prompt, mode="ar", max_tokens=N_TOKENS).token_ids
     ar = gpu_engine_f16.generate(prompt, mode="ar", max_tokens=N_TOKENS).token_ids
     sd = gpu_engine_f16.generate(prompt, mode="sd", max_tokens=N_TOKENS)

@@ -1,4 +1,5 @@
-"""Integration on the real SmolLM2 pair (FSD.md): draft = SmolLM2-135M, target = its 44-layer upscaled copy."""
+"""Integration on the real SmolLM2 demo pair (docs/models.md): draft = SmolLM2-135M, target = its 44-layer
+upscaled copy."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """The cost-realistic demo target (pairs/wide.py): a model padded with zeros to a wider shape computes the same
-function (FSD.md, "A cost-realistic target"). Checked on tiny models the tests write, through llama.cpp."""
+function (docs/models.md, "The demo pairs"). Checked on tiny models the tests write, through llama.cpp."""
 
 from __future__ import annotations
 

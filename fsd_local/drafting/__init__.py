@@ -1,4 +1,5 @@
-"""Drafting without (or besides) a draft model, and choosing how much to draft (FSD.md, "Drafters and draft length").
+"""Drafting without (or besides) a draft model, and choosing how much to draft (docs/design.md,
+"Drafting and the draft length").
 
 - `ngram.NgramDrafter`: prompt lookup. The longest recent n-gram at the end of the text that occurred earlier
   proposes the tokens that followed it. Free (microseconds a round) and strong where the output repeats the

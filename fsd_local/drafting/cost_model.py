@@ -1,4 +1,4 @@
-"""The `auto` draft-length policy (FSD.md, "Drafters and draft length").
+"""The `auto` draft-length policy (docs/design.md, "The cost model of `auto`").
 
 Each round, pick the k in [0, k_max] that maximises expected tokens per second:
 

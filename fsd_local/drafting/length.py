@@ -1,4 +1,5 @@
-"""How many tokens to draft each round, under the settings' `draft_policy` (FSD.md, "Drafters and draft length").
+"""How many tokens to draft each round, under the settings' `draft_policy` (docs/design.md,
+"Drafting and the draft length").
 
 - `fixed`: draft_max every round (llama.cpp's draft_p_min may still stop the model drafter early).
 - `adaptive`: HF's rule: +2 after a fully accepted round, -1 after a rejection, within [draft_min, draft_max].

@@ -1,4 +1,4 @@
-"""Prompt-lookup drafting (FSD.md, "Drafters and draft length", `ngram`).
+"""Prompt-lookup drafting (the `ngram` drafter: docs/generation.md, "Sampling and draft length").
 
 The text so far (prompt + output) is searched for an earlier occurrence of its own tail: the longest n-gram
 ending the text, n from `ngram_max` down to `ngram_min`, that occurred before; the tokens that followed its MOST

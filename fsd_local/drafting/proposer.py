@@ -199,8 +199,9 @@ class Proposer:
 
 
 def _one_hot(drafts: Drafts, tokens: list[int]) -> None:
-    """Prompt-lookup drafts: q is one-hot on each proposed token (FSD.md), so the SD test accepts with
-    probability p(d) and the sampled replacement comes from p without d; the kernels need no row for it."""
+    """Prompt-lookup drafts: q is one-hot on each proposed token (docs/design.md, "The acceptance rules"), so the
+    SD test accepts with probability p(d) and the sampled replacement comes from p without d; the kernels need no
+    row for it."""
     for i, tok in enumerate(tokens):
         drafts.tokens[i], drafts.prob[i], drafts.onehot[i] = tok, 1.0, 1
         drafts.stats[i] = 0.0  # processed one-hot row: max 0, only logits >= 0 kept, log-normaliser 0

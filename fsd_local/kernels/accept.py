@@ -1,4 +1,4 @@
-"""The acceptance rule of one round (FSD.md, "Acceptance rules"), jitted end to end.
+"""The acceptance rule of one round (docs/design.md, "The acceptance rules"), jitted end to end.
 
 Inputs are the target's k+1 logit rows (a zero-copy view of llama.cpp's buffer), the draft's k raw rows
 (copied as they were produced), the drafted tokens with their draft probabilities and processed-distribution

@@ -1,4 +1,4 @@
-"""The quality budget (FSD.md "Quality budget", README "Quality budget"), jitted.
+"""The quality budget (docs/design.md, "The quality budget"), jitted.
 
 B is nats of target log-probability given up per emitted token, averaged over the reply. The loss of an emitted
 token is known when the acceptance rule looks at it:

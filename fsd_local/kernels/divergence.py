@@ -1,4 +1,4 @@
-"""Divergences between the target's and the draft's next-token distributions (FSD.md, "Divergences").
+"""Divergences between the target's and the draft's next-token distributions (docs/design.md, "Divergences").
 
 Every kernel takes raw logit rows x (target) and y (draft) with their log-partition values, so a row's
 log-softmax is `x - lse` and no per-entry log is needed except one in the JS forms. Everything per entry is

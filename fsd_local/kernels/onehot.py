@@ -1,5 +1,5 @@
-"""Divergences of the target's distribution p against a ONE-HOT draft distribution q = e_d (FSD.md,
-"Drafters and draft length": the n-gram drafter proposes token d with certainty).
+"""Divergences of the target's distribution p against a ONE-HOT draft distribution q = e_d (docs/design.md,
+"The acceptance rules", prompt lookup: the n-gram drafter proposes token d with certainty).
 
 p is the softmax of the raw target row x over its first n entries, with log-partition lx (`row_lse`), and
 P = p(d) = exp(x[d] - lx). With q one-hot most divergences are closed forms in P, so they cost O(1) once lx is
@@ -13,7 +13,7 @@ known (the acceptance kernel computes lx anyway), instead of the general kernels
            P = 0 gives ln 2, P = 1 gives 0)
 - `kl`   = KL(p || q): every i != d with p_i > 0 has q_i = 0, so +inf as soon as p has mass off d, else 0.
 - `paper-js` = 1/2 KL(m||p) + 1/2 KL(m||q), m = (p+q)/2: m_i = p_i / 2 > 0 where q_i = 0, so it is +inf
-  exactly when kl is; 0 otherwise. Neither kl nor paper-js can ever rescue an n-gram token (FSD.md).
+  exactly when kl is; 0 otherwise. Neither kl nor paper-js can ever rescue an n-gram token.
 - `topk-*`: over the target's top-k tokens plus one rest bin, as the general kernel builds them: q puts mass 1
   on d's own bin when d is among the top k, otherwise on the rest bin. O(n) (the top-k search) + O(k).
 

@@ -1,5 +1,5 @@
 """The cost-realistic demo target (`--demo wide`): the small model's function at a larger model's cost
-(FSD.md, "A cost-realistic target").
+(docs/models.md, "The demo pairs").
 
 The demo target of pairs/demo.py is barely larger than its draft: on a CPU both are compute-bound and cheap, so
 speculation has little to win there. This module writes, offline and once, a target that computes what SmolLM2
