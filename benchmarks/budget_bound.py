@@ -1,5 +1,5 @@
 """How many tokens per target call a per-reply quality budget could buy at most, on a fixed tau's replies
-(README, "Quality budget": the wide demo target at B 0.1).
+(docs/measurements/budget.md: the wide demo target at B 0.1).
 
     python benchmarks/budget_bound.py [wide|f16] --tau 0.15 --budgets 0.05,0.1,0.2 [--prompts FILE]
 

@@ -1,4 +1,4 @@
-"""Measure the lossy rules side by side on the F16 demo pair (README, "Modes": the frontier table).
+"""Measure the lossy rules side by side on the F16 demo pair (docs/measurements/rules-frontier.md).
 
     python benchmarks/rules_frontier.py --out frontier.json [--repeats 2] [--max-tokens 64]
 

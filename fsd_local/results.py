@@ -15,7 +15,8 @@ class Piece:
     """A streamed chunk: the text released now and the tokens that produced it, with their origins
     ('sd' = draft token that passed the SD test, 'fuzzy' = draft token rescued by tau, 'target' = the
     target's own token, 'draft' = draft-only baseline), the number of tokens the round drafted, and per token
-    (divergence, log-probability gap) when tau rescued it, else None (the server streams them, README)."""
+    (divergence, log-probability gap) when tau rescued it, else None (the server streams them: docs/chat.md,
+    `fsd_delta`)."""
 
     text: str
     token_ids: list[int]

@@ -30,7 +30,7 @@ class Spec:
     kind: type | None = None  # the type of a setting whose default is None (None = off)
     # (other setting, its off value, this setting's off value): setting this one on turns the other off (with_)
     sets_aside: tuple[str, Any, Any] | None = None
-    chat_default: float | None = None  # `fsd-local chat`'s default, where it differs (README, "Chat defaults")
+    chat_default: float | None = None  # `fsd-local chat`'s default, where it differs (docs/chat.md, "Defaults")
     cli_file: bool = False  # the flag names a file; its text is the value
     parse: Callable[[Any], Any] | None = None  # brings the accepted input forms to the one stored (or ConfigError)
 

@@ -43,8 +43,8 @@ MODE_HELP = (
 )
 BUDGET_HELP = (
     "quality budget B instead of tau: nats of the target's log-probability given up per emitted token, averaged "
-    "over the reply (greedy: log p(target's top) - log p(emitted); sampled: README 'Quality budget'). The engine "
-    "moves the mode's threshold online and refuses any rescue that would take the reply above B, at every "
+    "over the reply (greedy: log p(target's top) - log p(emitted); sampled: docs/design.md 'The quality budget'). "
+    "The engine moves the mode's threshold online and refuses any rescue that would take the reply above B, at every "
     "length. 0 = exactly sd; 'off' (none) = use tau"
 )
 DIVERGENCE_HELP = (
@@ -346,8 +346,8 @@ def _aliases(changes: dict[str, Any]) -> dict[str, Any]:
     return {ALIASES.get(k, k): v for k, v in changes.items()}
 
 
-# `fsd-local serve`: requests that may wait behind the running one before more get 503 (README, "The server
-# under load"): a desktop app with many tabs or agents queues dozens; Ollama's default holds 512
+# `fsd-local serve`: requests that may wait behind the running one before more get 503 (docs/server.md, "Load,
+# faults and crashes"): a desktop app with many tabs or agents queues dozens; Ollama's default holds 512
 SERVER_MAX_QUEUE = 512
 
 FIELDS: tuple[Field, ...] = fields(Settings)

@@ -138,7 +138,8 @@ def test_models_and_health(server, client):
     assert [m.id for m in client.models.list()] == ["tiny-pair"]
     assert client.models.retrieve("gpt-4o").id == "gpt-4o"
     h = httpx.get(server.url + "/health", timeout=TIMEOUT).json()
-    assert h["status"] == "ok" and h["queue"]["max_queue"] == 512  # the default (README, "The server under load")
+    # the default queue (docs/server.md, "Load, faults and crashes")
+    assert h["status"] == "ok" and h["queue"]["max_queue"] == 512
 
 
 # ---------------------------------------------------------------------------------------------- bad requests

@@ -357,7 +357,8 @@ def _check_the_phone_width(browser, tmp_path):
     assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
     assert browser.find_element("id", "send").is_displayed() and not _unnamed_controls(browser)
     browser.save_screenshot(str(tmp_path / "chat-page-phone.png"))
-    shots = os.environ.get("FSD_WEB_SCREENSHOTS")  # where to keep the screenshots (the README's comes from here)
+    # where to keep the screenshots (the README's and docs/chat.md's come from here)
+    shots = os.environ.get("FSD_WEB_SCREENSHOTS")
     for name in ("chat-page.png", "chat-page-phone.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         if shots:

@@ -1,10 +1,10 @@
 """`fsd-local calibrate`: the tau that fits a quality budget (or reaches an acceptance rate) on given prompts.
 
-Assumption (documented in the README): as tau grows, acceptance does not fall and quality (agreement with the
-target's greedy output, target log-prob per token) does not rise. Then the taus meeting a quality budget form
-an interval [0, tau*], and bisection finds tau* to within tau_max / 2**steps. tau = 0 meets every quality
-budget by construction (it is standard speculative decoding), so it is never measured. At temperature 0 the
-measurements are deterministic and the search is exact for the given prompts; at temperature > 0 every point
+Assumption (documented in docs/benchmarking.md, "`fsd-local calibrate`"): as tau grows, acceptance does not fall and
+quality (agreement with the target's greedy output, target log-prob per token) does not rise. Then the taus meeting
+a quality budget form an interval [0, tau*], and bisection finds tau* to within tau_max / 2**steps. tau = 0 meets
+every quality budget by construction (it is standard speculative decoding), so it is never measured. At temperature
+0 the measurements are deterministic and the search is exact for the given prompts; at temperature > 0 every point
 is one sample per prompt (fixed seeds), noisy, and the monotone assumption holds only on average.
 
 Budgets:

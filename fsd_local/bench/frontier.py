@@ -1,4 +1,4 @@
-"""The speed / quality Pareto frontier of a benchmark (README, "Benchmarks"): which configurations (mode,
+"""The speed / quality Pareto frontier of a benchmark (docs/benchmarking.md): which configurations (mode,
 divergence, tau, draft length, ...) no other one beats on both speed and quality.
 
 Within one temperature, configuration A dominates B when A is at least as fast and at least as good, and

@@ -1,6 +1,6 @@
 """Benchmark prompts and task answers: reading a prompts file, pulling an answer out of a completion.
 
-Two formats (README, "Benchmarks"):
+Two formats (docs/benchmarking.md, "Prompt files"):
 - plain text: one prompt per line, blank lines skipped;
 - JSON Lines (`.jsonl`): one object per line, `{"prompt": ..., "answer": ..., "extract": ..., "pattern": ...}`;
   `answer` is optional, and with it `extract` says how to read the answer out of the output:

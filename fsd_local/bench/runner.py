@@ -12,7 +12,7 @@ shuffled order, so a noisy neighbour on the machine slows all of them alike, and
 repeat (paired) before the median. The `ar` and `sd` baselines are always measured, at every temperature
 (`sd` at every draft length), because every ratio and the agreement refer to them.
 
-Definitions (README, "Benchmarks"):
+Definitions (docs/benchmarking.md, "`fsd-local bench`"):
 - tokens/s: output tokens (the completion's token ids) over generation time, prompt excluded, summed over
   the prompts of a repeat; the median and the spread (half the range) over repeats.
 - agreement (temperature 0 only): for each prompt, the common prefix of the output and the target's own

@@ -87,7 +87,7 @@ def sweep_options(f):
         click.option(
             "--budgets",
             type=CommaList(float, "quality budget", minimum=0.0),
-            help="quality budgets B (nats per token, README 'Quality budget'): every mode with a tau also runs at "
+            help="quality budgets B (nats per token, docs/generation.md): every mode with a tau also runs at "
             "each B in place of a tau, side by side with the fixed taus",
         ),
         click.option(

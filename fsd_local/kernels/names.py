@@ -4,7 +4,7 @@ and the command line need them; `fsd-local --help` must stay fast)."""
 MODES = ("fsd", "fsd-paper", "sd", "ar", "draft-only", "typical", "cascade", "relaxed", "fsd-entropy")
 FSD, FSD_PAPER, SD, AR, DRAFT_ONLY, TYPICAL, CASCADE, RELAXED, FSD_ENTROPY = range(9)
 # the rules that read the target's distribution alone (no divergence): each rescues, after a failed SD test, a
-# draft token the target rates highly enough (README, "Modes"); tau is each rule's one knob
+# draft token the target rates highly enough (docs/design.md, "The acceptance rules"); tau is each rule's one knob
 TARGET_RULES = ("typical", "cascade", "relaxed")
 DIVERGENCE_MODES = ("fsd", "fsd-paper", "fsd-entropy")  # the modes whose output depends on the divergence
 TAU_MODES = DIVERGENCE_MODES + TARGET_RULES  # the modes whose output depends on tau

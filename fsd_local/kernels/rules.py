@@ -1,6 +1,6 @@
-"""The lossy acceptance rules beyond FSD's divergence threshold (README, "Modes"), jitted. Each one only
-rescues a draft token d that the lossless SD test rejected, and each reads the target's distribution at that
-slot, p = softmax of the raw logit row x at temperature 1 (as the divergences do, so a rule acts the same at
+"""The lossy acceptance rules beyond FSD's divergence threshold (docs/design.md, "The acceptance rules"), jitted.
+Each one only rescues a draft token d that the lossless SD test rejected, and each reads the target's distribution
+at that slot, p = softmax of the raw logit row x at temperature 1 (as the divergences do, so a rule acts the same at
 every sampling temperature), given lx = row_lse(x):
 
 - `typical` (Medusa): m = min(eps, a exp(-H(p))); rescue iff p(d) > 1 - tau (1 - m)  (tau = 1: Medusa's rule)

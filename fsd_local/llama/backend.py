@@ -1,7 +1,7 @@
 """What the installed llama.cpp build can run on: versions, compiled-in backends, devices and their memory, RPC.
 
 llama-cpp-python picks its backends when it is compiled (native/build.sh), so this asks the loaded library
-itself through ggml's device registry (ggml_api.py); if that library cannot be opened it falls back to the
+itself through ggml's device registry (ggml.py); if that library cannot be opened it falls back to the
 backend names in llama_print_system_info().
 """
 
@@ -174,7 +174,7 @@ def add_rpc_servers(servers: str) -> list[str]:
     if not lc.llama_supports_rpc():
         raise ModelLoadError(
             "this llama-cpp-python build has no RPC backend; rebuild it with "
-            "`native/build.sh PROFILE --rpc` (see README, 'GPU and other backends')"
+            "`native/build.sh PROFILE --rpc` (see docs/backends.md, 'Spreading the target over several machines')"
         )
     lib = g.lib()
     reg = lib.ggml_backend_reg_by_name(b"RPC")

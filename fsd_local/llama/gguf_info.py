@@ -1,5 +1,5 @@
 """What a GGUF file holds, read from its header without loading weights: architecture, shape, vocabulary,
-quantisation, and bytes per layer (what GPU placement needs). Uses ggml's own GGUF reader (ggml_api.py)."""
+quantisation, and bytes per layer (what GPU placement needs). Uses ggml's own GGUF reader (ggml.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One GGUF model through llama-cpp-python's low-level API: its own model, context, batch and one KV sequence.
 
 The Python list `tokens` always mirrors what the KV cache holds (positions 0..len-1), so the engine can
-rewind by position (`truncate`) and reuse the longest common prefix across calls (`prefill`).
+rewind by position (`truncate`) and reuse the longest common prefix across calls (`keep_common_prefix`).
 """
 
 from __future__ import annotations

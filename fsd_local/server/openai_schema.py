@@ -372,6 +372,6 @@ def usage(c: Completion) -> dict[str, int]:
 
 
 def fsd_stats(c: Completion) -> dict[str, Any]:
-    """The generation's statistics (README, Statistics), the settings it ran with, and why it stopped at
+    """The generation's statistics (docs/generation.md, "Statistics"), the settings it ran with, and why it stopped at
     'length' (finish_detail: max_tokens | context_full)."""
     return {**c.stats, "settings": c.settings, "finish_detail": c.finish_detail}

@@ -3,7 +3,7 @@
 - `/` and `/static/...`: the page (static files shipped in the package: no build step, nothing from a CDN).
 - `/v1/fsd/settings`: the settings a request may send, generated from fsd_local/settings.py (name, type,
   the server's default, range, choices, help), so the page builds its controls from what this server accepts.
-- `TokenTrail`: the `fsd_delta` extension field of every streamed chunk (README, "The chat page"): each new
+- `TokenTrail`: the `fsd_delta` extension field of every streamed chunk (docs/chat.md, "The chat page"): each new
   token's id, text, origin and, for a token rescued by tau, its divergence and log-probability gap, and how
   many tokens the round drafted.
 """

@@ -1,5 +1,5 @@
 """The server's queue: ONE worker thread runs generations in order, a bounded number wait behind it, and a
-refused request (503) is told when to come back (Retry-After, README "The server under load")."""
+refused request (503) is told when to come back (Retry-After, docs/server.md "Load, faults and crashes")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Float64 NumPy references for `rules.py`: each rule written straight from its definition (README, "Modes"),
-for the tests. Clarity, not speed."""
+"""Float64 NumPy references for `rules.py`: each rule written straight from its definition (docs/design.md,
+"The acceptance rules"), for the tests. Clarity, not speed."""
 
 from __future__ import annotations
 
