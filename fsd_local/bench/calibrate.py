@@ -11,9 +11,9 @@ Budgets:
 - agreement A (temperature 0 only): largest tau whose agreement with `ar` is >= A;
 - logprob drop D: largest tau whose target log-prob per token is at most D below `sd`'s (same k);
 - acceptance R: SMALLEST tau whose acceptance rate is >= R (past it, more tau only costs fidelity);
-- speed S (tokens per target call): the SMALLEST quality budget B (README, "Quality budget") whose runs reach S
-  tokens per target call: the search is over B in [0, BUDGET_MAX] instead of tau, B = 0 being `sd`; more budget
-  buys more rescues, so the same monotone assumption applies.
+- speed S (tokens per target call): the SMALLEST quality budget B (docs/design.md, "The quality budget") whose
+  runs reach S tokens per target call: the search is over B in [0, BUDGET_MAX] instead of tau, B = 0 being `sd`;
+  more budget buys more rescues, so the same monotone assumption applies.
 Quality is measured with one pass over the prompts per tau; the chosen tau is then timed with `repeats`
 passes, interleaved with ar and sd, for its speed.
 

@@ -1,16 +1,15 @@
 """`fsd-local bench`: the speed / quality trade-off of one loaded pair, measured side by side.
 
-Every configuration (mode, divergence, tau, draft length, temperature) runs on the same prompts with the same
-seeds, from the state a freshly loaded engine has: an empty cache, and no acceptance evidence for the `auto`
-policy (or quality budget) to start from. The `auto` policy runs twice: "cold", every run from nothing (what
-a first reply gets), and "warm", each run from what the configuration's own earlier runs taught it (what the
-later replies of a session get). The machine's measured costs (the target's per-batch times, the draft's) are
-measured once before the timed runs (Engine.measure_costs) and kept between configurations, as a user's engine
-keeps them on disk. Configurations are interleaved: for each repeat
-and each prompt, all of them run once in a seeded
-shuffled order, so a noisy neighbour on the machine slows all of them alike, and ratios are taken within a
-repeat (paired) before the median. The `ar` and `sd` baselines are always measured, at every temperature
-(`sd` at every draft length), because every ratio and the agreement refer to them.
+Every configuration (mode, divergence, tau, draft length, temperature) runs on the same prompts with the same seeds,
+from the state a freshly loaded engine has: an empty cache, and no acceptance evidence for the `auto` policy (or
+quality budget) to start from. The `auto` policy runs twice: "cold", every run from nothing (what a first reply
+gets), and "warm", each run from what the configuration's own earlier runs taught it (what the later replies of a
+session get). The machine's measured costs (the target's per-batch times, the draft's) are measured once before the
+timed runs (Engine.measure_costs) and kept between configurations, as a user's engine keeps them on disk.
+Configurations are interleaved: for each repeat and each prompt, all of them run once in a seeded shuffled order, so
+a noisy neighbour on the machine slows all of them alike, and ratios are taken within a repeat (paired) before the
+median. The `ar` and `sd` baselines are always measured, at every temperature (`sd` at every draft length), because
+every ratio and the agreement refer to them.
 
 Definitions (docs/benchmarking.md, "`fsd-local bench`"):
 - tokens/s: output tokens (the completion's token ids) over generation time, prompt excluded, summed over

@@ -1,4 +1,5 @@
-"""`fsd-local serve`: the OpenAI API over HTTP (FastAPI + uvicorn) in front of one loaded draft/target pair.
+"""`fsd-local serve`: the OpenAI API over HTTP (FastAPI + uvicorn) in front of one loaded draft/target pair, with
+Ollama's routes (ollama.py) and the chat page (web.py) installed next to it.
 
 A pair runs one generation at a time, so requests wait in a bounded queue and ONE worker thread runs them in
 order; the event loop only parses, streams and waits, and is never blocked by a decode. Everything a request
