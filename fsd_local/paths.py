@@ -1,5 +1,6 @@
-"""Where fsd-local keeps what it builds: the demo models and the compiled kernels (FSD_LOCAL_CACHE, else
-$XDG_CACHE_HOME/fsd-local, else ~/.cache/fsd-local). Downloaded models live in the Hugging Face cache instead."""
+"""Where fsd-local keeps what it builds and measures: the demo models, the compiled kernels, the measured costs
+(costs.json) and the index of local models' headers (FSD_LOCAL_CACHE, else $XDG_CACHE_HOME/fsd-local, else
+~/.cache/fsd-local). Downloaded models live in the Hugging Face cache instead."""
 
 from __future__ import annotations
 
