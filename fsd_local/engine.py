@@ -1,11 +1,13 @@
 """The FSD loop: prompt -> tokens -> rounds -> stream (docs/design.md, "One round").
 
 A round is a proposal in and emitted tokens out (round.py): the drafters propose up to k tokens (drafting/), the
-target scores [last accepted, d_1..d_k] in ONE decode and `accept_round` keeps the longest acceptable prefix and
-picks one more token; a plain step (ar, draft-only, or auto's k = 0 through the same verify) emits one token.
-After every round both KV caches are cut back to their longest common prefix with the accepted text
-(generation.py), so every model's cache is always a prefix of it, and the next round, the next call and the next
-chat turn only evaluate what is new.
+target scores [pending, d_1..d_n] in ONE decode (pending: what the text holds past the target's cache, normally
+the last emitted token) and `accept_round` keeps the longest acceptable prefix and picks one more token; a plain
+step (ar, draft-only, or auto's k = 0 through the same verify) emits one token. After every round each model's
+KV cache is cut back to its longest common prefix with the accepted text (generation.py), so every model's cache
+is always a prefix of it, and the next round, the next call and the next chat turn only evaluate what is new.
+`_run` is the loop: `_generation` makes the call's state, `_prefill` the caches, `_speculative` or `_plain` one
+round, `Generation.advance` the rest; its `finally` leaves the caches a prefix of the text whatever ends it.
 """
 
 from __future__ import annotations
