@@ -61,8 +61,12 @@ def one_repeat(target, draft, prompts, cfgs: dict[str, dict], tokens: int, threa
 
 
 def ks(text: str) -> list[int]:
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
+    """'1-16' -> 1..16; '1,2,4-6' -> [1, 2, 4, 5, 6]."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
 
 
 def main() -> None:
@@ -71,7 +75,7 @@ def main() -> None:
     ap.add_argument("--target", help="a target GGUF instead of a demo pair (with --draft)")
     ap.add_argument("--draft")
     ap.add_argument("--rules", default="sd,fsd")
-    ap.add_argument("--ks", default="1-16", help="fixed draft lengths, e.g. 1-16 or 4")
+    ap.add_argument("--ks", default="1-16", help="fixed draft lengths, e.g. 1-16, 4 or 1-6,8,12,16")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=2)

@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CancelToken", "Completion", "Engine", "Piece"]
 
-ORIGINS = {0: "target", 1: "sd", 2: "fuzzy"}  # why each emitted token is there
-
 
 def _options(model, n_ctx, n_threads, n_gpu_layers) -> ModelOptions:
     if isinstance(model, ModelOptions):

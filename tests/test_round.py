@@ -158,3 +158,27 @@ def test_a_broken_cost_store_is_measured_afresh(tiny_pair, tmp_path, monkeypatch
         out = eng.generate("the cat", mode="sd", max_tokens=6, settings=Settings())
     assert out.finish_reason in ("stop", "length")
     assert "sizes" in next(iter(__import__("json").loads(store.read_text()).values()))
+
+
+def test_engines_side_by_side_keep_each_others_sizes_and_an_entry_without_a_plain_step_is_not_restored(
+    tiny_pair, tmp_path, monkeypatch
+):
+    """Two engines of one pair, open together, each decoding other batch sizes: the store keeps the union (the
+    second save does not drop the first's sizes). An entry that lacks the one-token size is not restored (a plain
+    step's price read off the larger batches misprices every k): the next engine starts as a fresh one."""
+    import json
+
+    store = tmp_path / "costs.json"
+    monkeypatch.setenv("FSD_LOCAL_COSTS", str(store))
+    d, t = tiny_pair
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as a, Engine(target=t, draft=d, n_ctx=512, n_threads=1) as b:
+        a.generate("the cat sat", mode="ar", max_tokens=6)  # one-token decodes
+        b.generate("the cat sat", mode="sd", max_tokens=12, draft_policy="fixed", draft_max=3)  # batches of 4
+    (entry,) = json.loads(store.read_text()).values()
+    assert {"1", "4"} <= set(entry["sizes"]), entry
+    data = json.loads(store.read_text())
+    for e in data.values():
+        del e["sizes"]["1"]
+    store.write_text(json.dumps(data))
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as fresh:
+        assert not fresh._lengths.verify.measured

@@ -108,7 +108,8 @@ class CostStore:
         self._saved = snapshot(engine._lengths)
 
     def save(self, engine: Engine) -> None:
-        """Write the engine's costs back if it measured something new (a size, the draft), or every SAVE_EVERY s."""
+        """Write the engine's costs back if it measured something new (a size, the draft), or every SAVE_EVERY s,
+        merged with the entry on disk: a size this engine never decoded keeps the seconds stored for it."""
         if self.path is None:
             return
         now = snapshot(engine._lengths)
@@ -117,6 +118,15 @@ class CostStore:
         if not new and time() - self._saved_at < SAVE_EVERY:
             return
         data = self._read()
+        # merged with what is on disk: another engine of the same pair (a second process, a bench's engines side
+        # by side) may have written sizes this one never decoded, and dropping them would leave a later engine
+        # to guess them off the line through the others (a plain step's price, above all)
+        disk = data.get(self.key)
+        if isinstance(disk, dict) and isinstance(disk.get("sizes"), dict):
+            now = {**now, "sizes": {**disk["sizes"], **now["sizes"]}}
+            for key in ("draft", "catch_up"):
+                if not now.get(key) and isinstance(disk.get(key), (int, float)):
+                    now[key] = disk[key]
         data[self.key] = now
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -148,8 +158,13 @@ def snapshot(lengths: DraftLength) -> dict:
 
 
 def restore(lengths: DraftLength, entry: dict) -> None:
-    """Start a policy from stored costs, each size worth STORED_WEIGHT decodes."""
+    """Start a policy from stored costs, each size worth STORED_WEIGHT decodes. Sizes stored without a plain
+    step's (one token) are not restored: every k is priced against that one, and read off the line through the
+    larger batches it can be several times too high on a CPU target (the wide demo target: 87 ms against 31 ms
+    timed), which kept auto drafting at a loss; the engine then measures its sizes as a fresh one does."""
     sizes = {int(n): float(s) for n, s in entry.get("sizes", {}).items()}
+    if 1 not in sizes:
+        sizes = {}
     for n in sorted(sizes):
         for _ in range(int(STORED_WEIGHT)):
             lengths.verify.observe(n, sizes[n])

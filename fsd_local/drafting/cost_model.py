@@ -373,17 +373,16 @@ _NORMAL_NODES = tuple(
 )
 
 
-def expected_rates(
-    acceptance, draft_seconds_per_token: float, verify_curve, round_seconds: float = 0.0, start_seconds: float = 0.0
-) -> list[float]:
-    """rate(k) = E(k) / (k c_draft + v(k+1) + c_round + c_start [k > 0]) for k = 0..len(acceptance);
-    verify_curve[n] = seconds of a batch of n (index 0 unused)."""
-    rates = [1.0 / (verify_curve[1] + round_seconds)]
+def expected_rates(acceptance, draft_seconds_per_token: float, verify_curve, start_seconds: float = 0.0) -> list[float]:
+    """rate(k) = E(k) / (k c_draft + v(k+1) + c_start [k > 0]) for k = 0..len(acceptance), E(k) the expected
+    tokens of a round (1 + a_1 + a_1 a_2 + ...); verify_curve[n] = seconds of a batch of n (index 0 unused);
+    start_seconds: what drafting at all costs the round (a draft model catching up on skipped text)."""
+    rates = [1.0 / verify_curve[1]]
     e, prod = 1.0, 1.0
     for k, a in enumerate(acceptance, start=1):
         prod *= a
         e += prod
-        rates.append(e / (k * draft_seconds_per_token + verify_curve[k + 1] + round_seconds + start_seconds))
+        rates.append(e / (k * draft_seconds_per_token + verify_curve[k + 1] + start_seconds))
     return rates
 
 
