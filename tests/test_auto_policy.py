@@ -98,7 +98,9 @@ def test_the_first_reply_of_a_fresh_engine_is_within_0_9_of_the_best_fixed_k(cos
 def test_sizes_measured_as_they_are_used_cost_little_against_measuring_them_all_first():
     """A policy that knows only the sizes it has used prices the others from a fitted line (a compute-bound slope
     prior while one size is known); its optimism while evidence is thin makes it try the long drafts, and so the
-    tiled target's cheap batch of 8 (k = 7), in short sessions like the issue's 2 prompts x 96 tokens."""
+    tiled target's cheap batch of 8 (k = 7), in short sessions like the issue's 2 prompts x 96 tokens. Uncalibrated,
+    the first round times a plain step (every k is priced against it) and the drafts that follow find the dip at 8
+    only by chance (0.886 of the best here; 0.94 before that first plain step, which cost a real host 7%)."""
     from fsd_local.drafting.length import DraftLength
 
     ratio = {}
@@ -111,7 +113,7 @@ def test_sizes_measured_as_they_are_used_cost_little_against_measuring_them_all_
                 tok, sec = tok + res.tokens, sec + res.seconds
         ratio[cal] = tok / sec
     best = sum(run_fixed(trace(0.92, 300, 1000 * s + r), WIDE, 96, 7).rate for s in range(20) for r in range(2)) / 40
-    assert ratio[True] >= 0.95 * best and ratio[False] >= 0.93 * best, (ratio, best)
+    assert ratio[True] >= 0.95 * best and ratio[False] >= 0.87 * best, (ratio, best)
 
 
 def test_cold_prior_resists_two_rejections_on_a_realistic_target():

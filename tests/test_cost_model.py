@@ -139,12 +139,15 @@ def test_higher_acceptance_never_lowers_k(seed):
 
 
 def test_cold_start_is_sensible_and_respects_the_limit():
+    # before a plain step has been timed: one, since every k is priced against it
     free = CostModel(8, draft_cost_prior=0.0)
-    k = free.choose_k()
-    # before any measurement: a guess that explores (the acceptance is read optimistically while it rests on the
-    # prior), neither a plain step nor k_max
-    assert 1 <= k <= 6
+    assert free.choose_k() == 0 and free.k_histogram[0] == 1
+    free.observe_verify(1, 10 * MS)
+    # then a guess that explores (the acceptance is read optimistically while it rests on the prior), neither a
+    # plain step nor k_max
+    assert 1 <= free.choose_k() <= 6
     model = CostModel(8)
+    model.observe_verify(1, 10 * MS)
     assert 1 <= model.choose_k() <= 3
     assert CostModel(8).choose_k(0) == 0
     assert CostModel(8, draft_cost_prior=0.0).choose_k(1) <= 1

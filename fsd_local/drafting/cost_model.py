@@ -309,6 +309,14 @@ class CostModel:
         """The k for this round (at most k_limit, e.g. the tokens still wanted minus one), re-probing
         periodically when the best is 0. start_seconds: see `rates`."""
         limit = self.k_max if k_limit is None else k_limit
+        if not self.verify.measured_at(1):
+            # every k is priced against a plain step, and no line through other batch sizes prices it well on a
+            # CPU target (the wide demo target: read off its batches of 4..9, 104-134 ms against 31 ms timed,
+            # and auto drafted a whole session at 0.93x plain decoding): the first round times one, at what ar
+            # pays for a token
+            self.rounds += 1
+            self.k_histogram[0] += 1
+            return 0
         p = self._plain
         if self.probe_every == 0 and p is not None and p[0] == self._version and p[1] < RECHECK:
             if limit <= p[2] and start_seconds >= p[3]:  # nothing that could make drafting pay has changed
