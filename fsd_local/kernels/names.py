@@ -22,7 +22,7 @@ DRAFT_POLICIES = ("fixed", "adaptive", "auto")  # how many tokens a round drafts
 
 # the state vector of one reply's quality budget (kernels/budget.py; read by stats.py): TAU the threshold the rule
 # uses now (TAU0 x G); REFUSED the rescues refused, CAPPED those refused by the hard cap alone; STOP_AT this
-# round's draft that ends the reply
+# round's draft that ends the reply; CHARGED the sampled rescues charged (LOSS / CHARGED: a typical charge)
 BUDGET_STATE = (
     "LOSS",
     "TOKENS",
@@ -38,5 +38,7 @@ BUDGET_STATE = (
     "ACCEPTED",
     "CAPPED",
     "STOP_AT",
+    "CHARGED",
 )
 LOSS, TOKENS, TAU, TAU_SUM, TAU_MIN, TAU_MAX, ROUNDS, REFUSED, G, TAU0, DRAFTED, ACCEPTED, CAPPED, STOP_AT = range(14)
+CHARGED = 14
