@@ -35,8 +35,8 @@ The one controlled number g moves after each round, multiplicatively up when the
 loss) is above a reserve, down when below, so the budget is spent at its rate. The reserve is RESERVE_TOKENS
 tokens' worth, or sampled, where a rescue is charged in lumps, one typical charge of the reply if that is more:
 below it, a single charge would turn the controller down for rounds on end and the threshold with it. A first
-reply starts g at max(1, B / B_REF); the g a pair and budget settle on is kept for the next reply of the same kind
-(`Budgets`).
+reply starts g at 1, or sampled at max(1, B / B_REF); the g a pair and budget settle on is kept for the next
+reply of the same kind (`Budgets`).
 """
 
 import math
@@ -358,10 +358,11 @@ class Budgets:
         key = (s.mode, s.divergence, s.temperature > 0, float(s.quality_budget))
         prev = self._last.get(key)
         tau0 = MODE_TAU_START.get(s.mode, TAU_START)
-        # a first reply of this kind starts from a threshold in proportion to B: from the modes' own starting
-        # thresholds, g climbs at most e^STEP a round, and a B of 0.5 spent most of a 96-token reply getting there
-        # (F16 demo pair, chat's sampling: 4.32 tokens per target call against tau 0.5's 4.78)
-        g0 = max(G_START, float(s.quality_budget) / B_REF)
+        # sampled, a first reply of this kind starts from a threshold in proportion to B: from the modes' own
+        # starting thresholds g climbs at most e^STEP a round, and a B of 0.5 spent most of a 96-token reply
+        # getting there (F16 demo pair, chat's sampling: 4.32 tokens per target call, 4.48 so). Greedy starts at
+        # G_START: there the same start cost B 0.2 4.86 -> 4.64 on the same pair (its rounds decide whole)
+        g0 = max(G_START, float(s.quality_budget) / B_REF) if s.temperature > 0 else G_START
         budget = new_budget(s.quality_budget, k, tau0, g0 if prev is None else float(prev[G]))
         self._last[key] = budget.state
         return budget
