@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -249,6 +250,7 @@ def test_chat_through_a_pipe_prints_plain_text_and_summaries(tiny_pair):
     assert run.returncode == 0, run.stderr
     assert "\x1b[" not in run.stdout and len(run.stdout.splitlines()) >= 2
     assert "no chat template; using ChatML" in run.stderr  # the tiny models have none
-    summaries = [ln for ln in run.stderr.splitlines() if ln.startswith("[length] 10 tokens")]
-    assert len(summaries) == 2
+    # chat samples with a fresh seed each session: a reply may draw end-of-generation before its 10 tokens
+    summaries = [ln for ln in run.stderr.splitlines() if re.match(r"\[(length|stop)\] \d+ tokens", ln)]
+    assert len(summaries) == 2, run.stderr
     assert all("tok/s, acceptance" in s and "tokens/round, fuzzy" in s for s in summaries)
