@@ -20,7 +20,7 @@ from numba import njit
 
 from fsd_local.kernels.budget import TAU, afford, end_round, kept_union, new_budget, plan_round, sampled_loss
 from fsd_local.kernels.divergence import divergence
-from fsd_local.kernels.emit import _lse_row, emit_one, fill_top
+from fsd_local.kernels.emit import cached_lse, emit_one, fill_top
 from fsd_local.kernels.names import (  # noqa: F401
     AR,
     CASCADE,
@@ -177,7 +177,7 @@ def _row_stats(x, i, n, sampling, out):
 
 @njit(cache=True)
 def _lse(P, i, n, out):
-    return _lse_row(P[i], n, i, out)
+    return cached_lse(P[i], n, i, out)
 
 
 @njit(cache=True)

@@ -38,14 +38,15 @@ def emit_one(x, n, sampling, u, stats, out):
     out.gap[0] = float(row_max(x, n)) - float(x[t])
     lp = np.nan
     if out.logprob.shape[0] > 0:
-        lp = out.logprob[0] = float(x[t]) - _lse_row(x, n, 0, out)
+        lp = out.logprob[0] = float(x[t]) - cached_lse(x, n, 0, out)
     if out.top_ids.shape[1] > 0:
-        fill_top(x, n, _lse_row(x, n, 0, out), 0, out)
+        fill_top(x, n, cached_lse(x, n, 0, out), 0, out)
     return t, lp
 
 
 @njit(cache=True)
-def _lse_row(x, n, i, out):
+def cached_lse(x, n, i, out):
+    """Row x's log-partition, computed once per round slot i (out.lse[i] is NaN until then)."""
     if not out.lse[i] == out.lse[i]:
         out.lse[i] = row_lse(x, n)
     return out.lse[i]
