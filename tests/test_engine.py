@@ -267,3 +267,41 @@ def test_statistics_are_consistent(tiny_engine):
     assert asked.stats["target_logprob_mean"] == pytest.approx(sum(asked.logprobs) / len(asked.logprobs))
     assert st["seconds"]["draft"] > 0 and st["seconds"]["target"] > 0 and st["seconds"]["other"] >= 0
     assert st["tokens_per_second"] > 0
+
+
+def test_logit_rows_are_llamas_rows_as_the_output_count_changes(tiny_pair):
+    """Model.logits reads llama.cpp's output buffer without a call where every device is the host (llama/model.py):
+    across decodes that output 1, 5, 1, 9 and 2 rows (the buffer grows, is reused, grows again), the view is at the
+    address llama_get_logits gives now and holds the rows llama_get_logits_ith gives; decode_one writes what
+    decode([t]) writes."""
+    import ctypes
+
+    import llama_cpp as lc
+
+    _, target = tiny_pair
+    m = Model(ModelOptions(target, n_ctx=512, n_threads=1))
+    other = Model(ModelOptions(target, n_ctx=512, n_threads=1))
+    try:
+        seq = m.tokenize("the cat sat on the mat and the dog ran far away")
+        m.decode(seq[:3], "last")
+        for n, first in ((1, 0), (5, 0), (1, 0), (9, 0), (3, 1)):
+            m.decode(seq[len(m.tokens) : len(m.tokens) + n], f"from:{first}")
+            rows = m.logits()
+            assert rows.shape[0] == n - first
+            addr = ctypes.cast(lc.llama_get_logits(m.ctx), ctypes.c_void_p).value
+            assert rows.__array_interface__["data"][0] == addr  # llama.cpp keeps a decode's rows from the start
+            for r in range(rows.shape[0]):
+                ith = np.ctypeslib.as_array(lc.llama_get_logits_ith(m.ctx, first + r), (m.n_vocab,))  # by batch index
+                assert np.array_equal(rows[r], ith)
+        assert m._host_only == (not lc.llama_supports_gpu_offload())
+        m.clear()
+        m.decode(seq[:4], "last")
+        other.decode(seq[:4], "last")
+        for t in seq[4:8]:
+            m.decode_one(t)
+            other.decode([t], "last")
+            assert m.tokens == other.tokens and m.n_outputs == other.n_outputs == 1
+            assert np.array_equal(m.logits(1), other.logits(1))  # the same model, the same single-token decodes
+    finally:
+        m.close()
+        other.close()

@@ -13,7 +13,7 @@ from fsd_local.kernels import sampling as S
 from fsd_local.kernels.accept import Drafts, Rule, Sampling, accept_round, round_out
 from fsd_local.kernels.budget import new_budget
 from fsd_local.kernels.names import DIVERGENCES, MODES
-from fsd_local.kernels.rows import max_argmax
+from fsd_local.kernels.rows import copy_max_argmax, max_argmax
 from support.reference import divergence as ref_divergence
 from support.reference import log_softmax
 
@@ -65,6 +65,25 @@ def test_argmax_at_memory_speed_is_the_argmax(recorded, gemma_rows):
         assert max_argmax(y, y.shape[0])[1] == 7
 
 
+def test_the_copying_argmax_is_the_argmax_and_leaves_the_row_copied(recorded, gemma_rows):
+    """copy_max_argmax (a draft's row kept for the kernel, copied by the pass that picks its token): the argmax
+    max_argmax gives, on rows short and long (split over the cores from PARALLEL_MIN), with ties and NaN, and an
+    exact copy of the row."""
+    P, Q, _ = recorded
+    for x in [*P[:4], *Q[:4], *gemma_rows[:4]]:
+        for variant in range(3):
+            x = np.ascontiguousarray(x).copy()
+            if variant == 1:
+                x[11] = x[x.shape[0] - 5] = np.float32(1e9)  # ties: the first
+            if variant == 2:
+                x[x.shape[0] // 2] = np.nan  # a positive NaN: max NaN, the plain scalar rule's index
+            y = np.full(x.shape[0] + 3, np.float32(7.0))
+            mx, i = copy_max_argmax(x, x.shape[0], y)
+            ref_mx, ref_i = max_argmax(x, x.shape[0])
+            assert i == ref_i and (mx == ref_mx or (mx != mx and ref_mx != ref_mx))
+            assert np.array_equal(y[: x.shape[0]], x, equal_nan=True) and (y[x.shape[0] :] == 7.0).all()
+
+
 SAMPLED = [(0.8, 40, 0.95, 0.05), (1.0, 0, 1.0, 0.1), (0.7, 0, 0.9, 0.0), (1.2, 5, 1.0, 0.0), (1.0, 0, 1.0, 0.0)]
 
 
@@ -98,6 +117,25 @@ def test_kept_set_sampling_equals_the_whole_row(recorded, gemma_rows, t, top_k, 
                 nan_row = np.full(n, np.nan, np.float32)
                 assert S.residual_kept(x, nan_row, n, t, px, py, kept, m, u, False, 0, q_kept, q_logits, m_q) == fast
             assert fast == S.sample_residual(x, y, n, t, px, py, u)
+
+
+@pytest.mark.parametrize(("t", "top_k", "top_p", "min_p"), [(0.0, 0, 1.0, 0.0), *SAMPLED[:3]])
+@pytest.mark.parametrize("want_top", [False, True])
+def test_the_copying_pick_is_the_pick(recorded, gemma_rows, t, top_k, top_p, min_p, want_top):
+    """pick_kept_copy (the draft's pick where the kernel reads its rows later) returns what pick_kept returns at
+    the same uniform, with the same stats and kept set, and leaves the row copied."""
+    P, Q, _ = recorded
+    rng = np.random.default_rng(3)
+    for x in [*Q[:6], *gemma_rows[:3]]:
+        x = np.ascontiguousarray(x)
+        n, u = x.shape[0], rng.random()
+        stats, kept = np.zeros(3, np.float32), np.empty(S.KEPT_MAX, np.int64)
+        ref = S.pick_kept(x, n, t, top_k, top_p, min_p, u, stats, kept, want_top)
+        stats2, kept2, y = np.zeros(3, np.float32), np.empty(S.KEPT_MAX, np.int64), np.zeros(n, np.float32)
+        got = S.pick_kept_copy(x, n, t, top_k, top_p, min_p, u, stats2, kept2, want_top, y)
+        assert got == ref and np.array_equal(stats2, stats) and np.array_equal(y, x)
+        if ref[3] > 0:
+            assert list(kept2[: ref[3]]) == list(kept[: ref[3]])
 
 
 def _reference_round(P, Q, drafts, mode, div, tau):

@@ -22,7 +22,7 @@ from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
 from fsd_local.kernels.accept import Drafts, score_slots
 from fsd_local.kernels.names import DIVERGENCE_MODES
-from fsd_local.kernels.sampling import KEPT_MAX, pick_kept
+from fsd_local.kernels.sampling import KEPT_MAX, pick_kept, pick_kept_copy
 from fsd_local.llama.model import Model
 from fsd_local.round import Proposal
 
@@ -124,15 +124,19 @@ class Proposer:
         copy = rows_needed(g)
         us = g.uniforms(k)
         p_min = g.s.draft_p_min
+        sampled = (s.temperature, s.top_k, s.top_p, s.min_p)
         n = 0
         for i in range(k):
             row = d.logits(1)[0]
             g.chain.draft_row(row, i)
-            if copy:  # the kernel reads it after the draft's next decode has overwritten llama.cpp's buffer
-                drafts.rows[i, :nv] = row[:nv]
-            tok, p_tok, p_top, drafts.kept_n[i] = pick_kept(
-                row, nv, s.temperature, s.top_k, s.top_p, s.min_p, us[i], drafts.stats[i], drafts.kept[i], p_min > 0
-            )
+            if copy:  # the kernel reads the row after the draft's next decode has overwritten llama.cpp's buffer
+                tok, p_tok, p_top, drafts.kept_n[i] = pick_kept_copy(
+                    row, nv, *sampled, us[i], drafts.stats[i], drafts.kept[i], p_min > 0, drafts.rows[i]
+                )
+            else:
+                tok, p_tok, p_top, drafts.kept_n[i] = pick_kept(
+                    row, nv, *sampled, us[i], drafts.stats[i], drafts.kept[i], p_min > 0
+                )
             if p_top < p_min:
                 break
             drafts.tokens[i], drafts.prob[i], drafts.onehot[i] = tok, p_tok, 0
@@ -140,7 +144,7 @@ class Proposer:
             if not g.chain.push(tok):  # the grammar is complete: only the end of the reply may follow
                 break
             if n < k:
-                d.decode([int(tok)], "last")
+                d.decode_one(int(tok))
         return n
 
     def observe(self, g: Generation, step: Step) -> None:

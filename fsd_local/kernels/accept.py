@@ -45,6 +45,7 @@ from fsd_local.kernels.sampling import (
     argmax,
     pick,
     pick_kept,
+    pick_kept_copy,
     prob,
     processed,
     processed_kept,
@@ -423,6 +424,8 @@ def warm_up() -> None:
             pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], True)
             pick_kept(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], out.kept[0], False)
             pick_kept(Q[0], n, temperature, 8, 0.9, 0.05, 0.5, q_stats[0], out.kept[0], True)
+            pick_kept_copy(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], out.kept[0], False, Q[1])
+            pick_kept_copy(Q[0], n, temperature, 8, 0.9, 0.05, 0.5, q_stats[0], out.kept[0], True, Q[1])
             emit_one(P[0], n, sampling, 0.5, q_stats[0], out)
             for mode in (FSD, FSD_PAPER, SD, TYPICAL, CASCADE, RELAXED, FSD_ENTROPY):
                 for budget in budgets:

@@ -167,3 +167,62 @@ def max_argmax_wide(x, n):
             if x[i] == mx:
                 return mx, i
     return max_argmax(x, n)
+
+
+@kernel
+def _block_copy_max(x, y, lo, hi):
+    """_block_max of x[lo:hi], copying the slice into y[lo:hi] in the same pass."""
+    wide()
+    xb, yb = x[lo:hi], y[lo:hi]
+    m = INT32_MIN
+    for i in range(xb.shape[0]):
+        v = xb[i]
+        yb[i] = v
+        k = order_key(v)
+        m = k if k > m else m
+    return m
+
+
+@njit(parallel=True, cache=True)
+def _part_copy_max(x, y, n, keys, starts):
+    step = (n + PARALLEL_PARTS - 1) // PARALLEL_PARTS
+    for p in prange(PARALLEL_PARTS):
+        lo = p * step
+        best, where = INT32_MIN, lo
+        for b in range(lo, min(lo + step, n), ARGMAX_BLOCK):
+            k = _block_copy_max(x, y, b, min(b + ARGMAX_BLOCK, lo + step, n))
+            if k > best:
+                best, where = k, b
+        keys[p], starts[p] = best, where
+
+
+@njit(cache=True)
+def copy_max_argmax(x, n, y):
+    """max_argmax of x[:n] while copying it into y[:n] in the same pass: a draft's row that the acceptance kernel
+    reads after the draft's next decode has overwritten llama.cpp's buffer is copied by the pass that picks its
+    token (one read of the row, not two). Long rows are split over the cores as in max_argmax_wide."""
+    if n < PARALLEL_MIN:
+        copy_row(x, n, y)
+        return max_argmax(y, n)
+    keys = np.empty(PARALLEL_PARTS, np.int32)
+    starts = np.empty(PARALLEL_PARTS, np.int64)
+    _part_copy_max(x, y, n, keys, starts)
+    best, where = keys[0], starts[0]
+    for p in range(1, PARALLEL_PARTS):
+        if keys[p] > best:
+            best, where = keys[p], starts[p]
+    mx = from_order_key(best)
+    if mx == mx:
+        for i in range(where, min(where + ARGMAX_BLOCK, n)):
+            if y[i] == mx:
+                return mx, i
+    return max_argmax(y, n)
+
+
+@kernel
+def copy_row(x, n, y):
+    """y[:n] = x[:n] as one vectorised loop (numba's slice assignment checks for overlap and may copy twice)."""
+    wide()
+    xb, yb = x[:n], y[:n]
+    for i in range(xb.shape[0]):
+        yb[i] = xb[i]

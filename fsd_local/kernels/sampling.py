@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from fsd_local.kernels.fastmath import from_order_key, kernel, radd, vexp, wide
-from fsd_local.kernels.rows import max_argmax_wide, row_max
+from fsd_local.kernels.rows import copy_max_argmax, copy_row, max_argmax_wide, row_max
 from fsd_local.kernels.topk import BLOCK as TOPK_BLOCK
 from fsd_local.kernels.topk import block_max_keys, count_at_least, gather_sorted, top_from_blocks, top_indices
 
@@ -348,12 +348,29 @@ def pick_kept(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_t
     how many tokens are kept: -1 when not truncated, or greedy)."""
     if temperature <= 0.0:
         mx, t = max_argmax_wide(x, n)
-        if not want_top:
-            return t, 1.0, 1.0, -1
-        z = _kept_mass(x, n, mx, np.float32(1.0), np.float32(-np.inf))
-        out_stats[0], out_stats[1], out_stats[2] = mx, -np.inf, math.log(z)
-        return t, 1.0, 1.0 / float(z), -1
+        return _greedy_pick(x, n, mx, t, want_top, out_stats)
     mx, cutoff, lz, m = processed_kept(x, n, temperature, top_k, top_p, min_p, kept)
     out_stats[0], out_stats[1], out_stats[2] = mx, cutoff, lz
     t = sample_kept(x, n, temperature, mx, cutoff, lz, kept, m, u)
     return t, prob(x, t, temperature, mx, cutoff, lz), math.exp(-lz), m
+
+
+@njit(cache=True)
+def pick_kept_copy(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top, y):
+    """pick_kept of row x, leaving a copy of x[:n] in y[:n] (a draft's row that the acceptance kernel reads after
+    the draft's next decode has overwritten llama.cpp's buffer): greedy, the argmax pass copies the row (one
+    read of it, not two); sampled, the row is copied first and then read from the copy, warm."""
+    if temperature <= 0.0:
+        mx, t = copy_max_argmax(x, n, y)
+        return _greedy_pick(y, n, mx, t, want_top, out_stats)
+    copy_row(x, n, y)
+    return pick_kept(y, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top)
+
+
+@njit(cache=True)
+def _greedy_pick(x, n, mx, t, want_top, out_stats):
+    if not want_top:
+        return t, 1.0, 1.0, -1
+    z = _kept_mass(x, n, mx, np.float32(1.0), np.float32(-np.inf))
+    out_stats[0], out_stats[1], out_stats[2] = mx, -np.inf, math.log(z)
+    return t, 1.0, 1.0 / float(z), -1

@@ -113,6 +113,13 @@ class Model:
         self.decode_seconds = 0.0  # time spent inside llama.cpp's decode calls, for the loop's own time (stats)
         self._view: np.ndarray | None = None  # the output buffer as an array, kept while llama.cpp keeps it
         self._view_addr: int | None = None
+        # Where every device is the host (a CPU-only build, no RPC server), llama_decode has finished writing the
+        # rows when it returns, and llama.cpp reallocates its output buffer only to grow it: a decode that
+        # outputs no more rows than one whose buffer address was read leaves the buffer where it was. Then
+        # `logits` needs no call into llama.cpp (each costs ~7-10 us after a CPU decode has evicted the caches,
+        # five times a round); any other build synchronises through llama_get_logits every time.
+        self._host_only = not lc.llama_supports_gpu_offload() and not opts.rpc_servers
+        self._view_rows = 0  # rows known to fit the buffer at _view_addr (0: read the address again)
 
     def _load_weights(self, opts: ModelOptions, role: str) -> None:
         mp = lc.llama_model_default_params()
@@ -176,7 +183,7 @@ class Model:
         np.ctypeslib.as_array(b.n_seq_id, (nb,))[:] = 1
         for j in range(nb):
             b.seq_id[j][0] = SEQ
-        self._steps = np.arange(nb, dtype=np.int32)
+        self._at = np.arange(self.n_ctx, dtype=np.int32)  # each position, to copy from
         self._token_p, self._pos_p, self._want_p = b.token, b.pos, b.logits
 
     # ---------------------------------------------------------------- metadata
@@ -299,10 +306,10 @@ class Model:
         """Append tokens to the cache. logits: 'last', 'none', or 'from:J' (rows for tokens[J:])."""
         if not tokens:
             return
-        if len(self.tokens) + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.role} context is full ({self.n_ctx} tokens); start a new conversation or raise --ctx"
-            )
+        if len(tokens) == 1 and logits == "last":
+            self.decode_one(tokens[0])
+            return
+        self._check_room(len(tokens))
         first_row = len(tokens) - 1 if logits == "last" else (len(tokens) if logits == "none" else int(logits[5:]))
         if len(tokens) > self.n_batch and first_row < len(tokens) - self.n_batch:
             raise ValueError("logit rows must fit in one batch")
@@ -311,23 +318,45 @@ class Model:
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             n, base = len(chunk), len(self.tokens)
-            if n == 1:  # the draft's tokens, a plain step: three stores beat three array operations
-                self._token_p[0], self._pos_p[0], self._want_p[0] = chunk[0], base, first_row <= start
-            else:
-                self._token[:n] = chunk
-                np.add(self._steps[:n], base, out=self._pos[:n])
-                self._want[:n] = 0
-                self._want[max(0, first_row - start) : n] = 1
+            self._token[:n] = chunk
+            self._pos[:n] = self._at[base : base + n]  # a copy: np.add(out=) costs twice as much cold
+            self._want[:n] = 1
+            self._want[: max(0, first_row - start)] = 0
             b.n_tokens = n
             t = perf_counter()
             rc = lc.llama_decode(self.ctx, b)
             self.decode_seconds += perf_counter() - t
             if rc != 0:
-                # on failure llama.cpp restores the cache except after an abort or a fatal error
-                self.tokens = self.tokens[: self._pos_max() + 1]
-                raise RuntimeError(f"llama_decode failed for the {self.role} model (code {rc}): {recent_log()}")
+                self._failed(rc)
             self.tokens.extend(chunk)
             self.n_outputs = len(chunk) - min(len(chunk), max(0, first_row - start))
+
+    def decode_one(self, token: int) -> None:
+        """decode([token], "last"): the draft's inner loop and every plain step, so it does nothing else (after a
+        CPU decode every line runs on evicted caches): three stores into the batch, the call, the bookkeeping."""
+        self._check_room(1)
+        b = self._batch
+        assert b is not None, f"{self.role} model is closed"
+        self._token_p[0], self._pos_p[0], self._want_p[0] = token, len(self.tokens), 1
+        b.n_tokens = 1
+        t = perf_counter()
+        rc = lc.llama_decode(self.ctx, b)
+        self.decode_seconds += perf_counter() - t
+        if rc != 0:
+            self._failed(rc)
+        self.tokens.append(token)
+        self.n_outputs = 1
+
+    def _check_room(self, n: int) -> None:
+        if len(self.tokens) + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.role} context is full ({self.n_ctx} tokens); start a new conversation or raise --ctx"
+            )
+
+    def _failed(self, rc: int) -> None:
+        # on failure llama.cpp restores the cache except after an abort or a fatal error
+        self.tokens = self.tokens[: self._pos_max() + 1]
+        raise RuntimeError(f"llama_decode failed for the {self.role} model (code {rc}): {recent_log()}")
 
     def _pos_max(self) -> int:
         return lc.llama_memory_seq_pos_max(self.mem, SEQ)
@@ -343,6 +372,8 @@ class Model:
         rows = self.n_outputs if rows is None else rows
         if not 0 < rows <= self.n_outputs:
             raise ValueError(f"{self.role} model: {rows} logit rows asked, the last decode output {self.n_outputs}")
+        if self.n_outputs <= self._view_rows:  # host-only: the buffer has not moved (__init__)
+            return self._view[self.n_outputs - rows : self.n_outputs]  # type: ignore[index]
         addr = _logits_address(self.ctx)
         if addr is None:
             raise RuntimeError(f"{self.role} model returned no logits: {recent_log()}")
@@ -351,6 +382,8 @@ class Model:
             buf = (ctypes.c_float * (self.n_outputs * self.n_vocab)).from_address(addr)
             view = self._view = np.frombuffer(buf, dtype=np.float32).reshape(self.n_outputs, self.n_vocab)
             self._view_addr = addr
+        if self._host_only:
+            self._view_rows = view.shape[0]
         return view[self.n_outputs - rows : self.n_outputs]
 
     # ---------------------------------------------------------------- lifetime
