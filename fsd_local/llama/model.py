@@ -114,10 +114,11 @@ class Model:
         self._view: np.ndarray | None = None  # the output buffer as an array, kept while llama.cpp keeps it
         self._view_addr: int | None = None
         # Where every device is the host (a CPU-only build, no RPC server), llama_decode has finished writing the
-        # rows when it returns, and llama.cpp reallocates its output buffer only to grow it: a decode that
-        # outputs no more rows than one whose buffer address was read leaves the buffer where it was. Then
-        # `logits` needs no call into llama.cpp (each costs ~7-10 us after a CPU decode has evicted the caches,
-        # five times a round); any other build synchronises through llama_get_logits every time.
+        # rows when it returns, and llama.cpp reallocates its output buffer only to grow it: while no decode
+        # outputs more rows than the view at the address last read holds (decode() forgets the view when one
+        # does, whether or not its rows are read), the buffer is where it was and `logits` needs no call into
+        # llama.cpp (each costs ~7-10 us after a CPU decode has evicted the caches, five times a round). Any
+        # other build synchronises through llama_get_logits every time.
         self._host_only = not lc.llama_supports_gpu_offload() and not opts.rpc_servers
         self._view_rows = 0  # rows known to fit the buffer at _view_addr (0: read the address again)
 
@@ -330,6 +331,8 @@ class Model:
                 self._failed(rc)
             self.tokens.extend(chunk)
             self.n_outputs = len(chunk) - min(len(chunk), max(0, first_row - start))
+            if self.n_outputs > self._view_rows:  # llama.cpp may have grown (moved) its buffer: read it again
+                self._view_rows = 0
 
     def decode_one(self, token: int) -> None:
         """decode([token], "last"): the draft's inner loop and every plain step, so it does nothing else (after a
