@@ -37,7 +37,7 @@ class Stats:
     probed: int = 0  # positions of skipped text the draft model was scored on when it caught up (drafting/length.py)
     loss_sum: float = 0.0  # target log-probability given up (kernels/budget.py), over the emitted tokens
     not_chosen: int = 0  # emitted tokens with a positive loss: the target would not have chosen them
-    loss_unknown: bool = False  # a sampled rescue without a budget: its loss is not computed (kernels/budget.py)
+    loss_unknown: bool = False  # a rescue whose loss is NaN (a NaN row): loss_sum is then unknown
     budget: Any = None  # the reply's kernels.budget.Budget (its bound is < 0 when there is no budget)
     # wall seconds of each phase of the speculative rounds (drafting, verifying, the policy's bookkeeping) and of
     # the loop's work after every round (advance): with the seconds inside each model, the loop's own time

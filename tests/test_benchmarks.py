@@ -24,6 +24,10 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             pair + TINY + ["--repeats", "2", "--tokens", "4", "--prompts", "1", "--light-vocab", "400"],
             "own us/round",
         ),
+        "budget_lumps": (
+            pair + TINY + ["--prompts", "1", "--tokens", "6", "--budgets", "0.1"],
+            "mean charge per rescue",
+        ),
         "budget_bound": (pair + TINY + ["--prompts", prompts, "--tokens", "6", "--budgets", "0.1"], "B 0.1, "),
         "cold_auto": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--ks", "2", "--repeats", "1"], "auto "),
         "first_token": (pair + TINY + ["--repeats", "1", "--tokens", "2", "--empty-store"], "first request"),
