@@ -357,7 +357,9 @@ class Model:
             )
 
     def _failed(self, rc: int) -> None:
-        # on failure llama.cpp restores the cache except after an abort or a fatal error
+        # on failure llama.cpp restores the cache except after an abort or a fatal error; it may have grown (moved)
+        # its output buffer before failing, so the view is read again
+        self._view_rows = 0
         self.tokens = self.tokens[: self._pos_max() + 1]
         raise RuntimeError(f"llama_decode failed for the {self.role} model (code {rc}): {recent_log()}")
 
@@ -391,6 +393,7 @@ class Model:
 
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
+        self._view, self._view_rows = None, 0  # the buffer goes with the context
         if self._batch is not None:
             lc.llama_batch_free(self._batch)
             self._batch = None
