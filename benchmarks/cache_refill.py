@@ -52,23 +52,19 @@ def cold_and_warm(path: str, threads: int, repeats: int) -> dict[str, tuple[floa
         rule, samp, out, budget = rule_of(s), sampling_of(s), round_out(4, 0, False), new_budget(None, 4)
         drafts, us = new_drafts(4, nv), np.zeros(5)
         stats, kept = np.zeros(3, np.float32), np.empty(KEPT_MAX, np.int64)
-        pieces = {
-            "pick (1 row)": lambda rows: pick_kept(rows[0], nv, 0.0, 0, 1.0, 0.0, 0.5, stats, kept, False),
-            "accept_round (5 rows)": lambda rows: accept_round(rows, drafts, 4, nv, rule, samp, us, out, budget),
-            "bookkeeping": lambda rows: _bookkeeping(list(seq), 7),
+        pieces = {  # name: (rows the decode before it outputs, the work)
+            "pick (1 row)": (1, lambda rows: pick_kept(rows[0], nv, 0.0, 0, 1.0, 0.0, 0.5, stats, kept, False)),
+            "accept_round (5 rows)": (5, lambda rows: accept_round(rows, drafts, 4, nv, rule, samp, us, out, budget)),
+            "bookkeeping": (1, lambda rows: _bookkeeping(list(seq), 7)),
         }
-        for f in pieces.values():  # compiled before anything is timed
-            f(m.logits(1) if f is pieces["pick (1 row)"] else np.zeros((5, nv), np.float32))
+        for k, f in pieces.values():  # compiled before anything is timed
+            f(np.zeros((k, nv), np.float32))
         base, tok = len(m.tokens), int(np.argmax(m.logits(1)[0]))
         times = {name: [0.0, 0.0] for name in pieces}
         for _ in range(repeats):
-            for name, f in pieces.items():
-                if name.startswith("accept"):
-                    m.decode([tok] * 5, "from:0")
-                    rows = m.logits(5)
-                else:
-                    m.decode([tok], "last")
-                    rows = m.logits(1)
+            for name, (k, f) in pieces.items():
+                m.decode([tok] * k, "from:0")
+                rows = m.logits(k)
                 for j in range(2):  # cold, then warm
                     t = perf_counter()
                     f(rows)

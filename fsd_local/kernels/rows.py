@@ -149,14 +149,9 @@ def _part_max(x, n, keys, starts):
 
 
 @njit(cache=True)
-def max_argmax_wide(x, n):
-    """max_argmax of one long row read by every core (a draft's row of a 150-260k vocabulary): the block maxima of
-    PARALLEL_PARTS parts in parallel, then one block scanned."""
-    if n < PARALLEL_MIN:
-        return max_argmax(x, n)
-    keys = np.empty(PARALLEL_PARTS, np.int32)
-    starts = np.empty(PARALLEL_PARTS, np.int64)
-    _part_max(x, n, keys, starts)
+def _from_parts(x, n, keys, starts):
+    """max_argmax of x[:n] from its parts' maxima (order keys) and the starts of their best blocks: the largest
+    part's block scanned for the first entry equal to the max (a NaN max: the whole row, the scalar rule)."""
     best, where = keys[0], starts[0]
     for p in range(1, PARALLEL_PARTS):
         if keys[p] > best:
@@ -167,6 +162,18 @@ def max_argmax_wide(x, n):
             if x[i] == mx:
                 return mx, i
     return max_argmax(x, n)
+
+
+@njit(cache=True)
+def max_argmax_wide(x, n):
+    """max_argmax of one long row read by every core (a draft's row of a 150-260k vocabulary): the block maxima of
+    PARALLEL_PARTS parts in parallel, then one block scanned."""
+    if n < PARALLEL_MIN:
+        return max_argmax(x, n)
+    keys = np.empty(PARALLEL_PARTS, np.int32)
+    starts = np.empty(PARALLEL_PARTS, np.int64)
+    _part_max(x, n, keys, starts)
+    return _from_parts(x, n, keys, starts)
 
 
 @kernel
@@ -207,16 +214,7 @@ def copy_max_argmax(x, n, y):
     keys = np.empty(PARALLEL_PARTS, np.int32)
     starts = np.empty(PARALLEL_PARTS, np.int64)
     _part_copy_max(x, y, n, keys, starts)
-    best, where = keys[0], starts[0]
-    for p in range(1, PARALLEL_PARTS):
-        if keys[p] > best:
-            best, where = keys[p], starts[p]
-    mx = from_order_key(best)
-    if mx == mx:
-        for i in range(where, min(where + ARGMAX_BLOCK, n)):
-            if y[i] == mx:
-                return mx, i
-    return max_argmax(y, n)
+    return _from_parts(y, n, keys, starts)
 
 
 @kernel
