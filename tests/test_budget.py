@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from scipy import stats as sps
 
 from fsd_local import ConfigError, Engine, Settings
+from fsd_local.kernels import divergence
 from fsd_local.kernels import sampling as S
 from fsd_local.kernels.accept import (
     CASCADE,
@@ -99,8 +100,8 @@ def _rescue_set(mode, x, tau, eps, alpha, k):
 
 
 def _reference_sampled_loss(mode, x, y, t, top_k, tau, eps=0.09, alpha=0.3, k=3):
-    """max(0, E_p~[log p] - E_r[log p]) / P(rescue), r the distribution the rule emits from at the slot and p the
-    target's raw softmax at temperature 1, in float64."""
+    """(max(0, E_p~[log p] - E_r[log p]), r, P(rescue)): r the distribution the rule emits from at the slot and p
+    the target's raw softmax at temperature 1, in float64."""
     p, q = _processed_ref(x, t, top_k), _processed_ref(y, t, top_k)
     if mode == FSD_PAPER:
         r, rescued = q, 1.0
@@ -114,7 +115,7 @@ def _reference_sampled_loss(mode, x, y, t, top_k, tau, eps=0.09, alpha=0.3, k=3)
     if rescued == 0:  # the rule rescues nothing here: nothing to charge
         return 0.0, r, rescued
     logp = x.astype(np.float64) - np.logaddexp.reduce(x.astype(np.float64))
-    return max(0.0, float(np.sum(p * logp) - np.sum(r * logp))) / rescued, r, rescued
+    return max(0.0, float(np.sum(p * logp) - np.sum(r * logp))), r, rescued
 
 
 def _kernel_sampled_loss(mode, x, y, t, top_k, tau, k=3):
@@ -134,36 +135,55 @@ def test_sampled_loss_equals_the_float64_reference(mode, t, top_k):
         x = (rng.standard_normal(12) * 1.5).astype(np.float32)
         y = (x + rng.standard_normal(12) * 0.8).astype(np.float32)
         tau = 0.4 if mode != TYPICAL else 0.9
-        ref, _, _ = _reference_sampled_loss(mode, x, y, t, top_k, tau)
-        got = _kernel_sampled_loss(mode, x, y, t, top_k, tau)
+        ref, _, rescued = _reference_sampled_loss(mode, x, y, t, top_k, tau)
+        got, got_rescued = _kernel_sampled_loss(mode, x, y, t, top_k, tau)
         assert math.isfinite(ref)  # finite where the draft's top-k holds tokens outside the target's, too
         assert got == pytest.approx(ref, rel=2e-3, abs=1e-6), trial  # float32 normalisers
+        assert got_rescued == pytest.approx(rescued, rel=2e-3, abs=1e-6), trial
 
 
-@pytest.mark.parametrize("mode,tau", [(TYPICAL, 0.9), (CASCADE, 0.5), (FSD, 1.0)])
-def test_sampled_loss_is_defined_on_the_distribution_the_rule_really_emits(mode, tau):
-    """Drafts drawn from q~, one slot through accept_round: the first emitted token follows r, the distribution
-    the loss is measured on (and the rule rescues with the probability the loss divides by)."""
+@pytest.mark.parametrize("share", [None, 1.0, 0.4])
+@pytest.mark.parametrize(
+    "mode,tau", [(TYPICAL, 0.9), (CASCADE, 0.5), (FSD, 1.0), (FSD, 0.05), (FSD, 0.02), (FSD_PAPER, 0.05)]
+)
+def test_sampled_loss_is_defined_on_the_distribution_the_rule_really_emits(mode, tau, share):
+    """Drafts drawn from q~, one slot through accept_round. With no budget (share None) the first emitted token
+    follows r, the distribution the loss is measured on, and the rule rescues with the probability a rescue's
+    charge divides by. Under a budget whose room at the reply's first token is a share of the slot's loss (1: all
+    of it; 0.4), the slot emits from (1 - share) p~ + share r and is charged share x its loss on every draw, SD
+    test passed or not: its expected loss, exactly. fsd at tau 1.0 is above js's bound: the budget decides that
+    slot without its divergence; at 0.05 the divergence (0.030) is computed first and passes, at 0.02 it fails:
+    the slot is sd's, nothing charged."""
     n, t = 8, 1.0
     rng = np.random.default_rng(3)
     x = (rng.standard_normal(n) * 1.5).astype(np.float32)
     y = (x + rng.standard_normal(n)).astype(np.float32)
-    _, r, rescued = _reference_sampled_loss(mode, x, y, t, 0, tau)
-    q = _processed_ref(y, t, 0)
+    closed = mode in (FSD, FSD_PAPER) and divergence.compute("js", x, y) > tau
+    assert closed == (tau == 0.02)
+    loss, r, rescued = _reference_sampled_loss(mode, x, y, t, 0, tau)
+    p, q = _processed_ref(x, t, 0), _processed_ref(y, t, 0)
     P, Q = np.stack([x, x]), y[None, :].copy()
     mx, cut, lz = S.processed(y, n, t, 0, 1.0, 0.0)
     stats = np.array([[mx, cut, lz], [0, 0, 0]], np.float32)
     out = round_out(1)
-    rule, sampling, budget = Rule(mode, 0, tau, 50), Sampling(t, 0, 1.0, 0.0), new_budget(None, 1)
+    rule, sampling = Rule(mode, 0, tau, 50), Sampling(t, 0, 1.0, 0.0)
+    s = 0.0 if closed else 1.0 if share is None else share
     counts, fuzzy = np.zeros(n), 0
     draws = 20000
     for d, u0, u1 in zip(rng.choice(n, draws, p=q), rng.random(draws), rng.random(draws)):
+        budget = new_budget(None if share is None else loss * share, 1)
+        budget.state[TAU], budget.state[G] = tau, G_HI  # the budget's threshold is the rule's; every rescue worth it
         drafts = Drafts(Q, np.array([d], np.int32), np.array([q[d]]), stats, np.zeros(1, np.uint8))
         acc, nxt = accept_round(P, drafts, 1, n, rule, sampling, np.array([u0, u1]), out, budget)
         counts[d if acc else nxt] += 1
         fuzzy += out.reason[0] == 2
-    assert sps.chisquare(counts[r > 0], r[r > 0] * draws).pvalue > ALPHA
-    assert fuzzy / draws == pytest.approx(rescued, abs=4 * math.sqrt(rescued / draws) + 1e-3)
+        if share is not None:
+            assert budget.loss[0] == pytest.approx(s * loss, rel=1e-3) == budget.state[LOSS]
+            assert budget.state[LOSS] <= budget.bound  # the hard cap at the first token
+    emit = (1 - s) * p + s * r
+    assert sps.chisquare(counts[emit > 0], emit[emit > 0] * draws).pvalue > ALPHA
+    want = s * rescued
+    assert fuzzy / draws == pytest.approx(want, abs=4 * math.sqrt(want / draws) + 1e-3)
 
 
 # ------------------------------------------------------------------ the hard cap
@@ -503,29 +523,36 @@ def test_on_the_real_f16_pair_budgets_hold_and_zero_is_sd(real_engine_f16, real_
     assert st["loss_sum"] == pytest.approx(ref.sum(), abs=0.05)  # F16 batch shapes: <= ~0.04 per logit
 
 
-def test_the_hard_cap_refuses_an_expensive_sampled_rescue_until_the_reply_has_earned_it():
-    """Sampled, slot by slot: a rescue the rule takes (fsd, js <= tau always) and the price allows (g at its top)
-    costs >= 4.5 nats (its expected log-probability loss, per rescue); at a reply's first token B 0.2 affords 0.2:
-    refused by the cap alone, the slot's token drawn from the residual instead, nothing charged. With 60 tokens
-    behind it, the same rescue fits and is charged."""
+def test_the_hard_cap_shares_an_expensive_sampled_slot_down_to_what_the_reply_has_earned():
+    """Sampled, slot by slot: a slot where the rule rescues (fsd, js <= tau always) and the price allows (g at its
+    top), whose loss is >= 4.5 nats. At a reply's first token B 0.2 leaves room for 0.2: the cap alone cuts the
+    slot to the share 0.2 / loss of its rescues, charged exactly the room; the rescue is taken only where the SD
+    test's uniform, given the failure, falls in that share (0.99 does not; a tenth of the share does). With 60
+    tokens behind it, the whole slot fits and is charged its loss."""
     n, t, bound = 16, 1.0, 0.2
     x = np.full(n, -2.0, np.float32)
     x[0] = 3.0  # the target wants token 0
     y = np.full(n, -2.0, np.float32)
     y[1] = 3.0  # the draft proposes token 1
+    loss, _, _ = _reference_sampled_loss(FSD, x, y, t, 0, 1.0)
+    assert loss >= 4.5
     P, Q = np.stack([x, x]), y[None, :].copy()
     q_stats = np.array([S.processed(y, n, t, 0, 1.0, 0.0), [0, 0, 0]], np.float32)
     q1 = S.prob(y, 1, t, *S.processed(y, n, t, 0, 1.0, 0.0))
+    p1 = S.prob(x, 1, t, *S.processed(x, n, t, 0, 1.0, 0.0))
     drafts = Drafts(Q, np.array([1], np.int32), np.array([q1]), q_stats, np.zeros(1, np.uint8))
     rule, sampling = Rule(FSD, 0, 0.0, 50), Sampling(t, 0, 1.0, 0.0)
-    us = np.array([0.99, 0.3])  # the SD test fails (p~(1) / q~(1) is tiny)
-    for tokens, taken in ((0, False), (60, True)):
+    share = bound / loss
+    inside = (p1 + 0.1 * share * (q1 - p1)) / q1  # fails the SD test, and given that, lies in the share
+    for tokens, u, taken in ((0, 0.99, False), (0, inside, True), (60, 0.99, True)):
         budget, out = new_budget(bound, 1), round_out(1)
         budget.state[TAU], budget.state[G], budget.state[TOKENS] = 1.0, G_HI, tokens
-        acc, nxt = accept_round(P, drafts, 1, n, rule, sampling, us, out, budget)
-        if taken:
-            assert acc == 1 and out.reason[0] == 2 and budget.state[CAPPED] == 0
-            assert 1.0 < budget.state[LOSS] <= bound * (tokens + 1)
+        acc, nxt = accept_round(P, drafts, 1, n, rule, sampling, np.array([u, 0.3]), out, budget)
+        assert (acc == 1 and out.reason[0] == 2) if taken else (acc == 0 and nxt != 1)
+        if tokens == 0:
+            assert budget.state[CAPPED] == budget.state[REFUSED] == 1
+            assert budget.state[LOSS] == pytest.approx(bound, rel=1e-6) and budget.state[LOSS] <= bound
         else:
-            assert acc == 0 and nxt != 1 and budget.state[CAPPED] == budget.state[REFUSED] == 1
-            assert budget.state[LOSS] == 0.0
+            assert budget.state[CAPPED] == budget.state[REFUSED] == 0
+            assert budget.state[LOSS] == pytest.approx(loss, rel=1e-3) and loss <= bound * (tokens + 1)
+        assert budget.loss[0] == budget.state[LOSS]

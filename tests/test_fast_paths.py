@@ -219,9 +219,9 @@ def test_the_sampled_round_takes_the_same_decisions_over_the_kept_set(recorded, 
 
 
 def _reference_loss(x, y, t, top_k, top_p, min_p, mode, tau):
-    """The sampled loss of a rescue at a slot, float64 from its definition (kernels/budget.py): r the rule's
-    emission at the slot, p the raw softmax, p~ and q~ the processed distributions (cut-offs from the kernel,
-    whose truncation the other tests check), max(0, E_p~[log p] - E_r[log p]) / P(rescue)."""
+    """The sampled loss of a slot and P(rescue) there, float64 from their definition (kernels/budget.py): r the
+    rule's emission at the slot, p the raw softmax, p~ and q~ the processed distributions (cut-offs from the
+    kernel, whose truncation the other tests check), (max(0, E_p~[log p] - E_r[log p]), P(rescue))."""
     from tests.test_budget import _rescue_set
 
     def processed(row):
@@ -236,14 +236,15 @@ def _reference_loss(x, y, t, top_k, top_p, min_p, mode, tau):
     rescued, rejected = over[a].sum(), over[~a].sum()
     r = np.minimum(p, q) + np.where(a, over, 0) + (rejected * under / under.sum() if under.sum() else 0)
     logp = log_softmax(x)
-    return max(0.0, float(np.sum(p * logp) - np.sum(r * logp))) / rescued if rescued else 0.0
+    return (max(0.0, float(np.sum(p * logp) - np.sum(r * logp))) if rescued else 0.0), rescued
 
 
 @pytest.mark.parametrize("mode", ["fsd", "typical", "cascade"])
 @pytest.mark.parametrize(("t", "top_k", "top_p", "min_p"), SAMPLED[:2])
 def test_the_sampled_loss_of_a_rescue_on_recorded_rows_is_the_reference(recorded, mode, t, top_k, top_p, min_p):
-    """What a sampled rescue is charged (with a budget or not: every lossy run reports it), computed over the kept
-    sets' union from the draft's kept logits alone, against its float64 definition, on the demo pair's rows."""
+    """What a sampled slot is charged (a budget charges the loss at the slot, a tau run the loss over P(rescue) on
+    a rescue: every lossy run reports it), computed over the kept sets' union from the draft's kept logits alone,
+    against its float64 definition, on the demo pair's rows; fsd's without the row's log-partition (it cancels)."""
     from fsd_local.kernels.budget import kept_union, sampled_loss
 
     P, Q, _ = recorded
@@ -264,3 +265,8 @@ def test_the_sampled_loss_of_a_rescue_on_recorded_rows_is_the_reference(recorded
         sparse = sampled_loss(*rule, tau, 10, 0.09, 0.3, union, m, q_kept, q_logits, m_q)
         want = _reference_loss(x, y, t, top_k, top_p, min_p, mode, tau)
         assert dense == pytest.approx(want, rel=1e-3, abs=1e-6) and sparse == pytest.approx(want, rel=1e-3, abs=1e-6)
+        if mode == "fsd":
+            no_lse = (rule[0], x, 0.0, *rule[3:])
+            assert sampled_loss(*no_lse, tau, 10, 0.09, 0.3, union, m, q_kept, q_logits, m_q) == pytest.approx(
+                want, rel=1e-3, abs=1e-6
+            )

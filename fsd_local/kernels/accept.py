@@ -18,8 +18,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.budget import TAU, afford, end_round, kept_union, new_budget, plan_round, sampled_loss
-from fsd_local.kernels.divergence import divergence
+from fsd_local.kernels.budget import TAU, end_round, kept_union, new_budget, open_share, plan_round, sampled_loss
+from fsd_local.kernels.divergence import BOUNDS, divergence
 from fsd_local.kernels.emit import cached_lse, emit_one, fill_top
 from fsd_local.kernels.names import (  # noqa: F401
     AR,
@@ -186,12 +186,13 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
     """Returns (n_accepted, next_token); fills out.reason[:n_drafts], out.divergence[:n_drafts], out.gap and (if
     asked) out.logprob / out.top_* for the n_accepted + 1 emitted tokens, and budget.loss[:n_accepted + 1]
     (kernels/budget.py). P: the target's n_drafts + 1 logit rows. Under a budget (budget.bound >= 0) the rule
-    uses the budget's threshold instead of rule.tau, and a rescue must also be affordable: slot by slot when
-    sampling, for the whole round at once when greedy.
+    uses the budget's threshold instead of rule.tau, and a rescue must also be affordable: slot by slot, before
+    the SD test, when sampling (_open); for the whole round at once when greedy (plan_round).
 
     Each row is read only for what the rule needs: greedy, an argmax (with its max, which gives the loss and the
     gap for free); sampled, the processed distribution over its kept tokens; a log-partition and a divergence
-    only at a slot whose SD test failed (and where log-probabilities are asked)."""
+    only at a slot whose SD test failed, or under a sampled budget at every slot whose threshold is below the
+    divergence's bound (and where log-probabilities are asked)."""
     tau = rule.tau if budget.bound < 0.0 else budget.state[TAU]
     greedy = sampling.temperature <= 0.0
     n, loss = n_vocab, budget.loss
@@ -201,7 +202,7 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
         max_argmax_rows(P, n_drafts + 1, n, out.row_max, out.top)
     accepted = 0
     while accepted < n_drafts:
-        why = _judge(P, draft, accepted, n_drafts, n, rule, sampling, tau, uniforms, out, budget, planned)
+        why = _judge(P, draft, accepted, n_drafts, n, rule, sampling, tau, uniforms, out, budget)
         if why == REJECTED:
             break
         out.reason[accepted] = why
@@ -229,42 +230,72 @@ def _clear(out, loss, n_drafts):
 
 
 @njit(cache=True)
-def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget, planned):
-    """Why draft i is accepted (BY_SD, BY_FUZZY) or REJECTED; out.divergence[i] where a rescue was tried, and the
-    rescue's cost in budget.loss[i] (planned: the whole round decides on it later; sampled: once afforded)."""
+def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget):
+    """Why draft i is accepted (BY_SD, BY_FUZZY) or REJECTED; out.divergence[i] where it was computed, and
+    budget.loss[i]: greedy, a rescue's cost (under a budget the whole round decides on it later: plan_round);
+    sampled under a budget, the share of the slot's loss charged before its SD test (_open); sampled without one,
+    a rescue's loss over P(rescue)."""
     x, d, mode = P[i], draft.tokens[i], rule.mode
     greedy = sampling.temperature <= 0.0
+    lossy = mode != SD and budget.bound != 0.0 and (tau > 0.0 or mode == FSD_PAPER)  # B = 0 or tau = 0: sd
+    share = -1.0  # the share of the slot's rescues a sampled budget allows (-1: no budget decides)
     if not greedy:
         _row_stats(x, i, n, sampling, out)
+        if lossy and budget.bound > 0.0:
+            share = _open(P, draft, i, n_drafts, n, rule, sampling, tau, out, budget)
+    u = uniforms[i]  # fsd-paper has no SD test: the uniform is free for the budget's share
     if mode != FSD_PAPER:
         if greedy:
             ok = out.top[i] == d
         else:  # accept with probability min(1, p~(d) / q~(d))
-            pst = out.pstats
-            ok = uniforms[i] * draft.prob[i] < prob(x, d, sampling.temperature, pst[0], pst[1], pst[2])
+            pst, qd = out.pstats, draft.prob[i]
+            pd = prob(x, d, sampling.temperature, pst[0], pst[1], pst[2])
+            ok = u * qd < pd
+            if not ok:  # given the failure, uniform on [0, 1) again whatever d is (u qd >= pd with u < 1: qd > pd)
+                u = (u * qd - pd) / (qd - pd)
         if ok:
             return BY_SD
-        if mode == SD or not tau > 0.0 or budget.bound == 0.0:  # tau = 0 or B = 0: exactly sd
-            return REJECTED
-    elif budget.bound == 0.0:
+    if not lossy or share == 0.0:
         return REJECTED
+    if share > 0.0:  # a sampled budget opened the slot: the divergence rules rescue whatever was drafted there
+        ok = True
+        if mode == TYPICAL or mode == CASCADE or mode == RELAXED:  # these rescue some tokens of a slot, not others
+            ok, dv = rescue(rule, x, out.lse[i], draft.rows[i], draft.onehot[i], d, n, tau)
+            out.divergence[i] = dv
+        return BY_FUZZY if ok and (share >= 1.0 or u < share) else REJECTED
     ok, dv = rescue(rule, x, _lse(P, i, n, out), draft.rows[i], draft.onehot[i], d, n, tau)
     out.divergence[i] = dv
     if not ok:
         return REJECTED
-    # what the rescue costs (kernels/budget.py), known before accepting it
-    if greedy:
-        cost = float(out.row_max[i]) - float(x[d])
-    else:
-        cost = _sampled_cost(draft, i, x, n, rule, sampling, tau, out)
-    if planned:  # decided with the whole round; loss[i] holds the cost until then
-        budget.loss[i] = cost
-        return BY_FUZZY
-    if not afford(budget, cost, i, n_drafts):
-        return REJECTED
-    if not greedy:
-        budget.loss[i] = cost
+    if greedy:  # what the rescue costs, known before accepting it (with no budget _describe writes it again)
+        budget.loss[i] = float(out.row_max[i]) - float(x[d])
+    else:  # no budget decides: the rescue's loss over P(rescue), whose expectation is the slot's loss
+        loss, rescued = _slot_loss(draft, i, x, n, rule, sampling, tau, out)
+        budget.loss[i] = loss / rescued if rescued > 0.0 else 0.0  # (0: float32 and float64 disagree on p < q)
     return BY_FUZZY
+
+
+@njit(cache=True)
+def _open(P, draft, i, n_drafts, n, rule, sampling, tau, out, budget):
+    """A sampled budget at slot i, before its SD test: the share of the slot's rescues it allows (open_share),
+    charged in budget.loss[i] as that share of the slot's loss. It is decided on what the slot's rows say, not on
+    the token drawn there, so the slot emits from (1 - share) p~ + share r and costs its expected loss: no lumps.
+    Whether a divergence rule rescues at the slot is its divergence, computed here unless tau is at or above the
+    divergence's bound (every slot passes: no pass over the rows); the target's rules rescue a set of tokens read
+    off the row, with its log-partition."""
+    x, mode = P[i], rule.mode
+    if mode == TYPICAL or mode == CASCADE or mode == RELAXED:
+        _lse(P, i, n, out)
+    elif mode == FSD_ENTROPY or not tau >= BOUNDS[rule.divergence]:
+        ok, dv = rescue(rule, x, _lse(P, i, n, out), draft.rows[i], draft.onehot[i], draft.tokens[i], n, tau)
+        out.divergence[i] = dv
+        if not ok:
+            return 0.0
+    loss, rescued = _slot_loss(draft, i, x, n, rule, sampling, tau, out)
+    share = open_share(budget, loss, rescued, i, n_drafts)
+    if share > 0.0:
+        budget.loss[i] = share * loss
+    return share
 
 
 @njit(cache=True)
@@ -283,9 +314,10 @@ def _describe(P, drafts, accepted, nxt, n, greedy, out, loss):
 
 
 @njit(cache=True)
-def _sampled_cost(draft, i, x, n, rule, sampling, tau, out):
-    """budget.sampled_loss of a rescue at slot i, over the tokens where p~ or q~ has mass when both are truncated
-    (their kept sets' union: a few dozen tokens under chat's sampling), else over the whole rows."""
+def _slot_loss(draft, i, x, n, rule, sampling, tau, out):
+    """budget.sampled_loss of slot i, over the tokens where p~ or q~ has mass when both are truncated (their kept
+    sets' union: a few dozen tokens under chat's sampling), else over the whole rows. The row's log-partition where
+    it was computed, else 0 (only the target's rules read it: _open computed it for them)."""
     m_p = out.kept_n[i]
     if draft.onehot[i]:  # prompt lookup: q~ is the drafted token alone
         m = kept_union(out.kept[i], m_p, draft.tokens[i : i + 1], 1, out.union) if m_p >= 0 else -1
@@ -293,10 +325,11 @@ def _sampled_cost(draft, i, x, n, rule, sampling, tau, out):
         m = kept_union(out.kept[i], m_p, draft.kept[i], draft.kept_n[i], out.union)
     else:
         m = -1
+    lx = out.lse[i]
     return sampled_loss(
         rule.mode,
         x,
-        out.lse[i],
+        lx if lx == lx else 0.0,
         draft.rows[i],
         draft.onehot[i],
         draft.tokens[i],

@@ -5,20 +5,26 @@ token is known when the acceptance rule looks at it:
 
 - greedy: log p(target's top token) - log p(emitted) = max x - x[t] on the target's raw logit row x (softmax at
   temperature 1): 0 for every token the target would choose itself;
-- sampled: only a rescue costs (SD-accepted tokens, replacements and bonus tokens are drawn as `sd` would draw
-  them). A slot where rescues are allowed emits from r, a mix of the draft's and the target's processed
+- sampled: a slot costs only where the rule may rescue there (SD-accepted tokens, replacements and bonus tokens
+  are drawn as `sd` would draw them). Such a slot emits from r, a mix of the draft's and the target's processed
   distributions, instead of the target's p~; what that gives up is the target's log-probability the slot's token
   loses in expectation, E_{t~p~}[log p(t)] - E_{t~r}[log p(t)] with p the raw softmax at temperature 1 (clamped
   at 0: a rescue never earns budget). That is the greedy loss's own definition carried over: greedy, p~ is the
   target's top token and r the emitted one. (The KL(r || p~) charged before is infinite wherever r reaches a
-  token that truncation - top-k, top-p, min-p - removed from p~, which under chat's sampling is most rescues.) A
-  rescue is charged that loss over P(rescue at this slot), so the expected charge of the slot is exactly its loss;
-  every lossy run measures it, with a budget or without, so taus and budgets compare on one axis.
+  token that truncation - top-k, top-p, min-p - removed from p~, which under chat's sampling is most rescues.)
+  Under a budget the slot is charged that expected loss itself, decided before its SD test: no lumps. Without
+  one nothing is decided, and whether fsd's rule would rescue at a slot whose SD test passed is not known
+  without its divergence, a pass over both rows: there a rescue is charged the slot's loss over P(rescue at this
+  slot), which has the same expectation and costs nothing where no rescue happens. Every lossy run measures it,
+  with a budget or without, so taus and budgets compare on one axis.
 
-The hard cap: the reply's loss stays <= B x its tokens at every point where the reply can end. Only rescues add
-loss. Sampled, a rescue is allowed only when the running loss, with it, stays <= B x (tokens so far, this one
-included): every prefix of every reply keeps its budget. Greedy, a round is decided whole (`plan_round`): nothing of
-it is shown before, and the reply can end only at a round's end, where the engine's loop stops (cancellation,
+The hard cap: the reply's loss stays <= B x its tokens at every point where the reply can end. Only slots where
+the rule may rescue add loss. Sampled, a slot may rescue only as far as the running loss, with the slot's charge,
+stays <= B x (tokens so far, this one included): where the slot's whole loss does not fit, the budget allows a
+share of its rescues (the rescue taken with that probability, on a uniform independent of the token drawn), so the
+slot emits from (1 - share) p~ + share r and costs share x its loss, exactly what is left (`open_share`). So
+every prefix of every reply keeps its budget. Greedy, a round is decided whole (`plan_round`): nothing of it is
+shown before, and the reply can end only at a round's end, where the engine's loop stops (cancellation,
 max_tokens, a full context), or at a draft that ends it (end of generation, or a stop string completing in its
 text: the engine marks it, `stop_at`). So a rescue may be paid for by the tokens of its own round that follow it,
 and the round keeps the longest run of the drafts the rule accepts whose loss fits at each of those points. Every
@@ -119,8 +125,9 @@ def _p(v, mx, cut, lz, inv_t):
 
 @njit(cache=True)
 def _row_constants(mode, x, lx, n, relaxed_k, eps, alpha):
-    """What the target rules' critical tau of any token needs: (log max p, kth largest logit, m of typical)."""
-    xmax = float(row_max(x, n))
+    """What the target rules' critical tau of any token needs: (log max p, kth largest logit, m of typical); each
+    read off the row only for the rule that uses it."""
+    xmax = float(row_max(x, n)) if mode == CASCADE or mode == RELAXED else lx
     kth = -np.inf
     if mode == RELAXED:
         top = top_indices(x, n, relaxed_k)
@@ -189,10 +196,11 @@ def sampled_loss(
     q_logits,
     m_q,
 ):
-    """What a rescue at a slot costs when sampling (module docstring): the target log-probability the slot gives
-    up, E_{t~p~}[log p(t)] - E_{t~r}[log p(t)] (p the target's raw softmax at temperature 1, p~ its processed
-    distribution, r what the rule emits from at this slot), clamped at 0, over P(rescue): charged on a rescue,
-    its expectation is the slot's loss. x, y: the target's and the draft's raw rows, lx = row_lse(x); p_stats,
+    """(loss, P(rescue)) of a slot where the rule may rescue, sampling (module docstring): the target
+    log-probability the slot gives up, E_{t~p~}[log p(t)] - E_{t~r}[log p(t)] (p the target's raw softmax at
+    temperature 1, p~ its processed distribution, r what the rule emits from at this slot), clamped at 0, and the
+    probability that the slot's token is a rescue. x, y: the target's and the draft's raw rows, lx = row_lse(x)
+    (the divergence rules may pass any constant: p~ and r each sum to 1, so lx cancels from the loss); p_stats,
     q_stats: (max, cutoff, log-normaliser) of p~ and q~; a one-hot draft row (prompt lookup) is q~ = the drafted
     token d. tokens[:m]: every token where p~ or q~ has mass, sorted (m < 0: all n); the draft's logits are read
     through sampling.q_at (its row y, or its kept tokens q_kept[:m_q] and their logits)."""
@@ -201,7 +209,7 @@ def sampled_loss(
     qmx, qcut, qlz = float(q_stats[0]), float(q_stats[1]), float(q_stats[2])
     lpmax, kth, mm = _row_constants(mode, x, lx, n, relaxed_k, eps, alpha)
     if not mm == mm:
-        return np.nan
+        return np.nan, 0.0
     size = m if m >= 0 else n
     # pass 1: the mass the rule rescues, the rejected mass the residual replaces, and E_p~[log p]
     rescued, rejected, residual, base, c = 0.0, 0.0, 0.0, 0.0, 0
@@ -222,7 +230,7 @@ def sampled_loss(
     if mode == FSD_PAPER:  # no SD test: every token accepted at the slot is a rescue
         rescued, rejected = 1.0, 0.0
     if not rescued > 0.0:
-        return 0.0
+        return 0.0, 0.0
     # pass 2: E_r[log p], r = min(p, q) + rescued part of (q - p)+ + rejected mass spread as the residual
     emitted, c = 0.0, 0
     for j in range(size):
@@ -238,9 +246,9 @@ def sampled_loss(
             r = q + (rejected * (p - q) / residual if residual > 0.0 else 0.0)
         if r > 0.0:
             if not x[t] > -np.inf:
-                return np.inf  # the rule would emit a token the target masks
+                return np.inf, rescued  # the rule would emit a token the target masks
             emitted += r * (float(x[t]) - lx)
-    return max(base - emitted, 0.0) / rescued
+    return max(base - emitted, 0.0), rescued
 
 
 @njit(cache=True)
@@ -256,20 +264,29 @@ def rescue_value(budget, slot, n_drafts):
 
 
 @njit(cache=True)
-def afford(budget, cost, slot, n_drafts):
-    """Sampled decoding, slot by slot: whether a rescue of this cost at this slot is worth its loss and keeps the
-    reply within its budget (always, with no budget); charges it if so, counts a refusal if not."""
-    if budget.bound < 0.0:
-        return True
+def open_share(budget, loss, rescued, slot, n_drafts):
+    """Sampled decoding, slot by slot, before the slot's SD test: the share of its rescues the budget allows, with
+    that share of the slot's loss charged (budget.state[LOSS]). loss, rescued: the slot's sampled_loss. 0 where a
+    rescue is not worth its price (loss / rescued, what one rescue gives up, above g x B x the tokens it buys) or
+    its loss is NaN; else all of them, or as many as the hard cap leaves room for. A slot with a share below 1 is
+    counted refused (REFUSED), by the cap alone (CAPPED) where it was worth its price."""
     s, b = budget.state, budget.bound
-    worth = cost <= s[G] * b * rescue_value(budget, slot, n_drafts)
-    if b > 0.0 and cost == cost and worth and s[LOSS] + cost <= b * (s[TOKENS] + slot + 1.0):
-        s[LOSS] += cost
+    if not rescued > 0.0:  # the rule rescues nothing here
+        return 0.0
+    worth = loss / rescued <= s[G] * b * rescue_value(budget, slot, n_drafts)  # False on NaN
+    room = b * (s[TOKENS] + slot + 1.0) - s[LOSS]
+    share = 0.0
+    if worth and loss <= room:
+        share = 1.0
+    elif worth and room > 0.0:
+        share = room / loss * (1.0 - 1e-12)  # up to the cap, not a rounding error over it
+    if share < 1.0:
+        s[REFUSED] += 1.0
+        s[CAPPED] += worth  # cut by the hard cap alone (worth its price)
+    if share > 0.0:
+        s[LOSS] += share * loss
         s[CHARGED] += 1.0
-        return True
-    s[REFUSED] += 1.0
-    s[CAPPED] += worth  # refused by the hard cap alone (worth its price)
-    return False
+    return share
 
 
 @njit(cache=True)

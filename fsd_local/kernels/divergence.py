@@ -138,6 +138,14 @@ def _topk(kind, x, lx, y, ly, n, k):
     return acc
 
 
+# The largest value each divergence can take (by code, DIVERGENCES' order): a threshold at or above it rescues at
+# every slot, which a sampled budget uses to decide a slot without computing its divergence (kernels/accept.py).
+# JS and TV are bounded (ln 2, 1), over the full vocabulary and over the top-k bins alike; KL and the paper's JS
+# form are not.
+BOUNDS = np.array([math.log(2.0), np.inf, np.inf, 1.0, math.log(2.0), np.inf, 1.0, np.inf])
+assert len(BOUNDS) == len(DIVERGENCES)
+
+
 @njit(cache=True)
 def divergence(kind, x, lx, y, ly, n, topk):
     """Divergence of kind `kind` between target row x and draft row y over their first n entries.
