@@ -36,7 +36,7 @@ class Stats:
     k_histogram: list = field(default_factory=list)  # rounds by the draft length chosen (0 = a plain step)
     probed: int = 0  # positions of skipped text the draft model was scored on when it caught up (drafting/length.py)
     loss_sum: float = 0.0  # target log-probability given up (kernels/budget.py), over the emitted tokens
-    not_chosen: int = 0  # emitted tokens with a positive loss: the target would not have chosen them
+    not_chosen: int = 0  # rescued tokens with a positive loss (or NaN): the target would not have chosen them
     loss_unknown: bool = False  # a rescue whose loss is NaN (a NaN row): loss_sum is then unknown
     budget: Any = None  # the reply's kernels.budget.Budget (its bound is < 0 when there is no budget)
     # wall seconds of each phase of the speculative rounds (drafting, verifying, the policy's bookkeeping) and of
@@ -116,7 +116,8 @@ class Stats:
                 self.loss_sum += loss
             else:
                 self.loss_unknown = True
-            self.not_chosen += not loss <= 0.0  # NaN: a rescue, not the target's choice
+            # a rescue's token; under a sampled budget every slot where it may rescue costs, whatever it emits
+            self.not_chosen += j < emitted - 1 and reasons[j] == 2 and not loss <= 0.0
         self.tokens += emitted
 
     @property

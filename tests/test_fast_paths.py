@@ -270,3 +270,51 @@ def test_the_sampled_loss_of_a_rescue_on_recorded_rows_is_the_reference(recorded
             assert sampled_loss(*no_lse, tau, 10, 0.09, 0.3, union, m, q_kept, q_logits, m_q) == pytest.approx(
                 want, rel=1e-3, abs=1e-6
             )
+
+
+@pytest.mark.parametrize("mode", ["fsd", "typical"])
+@pytest.mark.parametrize("bound", [None, 50.0])
+def test_a_sampled_round_charges_each_emitted_token_the_reference_loss(recorded, mode, bound):
+    """What accept_round charges each emitted token of sampled rounds on the demo pair's rows at chat's sampling,
+    against the float64 definition. A fixed-tau run (bound None) charges a rescued token its slot's loss over
+    P(rescue) and every other token nothing. A budget (ample: every slot worth its price and within the cap, at
+    the same threshold) charges every slot where the rule may rescue (fsd: its js within tau, computed before the
+    SD test since 0.2 is below js's bound; typical: some token rescued) its whole loss, whether the slot's SD
+    test passed, its token was rescued or it was rejected; the bonus token nothing."""
+    from fsd_local.kernels.budget import G_HI, LOSS, TAU, G
+
+    P, Q, _ = recorded
+    t, top_k, top_p, min_p = SAMPLED[0]
+    k, n, tau = 3, P.shape[1], TAUS[mode]
+    rng = np.random.default_rng(2)
+    kept = np.empty(S.KEPT_MAX, np.int64)
+    charged = 0
+    for start in range(0, 18, 2):
+        rows = np.ascontiguousarray(P[start : start + k + 1])
+        q = np.ascontiguousarray(Q[start : start + k])
+        stats = np.zeros((k + 1, 3), np.float32)
+        drafts, probs = np.empty(k, np.int32), np.empty(k)
+        for i in range(k):
+            tok, p_tok, _, _ = S.pick_kept(q[i], n, t, top_k, top_p, min_p, rng.random(), stats[i], kept, False)
+            drafts[i], probs[i] = tok, p_tok
+        out, budget = round_out(k), new_budget(bound, k)
+        budget.state[TAU], budget.state[G] = tau, G_HI
+        d = Drafts(q, drafts, probs, stats, np.zeros(k, np.uint8))
+        acc, _ = accept_round(
+            rows, d, k, n, Rule(MODES.index(mode), 0, tau, 50), Sampling(*SAMPLED[0]), rng.random(k + 1), out, budget
+        )
+        for j in range(min(acc + 1, k)):  # the slots judged (the bonus token, j = k, is sd's)
+            loss, rescued = _reference_loss(rows[j], q[j], t, top_k, top_p, min_p, mode, tau)
+            opens = rescued > 0 and (mode != "fsd" or ref_divergence("js", rows[j], q[j]) <= tau)
+            if bound is None:
+                want = loss / rescued if j < acc and out.reason[j] == 2 else 0.0
+            else:
+                want = loss if opens else 0.0
+                charged += opens and out.reason[j] != 2
+            assert budget.loss[j] == pytest.approx(want, rel=2e-3, abs=1e-6), (start, j)
+        if acc == k:
+            assert budget.loss[k] == 0.0
+        if bound is not None:
+            assert budget.state[LOSS] == pytest.approx(budget.loss[: acc + 1].sum(), rel=1e-9, abs=1e-12)
+    if bound is not None:
+        assert charged > 0  # slots charged whose token was not a rescue: the slot's loss, not the rescue's

@@ -36,13 +36,14 @@ Where the budget is spent: a rescue is worth taking when its loss c buys enough 
 the round buys is known exactly: the tokens between where the round would end without it and where it ends with it.
 Sampled, a rescue at slot i of a round of n drafts buys 1 + a + ... + a^(n-1-i) tokens in expectation (the rest of
 the drafts, each accepted with the reply's measured rate a, or the bonus token). Either is taken only when
-c <= g x B x (the tokens it buys). The mode keeps its rule, at the threshold g x (the mode's starting threshold).
-The one controlled number g moves after each round, multiplicatively up when the unspent budget (B x tokens -
-loss) is above a reserve, down when below, so the budget is spent at its rate. The reserve is RESERVE_TOKENS
-tokens' worth, or sampled, where a rescue is charged in lumps, one typical charge of the reply if that is more:
-below it, a single charge would turn the controller down for rounds on end and the threshold with it. A first
-reply starts g at 1, or sampled at max(1, B / B_REF); the g a pair and budget settle on is kept for the next
-reply of the same kind (`Budgets`).
+c <= g x B x (the tokens it buys), c the loss of one rescue (sampled: the slot's loss over P(rescue)). The mode
+keeps its rule, at the threshold g x (the mode's starting threshold). The one controlled number g moves after
+each round, multiplicatively up when the unspent budget (B x tokens - loss) is above a reserve, down when below,
+so the budget is spent at its rate. The reserve is RESERVE_TOKENS tokens' worth, or sampled, where a slot is
+charged its whole loss at once, one typical slot charge of the reply if that is more: below it, a single charge
+would turn the controller down for rounds on end and the threshold with it. A first reply starts g at 1, or
+sampled at max(1, B / B_REF); the g a pair and budget settle on is kept for the next reply of the same kind
+(`Budgets`).
 """
 
 import math
@@ -81,7 +82,7 @@ from fsd_local.kernels.topk import top_indices
 N_STATE = len(BUDGET_STATE)
 NO_STOP = 1e9  # STOP_AT when no draft of the round ends the reply
 G_START, G_LO, G_HI = 1.0, 0.01, 40.0  # the controlled gain: first value (at B_REF or less) and range
-B_REF = 0.1  # the budget the modes' starting thresholds are set for: a larger B starts g at B / B_REF
+B_REF = 0.025  # sampled, a larger B starts g at B / B_REF (Budgets.start)
 TAU_HI = 4.0  # the threshold never goes above this (every rule's tau scale is below it)
 TAU_START = 0.1  # the mode's starting threshold, unless its own scale says otherwise:
 MODE_TAU_START = {"fsd-entropy": 0.2, "typical": 0.9, "cascade": 0.5, "relaxed": 0.3}
@@ -338,8 +339,8 @@ def end_round(budget, emitted, n_drafts, accepted):
     s[TAU_MAX] = max(s[TAU_MAX], s[TAU])
     if budget.bound > 0.0:
         reserve = budget.bound * RESERVE_TOKENS
-        if s[CHARGED] > 0.0:  # sampled: a rescue is charged its loss over P(rescue), lumps of several tokens'
-            reserve = max(reserve, s[LOSS] / s[CHARGED])  # worth; keep one typical charge, not less
+        if s[CHARGED] > 0.0:  # sampled: a slot is charged its loss whole, at times several tokens' worth; keep
+            reserve = max(reserve, s[LOSS] / s[CHARGED])  # one typical charge, not less
         unspent = budget.bound * s[TOKENS] - s[LOSS]
         step = min(max((unspent - reserve) / reserve, -1.0), 1.0)
         s[G] = min(max(s[G] * math.exp(STEP * step), G_LO), G_HI)
@@ -375,10 +376,12 @@ class Budgets:
         key = (s.mode, s.divergence, s.temperature > 0, float(s.quality_budget))
         prev = self._last.get(key)
         tau0 = MODE_TAU_START.get(s.mode, TAU_START)
-        # sampled, a first reply of this kind starts from a threshold in proportion to B: from the modes' own
+        # sampled, a first reply of this kind starts from a gain in proportion to B: from the modes' own
         # starting thresholds g climbs at most e^STEP a round, and a B of 0.5 spent most of a 96-token reply
-        # getting there (F16 demo pair, chat's sampling: 4.32 tokens per target call, 4.48 so). Greedy starts at
-        # G_START: there the same start cost B 0.2 4.86 -> 4.64 on the same pair (its rounds decide whole)
+        # getting there (F16 demo pair, chat's sampling: 4.32 tokens per target call, 4.48 from B / 0.1; with the
+        # slot-by-slot charge B / 0.025 took wide B 0.2 4.55 -> 4.76: docs/measurements/budget-sampled.md).
+        # Greedy starts at G_START: there the same start cost B 0.2 4.86 -> 4.64 on the same pair (its rounds
+        # decide whole)
         g0 = max(G_START, float(s.quality_budget) / B_REF) if s.temperature > 0 else G_START
         budget = new_budget(s.quality_budget, k, tau0, g0 if prev is None else float(prev[G]))
         self._last[key] = budget.state
