@@ -1,13 +1,14 @@
-"""How lumpy the sampled budget's charges are against the room its per-prefix cap leaves (issue 28's misses).
+"""What one rescue costs against the room the sampled budget's per-prefix cap leaves (issue 28's misses).
 
     python benchmarks/budget_lumps.py --demo wide [--budgets 0.05,0.2] [--taus 0.5] [--prompts 6] [--tokens 96]
     python benchmarks/budget_lumps.py --target T.gguf --draft D.gguf
 
 At chat's sampling (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat penalty 1.1), fsd js, fixed k = 4,
-one seed, each chat prompt once: per configuration, the mean charge of one rescue (the reply's loss over its
-rescued tokens; in tokens' worth of budget: that over B), how many rescues were refused and how many of those by
-the hard cap alone (worth their price), and each reply's spend (loss per token over B; a tau row: loss per
-token).
+one seed, each chat prompt once: per configuration, the loss per rescue (the reply's loss over its rescued
+tokens; in tokens' worth of budget: that over B; a tau run charges it in those lumps, a budget slot by slot since
+issue 28: kernels/budget.py), how many rescues were refused (sampled: slots opened to fewer than all their
+rescues) and how many of those by the hard cap alone (worth their price), and each reply's spend (loss per token
+over B; a tau row: loss per token).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def main() -> None:
             mean = statistics.mean(charges) if charges else 0.0
             worth = f" ({mean / b:.1f} tokens' worth of B)" if b else ""
             label = f"B {b}" if b else f"tau {cfg['tau']}"
-            print(f"{label}: mean charge per rescue {mean:.3f}{worth}; refused {refused}, by the cap alone {capped}")
+            print(f"{label}: loss per rescue {mean:.3f}{worth}; refused {refused}, by the cap alone {capped}")
             print(
                 f"  spend{' / B' if b else ' per token'} by reply: " + " ".join(f"{s:.2f}" for s in spend), flush=True
             )

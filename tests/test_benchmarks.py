@@ -26,7 +26,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
         ),
         "budget_lumps": (
             pair + TINY + ["--prompts", "1", "--tokens", "6", "--budgets", "0.1"],
-            "mean charge per rescue",
+            "loss per rescue",
         ),
         "budget_bound": (pair + TINY + ["--prompts", prompts, "--tokens", "6", "--budgets", "0.1"], "B 0.1, "),
         "cold_auto": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--ks", "2", "--repeats", "1"], "auto "),

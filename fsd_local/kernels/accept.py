@@ -3,12 +3,14 @@
 Inputs are the target's k+1 logit rows (a zero-copy view of llama.cpp's buffer), the draft's k raw rows
 (copied as they were produced, and only where the rule reads them: drafting/proposer.py), the drafted tokens with
 their draft probabilities and processed-distribution stats, and pre-drawn uniforms. Divergences are computed
-lazily: `fsd` only where the SD test failed, `fsd-paper` slot by slot up to the first failure. The other lossy
+lazily: `fsd` only where the SD test failed (under a sampled budget, before each slot's SD test, and only while
+its threshold is below the divergence's bound), `fsd-paper` slot by slot up to the first failure. The other lossy
 rules (`typical`, `cascade`, `relaxed`, `fsd-entropy`: kernels/rules.py) are, like `fsd`, a rescue after a failed
 SD test, and nothing at tau = 0.
 
 `accept_round` clears the round's outputs (`_clear`), judges the drafts slot by slot until one is rejected
-(`_judge`: the SD test, then the rule's rescue and what it costs the budget), lets a greedy budget cut the round
+(`_judge`: a sampled budget's share of the slot's rescues and its charge, `_open`; the SD test; then the rule's
+rescue and what it costs), lets a greedy budget cut the round
 (`plan_round`), draws the extra token (`_extra_token`) and describes what it emits (`_describe`, with
 kernels/emit.py's `fill_top`). Plain decoding's one token is kernels/emit.py's `emit_one`.
 """
