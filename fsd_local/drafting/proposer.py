@@ -20,9 +20,10 @@ import numpy as np
 
 from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
-from fsd_local.kernels.accept import Drafts, score_slots
+from fsd_local.kernels.accept import Drafts
 from fsd_local.kernels.names import DIVERGENCE_MODES
 from fsd_local.kernels.sampling import KEPT_MAX, pick_kept, pick_kept_copy
+from fsd_local.kernels.score import score_slots
 from fsd_local.llama.model import Model
 from fsd_local.round import Proposal
 
@@ -172,7 +173,7 @@ class Proposer:
 
     def catch_up(self, g: Generation) -> tuple[float, int]:
         """Decode the text the draft model skipped in one batch, with a row for every position a kept target row
-        can score, and score each as the round would have (kernels/accept.py `score_slots`): the outcomes are
+        can score, and score each as the round would have (kernels/score.py `score_slots`): the outcomes are
         the policy's evidence under the current settings (length.py). The draft's last row (for the next
         position) is left as the first draft's row. Returns (seconds of the decode, positions scored)."""
         d = self.draft

@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 from fsd_local.kernels.budget import TAU, end_round, kept_union, new_budget, open_share, plan_round, sampled_loss
-from fsd_local.kernels.divergence import BOUNDS, divergence
+from fsd_local.kernels.divergence import BOUNDS
 from fsd_local.kernels.emit import cached_lse, emit_one, fill_top
 from fsd_local.kernels.names import (  # noqa: F401
     AR,
@@ -39,21 +39,19 @@ from fsd_local.kernels.names import (  # noqa: F401
     TYPICAL_ALPHA_DEFAULT,
     TYPICAL_EPS_DEFAULT,
 )
-from fsd_local.kernels.onehot import divergence_onehot
-from fsd_local.kernels.rows import max_argmax, max_argmax_rows, row_lse
-from fsd_local.kernels.rules import entropy_scaled, target_rule
+from fsd_local.kernels.rows import max_argmax, max_argmax_rows
+from fsd_local.kernels.rules import rescue
 from fsd_local.kernels.sampling import (
     KEPT_MAX,
-    argmax,
     pick,
     pick_kept,
     pick_kept_copy,
     prob,
-    processed,
     processed_kept,
     residual_kept,
     sample_kept,
 )
+from fsd_local.kernels.score import score_slots
 
 # why a slot was accepted (the core statistic)
 REJECTED, BY_SD, BY_FUZZY = 0, 1, 2
@@ -389,48 +387,6 @@ def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
         q_logits,
         m_q,
     )
-
-
-@njit(cache=True)
-def rescue(rule, x, lx, y, onehot, d, n, tau):
-    """(rescued, value) of a lossy rule at a slot whose SD test failed (fsd-paper: at every slot): draft token d,
-    target row x with log-partition lx, draft row y (one-hot on d for prompt lookup). value is the divergence
-    compared with tau, or for the target-only rules (kernels/rules.py) the smallest tau that rescues d. NaN never
-    rescues."""
-    mode = rule.mode
-    if mode == TYPICAL or mode == CASCADE or mode == RELAXED:  # the target's distribution alone
-        return target_rule(mode, x, lx, d, n, tau, rule.typical_eps, rule.typical_alpha, rule.relaxed_k)
-    if onehot:
-        dv = divergence_onehot(rule.divergence, x, lx, d, n, rule.divergence_topk)
-    else:
-        dv = divergence(rule.divergence, x, lx, y, row_lse(y, n), n, rule.divergence_topk)
-    if mode == FSD_ENTROPY:
-        return entropy_scaled(dv, x, lx, n, tau)
-    return dv <= tau, dv  # NaN compares False: never accepts
-
-
-@njit(cache=True)
-def score_slots(P, p_idx, Q, q_idx, n, rule, sampling, tau, us, q_stats, out):
-    """Teacher-forced scoring of a drafter on text it did not draft (drafting/proposer.py `catch_up`): out[i] = 1
-    where the rule, at threshold tau, would accept the draft's own pick from row Q[q_idx[i]] at a slot whose
-    target row is P[p_idx[i]], else 0. The pick is the draft's (argmax, or a draw with us[i, 0]), the SD test
-    that of accept_round (us[i, 1]), then the rescue. Given the text before each slot, that is the chance the
-    round would have had there; a budget's refusals are not modelled (its threshold is)."""
-    temperature, top_k, top_p, min_p = sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
-    greedy = temperature <= 0.0
-    for i in range(p_idx.shape[0]):
-        x, y = P[p_idx[i]], Q[q_idx[i]]
-        d, q_p, _ = pick(y, n, temperature, top_k, top_p, min_p, us[i, 0], q_stats, False)
-        ok = False
-        if rule.mode != FSD_PAPER:
-            if greedy:
-                ok = argmax(x, n) == d
-            else:
-                mx, cut, lz = processed(x, n, temperature, top_k, top_p, min_p)
-                ok = us[i, 1] * q_p < prob(x, d, temperature, mx, cut, lz)
-        if not ok and rule.mode != SD and tau > 0.0:
-            ok, _ = rescue(rule, x, row_lse(x, n), y, 0, d, n, tau)
-        out[i] = ok
 
 
 _warm = False

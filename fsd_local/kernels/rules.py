@@ -1,4 +1,5 @@
-"""The lossy acceptance rules beyond FSD's divergence threshold (docs/design.md, "The acceptance rules"), jitted.
+"""The lossy acceptance rules beyond FSD's divergence threshold (docs/design.md, "The acceptance rules"), jitted,
+and `rescue`, every lossy mode's decision at a slot (the divergence rules' and these).
 Each one only rescues a draft token d that the lossless SD test rejected, and each reads the target's distribution
 at that slot, p = softmax of the raw logit row x at temperature 1 (as the divergences do, so a rule acts the same at
 every sampling temperature), given lx = row_lse(x):
@@ -22,8 +23,10 @@ import numpy as np
 from numba import njit
 
 from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
-from fsd_local.kernels.names import CASCADE, RELAXED, TYPICAL
-from fsd_local.kernels.rows import row_entropy, row_max
+from fsd_local.kernels.divergence import divergence
+from fsd_local.kernels.names import CASCADE, FSD_ENTROPY, RELAXED, TYPICAL
+from fsd_local.kernels.onehot import divergence_onehot
+from fsd_local.kernels.rows import row_entropy, row_lse, row_max
 from fsd_local.kernels.topk import count_greater
 
 
@@ -71,3 +74,21 @@ def entropy_scaled(dv, x, lx, n, tau):
         return False, np.nan
     crit = dv / g if g > 0.0 else (0.0 if dv == 0.0 else np.inf)
     return dv <= tau * g, crit
+
+
+@njit(cache=True)
+def rescue(rule, x, lx, y, onehot, d, n, tau):
+    """(rescued, value) of a lossy rule at a slot whose SD test failed (fsd-paper: at every slot): draft token d,
+    target row x with log-partition lx, draft row y (one-hot on d for prompt lookup). value is the divergence
+    compared with tau, or for the target-only rules (above) the smallest tau that rescues d. NaN never
+    rescues."""
+    mode = rule.mode
+    if mode == TYPICAL or mode == CASCADE or mode == RELAXED:  # the target's distribution alone
+        return target_rule(mode, x, lx, d, n, tau, rule.typical_eps, rule.typical_alpha, rule.relaxed_k)
+    if onehot:
+        dv = divergence_onehot(rule.divergence, x, lx, d, n, rule.divergence_topk)
+    else:
+        dv = divergence(rule.divergence, x, lx, y, row_lse(y, n), n, rule.divergence_topk)
+    if mode == FSD_ENTROPY:
+        return entropy_scaled(dv, x, lx, n, tau)
+    return dv <= tau, dv  # NaN compares False: never accepts
