@@ -87,17 +87,18 @@ class Generation:
 
     def advance(self, step: Step) -> tuple[str | None, Piece | None]:
         """Everything after a round: (why the reply ended, or None; the piece to stream, or None)."""
-        self.stats.record(step)
         new = step.emitted.tokens
-        start = len(self.seq)
-        self.seq.extend(new)
-        for m in self.models:  # trim: each cache keeps its longest common prefix with the accepted text
-            m.keep_common_prefix(self.seq, start - 1)
         finish = None
         shown = len(new)
         if not self.s.ignore_eos:
             shown = next((i for i, t in enumerate(new) if self.target.is_eog(t)), len(new))
             finish = "stop" if shown < len(new) else None
+        # the reply ends at its end-of-generation token: what the round accepted after it is not the reply's
+        self.stats.record(step, shown + 1 if finish else len(new))
+        start = len(self.seq)
+        self.seq.extend(new)
+        for m in self.models:  # trim: each cache keeps its longest common prefix with the accepted text
+            m.keep_common_prefix(self.seq, start - 1)
         emitted = step.emitted if shown == len(new) else step.emitted.head(shown)
         self.reply.extend(emitted)
         released = self.text.push(b"".join(self.target.piece(t) for t in emitted.tokens))

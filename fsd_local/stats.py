@@ -63,9 +63,10 @@ class Stats:
             self.k_histogram.extend([0] * (k + 1 - len(self.k_histogram)))
         self.k_histogram[k] += 1
 
-    def record(self, step) -> None:
+    def record(self, step, kept: int) -> None:
         """One round (round.py `Step`): the target's decode by batch size, and for a verified proposal what was
-        drafted, accepted and why, the divergences computed, and the emitted tokens' log-probabilities and losses.
+        drafted, accepted and why, the divergences computed, and the log-probabilities and losses of the first
+        `kept` emitted tokens, those of the reply (a round may accept drafts after the token that ends it).
         (The seconds inside each model are read off the models' own counters: Generation.advance.)"""
         p, out = step.proposal, step.out
         if p is None:  # a plain step: ar (the target decided) or draft-only
@@ -83,7 +84,7 @@ class Stats:
         self.record_k(p.k)
         self.probed += p.probed
         losses = self.budget.loss if self.budget is not None else np.zeros(step.accepted + 1)
-        self.record_round(p.n, out.reason, out.divergence, out.logprob, step.accepted + 1, losses)
+        self.record_round(p.n, out.reason, out.divergence, out.logprob, min(step.accepted + 1, kept), losses)
 
     def record_round(self, n_drafts, reasons, divs, logprobs, emitted, losses):
         """One round: reasons/divs are the kernel's per-slot arrays, logprobs (empty: not computed) and losses
@@ -117,7 +118,7 @@ class Stats:
             else:
                 self.loss_unknown = True
             # a rescue's token; under a sampled budget every slot where it may rescue costs, whatever it emits
-            self.not_chosen += j < emitted - 1 and reasons[j] == 2 and not loss <= 0.0
+            self.not_chosen += j < n_drafts and reasons[j] == 2 and not loss <= 0.0  # (the extra token: REJECTED)
         self.tokens += emitted
 
     @property
