@@ -190,6 +190,21 @@ def test_the_round_matches_the_reference_on_recorded_rows_greedy(recorded, mode)
                 assert out.logprob[j] == pytest.approx(log_softmax(rows[j])[tok], abs=1e-5)
 
 
+def _sampled_rounds(P, Q, k, sampling, rng):
+    """Rounds of k drafts over the recorded rows (every other start): the target's k + 1 rows, the draft's k rows,
+    and the draft's own picks from them at these sampling settings, as drafting/proposer.py makes them."""
+    n = P.shape[1]
+    kept = np.empty(S.KEPT_MAX, np.int64)
+    for start in range(0, 18, 2):
+        rows = np.ascontiguousarray(P[start : start + k + 1])
+        q = np.ascontiguousarray(Q[start : start + k])
+        stats = np.zeros((k + 1, 3), np.float32)
+        drafts, probs = np.empty(k, np.int32), np.empty(k)
+        for i in range(k):
+            drafts[i], probs[i], _, _ = S.pick_kept(q[i], n, *sampling, rng.random(), stats[i], kept, False)
+        yield rows, q, Drafts(q, drafts, probs, stats, np.zeros(k, np.uint8))
+
+
 @pytest.mark.parametrize("mode", ["sd", "fsd", "typical"])
 @pytest.mark.parametrize(("t", "top_k", "top_p", "min_p"), SAMPLED[:3])
 def test_the_sampled_round_takes_the_same_decisions_over_the_kept_set(recorded, mode, t, top_k, top_p, min_p):
@@ -198,18 +213,10 @@ def test_the_sampled_round_takes_the_same_decisions_over_the_kept_set(recorded, 
     P, Q, _ = recorded
     k, n = 3, P.shape[1]
     rng = np.random.default_rng(1)
-    kept = np.empty(S.KEPT_MAX, np.int64)
-    for start in range(0, 18, 2):
-        rows = np.ascontiguousarray(P[start : start + k + 1])
-        q = np.ascontiguousarray(Q[start : start + k])
-        stats = np.zeros((k + 1, 3), np.float32)
-        drafts, probs = np.empty(k, np.int32), np.empty(k)
-        for i in range(k):
-            tok, p_tok, _, _ = S.pick_kept(q[i], n, t, top_k, top_p, min_p, rng.random(), stats[i], kept, False)
-            drafts[i], probs[i] = tok, p_tok
+    for rows, q, d in _sampled_rounds(P, Q, k, (t, top_k, top_p, min_p), rng):
+        drafts, probs = d.tokens, d.prob
         us = rng.random(k + 1)
         out = round_out(k)
-        d = Drafts(q, drafts, probs, stats, np.zeros(k, np.uint8))
         rule = Rule(MODES.index(mode), 0, TAUS.get(mode, 0.2), 50)
         acc, nxt = accept_round(rows, d, k, n, rule, Sampling(t, top_k, top_p, min_p), us, out, new_budget(None, k))
         for i in range(acc):  # every accepted slot passed the SD test or was rescued; the first failure did not
@@ -287,19 +294,10 @@ def test_a_sampled_round_charges_each_emitted_token_the_reference_loss(recorded,
     t, top_k, top_p, min_p = SAMPLED[0]
     k, n, tau = 3, P.shape[1], TAUS[mode]
     rng = np.random.default_rng(2)
-    kept = np.empty(S.KEPT_MAX, np.int64)
     charged = 0
-    for start in range(0, 18, 2):
-        rows = np.ascontiguousarray(P[start : start + k + 1])
-        q = np.ascontiguousarray(Q[start : start + k])
-        stats = np.zeros((k + 1, 3), np.float32)
-        drafts, probs = np.empty(k, np.int32), np.empty(k)
-        for i in range(k):
-            tok, p_tok, _, _ = S.pick_kept(q[i], n, t, top_k, top_p, min_p, rng.random(), stats[i], kept, False)
-            drafts[i], probs[i] = tok, p_tok
+    for start, (rows, q, d) in enumerate(_sampled_rounds(P, Q, k, SAMPLED[0], rng)):
         out, budget = round_out(k), new_budget(bound, k)
         budget.state[TAU], budget.state[G] = tau, G_HI
-        d = Drafts(q, drafts, probs, stats, np.zeros(k, np.uint8))
         acc, _ = accept_round(
             rows, d, k, n, Rule(MODES.index(mode), 0, tau, 50), Sampling(*SAMPLED[0]), rng.random(k + 1), out, budget
         )

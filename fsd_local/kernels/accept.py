@@ -40,7 +40,7 @@ from fsd_local.kernels.names import (  # noqa: F401
     TYPICAL_EPS_DEFAULT,
 )
 from fsd_local.kernels.rows import max_argmax, max_argmax_rows
-from fsd_local.kernels.rules import rescue
+from fsd_local.kernels.rules import rescue, target_only
 from fsd_local.kernels.sampling import (
     KEPT_MAX,
     pick,
@@ -257,16 +257,13 @@ def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget)
             return BY_SD
     if not lossy or share == 0.0:
         return REJECTED
-    if share > 0.0:  # a sampled budget opened the slot: the divergence rules rescue whatever was drafted there
-        ok = True
-        if mode == TYPICAL or mode == CASCADE or mode == RELAXED:  # these rescue some tokens of a slot, not others
-            ok, dv = rescue(rule, x, out.lse[i], draft.rows[i], draft.onehot[i], d, n, tau)
-            out.divergence[i] = dv
-        return BY_FUZZY if ok and (share >= 1.0 or u < share) else REJECTED
-    ok, dv = rescue(rule, x, _lse(P, i, n, out), draft.rows[i], draft.onehot[i], d, n, tau)
-    out.divergence[i] = dv
-    if not ok:
-        return REJECTED
+    if share < 0.0 or target_only(mode):  # an opened slot of a divergence rule rescues whatever was drafted there
+        ok, dv = rescue(rule, x, _lse(P, i, n, out), draft.rows[i], draft.onehot[i], d, n, tau)
+        out.divergence[i] = dv
+        if not ok:
+            return REJECTED
+    if share > 0.0:  # a sampled budget opened the slot (and charged it): the rescue is taken within its share
+        return BY_FUZZY if share >= 1.0 or u < share else REJECTED
     if greedy:  # what the rescue costs, known before accepting it (with no budget _describe writes it again)
         budget.loss[i] = float(out.row_max[i]) - float(x[d])
     else:  # no budget decides: the rescue's loss over P(rescue), whose expectation is the slot's loss
@@ -284,7 +281,7 @@ def _open(P, draft, i, n_drafts, n, rule, sampling, tau, out, budget):
     divergence's bound (every slot passes: no pass over the rows); the target's rules rescue a set of tokens read
     off the row, with its log-partition."""
     x, mode = P[i], rule.mode
-    if mode == TYPICAL or mode == CASCADE or mode == RELAXED:
+    if target_only(mode):
         _lse(P, i, n, out)
     elif mode == FSD_ENTROPY or not tau >= BOUNDS[rule.divergence]:
         ok, dv = rescue(rule, x, _lse(P, i, n, out), draft.rows[i], draft.onehot[i], draft.tokens[i], n, tau)

@@ -76,6 +76,13 @@ def entropy_scaled(dv, x, lx, n, tau):
     return dv <= tau * g, crit
 
 
+@njit(inline="always")
+def target_only(mode):
+    """Whether the mode's rescue reads the target's distribution alone (typical, cascade, relaxed): it rescues some
+    tokens of a slot and not others, where a divergence rule rescues whatever was drafted at a slot that passes."""
+    return mode == TYPICAL or mode == CASCADE or mode == RELAXED
+
+
 @njit(cache=True)
 def rescue(rule, x, lx, y, onehot, d, n, tau):
     """(rescued, value) of a lossy rule at a slot whose SD test failed (fsd-paper: at every slot): draft token d,
@@ -83,7 +90,7 @@ def rescue(rule, x, lx, y, onehot, d, n, tau):
     compared with tau, or for the target-only rules (above) the smallest tau that rescues d. NaN never
     rescues."""
     mode = rule.mode
-    if mode == TYPICAL or mode == CASCADE or mode == RELAXED:  # the target's distribution alone
+    if target_only(mode):  # the target's distribution alone
         return target_rule(mode, x, lx, d, n, tau, rule.typical_eps, rule.typical_alpha, rule.relaxed_k)
     if onehot:
         dv = divergence_onehot(rule.divergence, x, lx, d, n, rule.divergence_topk)
