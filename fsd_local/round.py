@@ -62,8 +62,15 @@ def verify(target: Model, g: Generation, proposal: Proposal) -> Step:
     n = proposal.n
     pending = g.seq[len(target.tokens) :]
     drafts = proposal.drafts.tokens[:n].tolist()
+    end = g.ends_reply(drafts)
+    # only the lossless test may end a reply: a rescued end of generation (or stop string) would cut it where
+    # the target writes on (docs/design.md, "The acceptance rules")
+    lossless = proposal.drafts.lossless
+    lossless[:n] = 0
+    if end is not None:
+        lossless[end] = 1
     if g.budget.bound > 0.0 and g.sampling.temperature <= 0.0:  # where a greedy round is decided whole, the
-        stop_at(g.budget, g.ends_reply(drafts))  # budget's cap also holds at a draft that would end the reply
+        stop_at(g.budget, end)  # budget's cap also holds at a draft that would end the reply
     t = perf_counter()
     target.decode(pending + drafts, f"from:{len(pending) - 1}")
     target.synchronize()

@@ -47,6 +47,7 @@ def new_drafts(k: int, n_vocab: int) -> Drafts:
         onehot=np.zeros(k, np.uint8),
         kept=np.empty((k, KEPT_MAX), np.int64),
         kept_n=np.full(k, -1, np.int64),
+        lossless=np.zeros(k, np.uint8),
     )
 
 
