@@ -3,9 +3,13 @@
 v(n) is measured per batch size and used as measured: llama.cpp's CPU matmul kernels work in tiles of 4 and 8
 rows, so a batch of 8 can cost what a batch of 5 costs (measured on a padded 1.4 GB Q8_0 target, 2 threads:
 n = 4: 225 ms, 5: 303, 7: 355, 8: 312). Smoothing the curve, or forcing it to grow with n, would hide exactly the
-batches worth paying for. Between measured sizes it interpolates linearly; beyond them it follows a weighted
-line a + b (n - 1) fitted through all measured n (b >= 0; with a single measured n the slope comes from a prior,
-b = VERIFY_SLOPE_PRIOR a). The load changes (other jobs come and go) while only one size is in use, so
+batches worth paying for. Between measured sizes it interpolates linearly; below them it follows a weighted line
+a + b (n - 1) fitted through all measured n (b >= 0); with only a plain step timed, the line of slope
+b = VERIFY_SLOPE_PRIOR a through it. A size not timed yet is priced optimistically where the truth may well be
+cheaper than the line says: beyond the largest timed batch, and at a multiple of TILE_ROWS (whole tiles), it costs
+what the timed batch below it cost. Each size loses that optimism when it is timed, so the policy tries a longer
+draft whenever acceptance says its tokens would pay at that price, and one round of it measures the truth
+(docs/design.md, "The cold start"). The load changes (other jobs come and go) while only one size is in use, so
 v(n) = level x shape(n): the level follows every decode within ~10 decodes, the shape (each size relative to
 the others) changes slowly, and a size unused for ~450 decodes is forgotten. Measured shapes outlive the engine:
 drafting/calibration.py keeps them on disk per model file and machine.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import math
 
 VERIFY_SLOPE_PRIOR = 0.3
+TILE_ROWS = 8  # an untimed batch of whole tiles is priced as the timed batch below it (docstring)
 FORGET_WEIGHT = 0.01  # a batch size's evidence below this weight is dropped (its shape may no longer hold)
 
 
@@ -103,8 +108,9 @@ class VerifyCost:
     def curve(self, n_hi: int) -> list[float]:
         """Estimated seconds for n = 0..n_hi (index 0 unused, 0.0): the measured mean at every measured n (no
         smoothing: the CPU tiles make some larger batches cheaper than smaller ones, module docstring),
-        linear interpolation between measured sizes, the fitted line below the first and, beyond the last,
-        the last measured mean plus the line's slope."""
+        linear interpolation between measured sizes (at most the timed size below, for whole tiles), the fitted
+        line below the first and, beyond the last, the last measured mean (the prior's line after a plain step
+        alone)."""
         if self._cache is not None and len(self._cache) > n_hi:
             return self._cache
         a, b = self.fit()
@@ -122,10 +128,13 @@ class VerifyCost:
             elif not known or n < known[0]:
                 out[n] = a + b * (n - 1)
             elif nxt == len(known):
-                out[n] = v[known[-1]] + b * (n - known[-1])
+                last = known[-1]
+                out[n] = v[last] if last > 1 else v[last] + b * (n - last)
             else:
                 hi = known[nxt]
                 out[n] = v[lo] + (n - lo) / (hi - lo) * (v[hi] - v[lo])
+                if n % TILE_ROWS == 0 and lo > 1:  # whole tiles: maybe no dearer than the batch below (docstring)
+                    out[n] = min(out[n], v[lo])
         self._cache = out
         return out
 
