@@ -437,6 +437,11 @@ def test_chat_budget_command_and_summary_line(tiny_engine):
     assert session.settings.quality_budget is None
     assert session.apply(parse_command("/budget 0.1")) == "budget = 0.1" and session.settings.tau == 0.0
     assert session.apply(parse_command("/budget off")) == "budget = None"
+    assert session.apply(parse_command("/tau 2")) == "tau = 2.0"  # js <= ln 2: every draft is kept
+    for _ in session.reply("hello again"):  # a tau run's line says the loss it spent too
+        pass
+    st = session.last.stats
+    assert st["loss_per_token"] > 0 and f"loss {st['loss_per_token']:.3f} nats/token" in summary_line(st, "stop")
 
 
 def test_server_field(tiny_engine):

@@ -3,8 +3,9 @@ earlier, kept on disk per model file and machine (`CostStore`), and `measure_cos
 
 No generation ever waits for `measure_costs`: an engine reads the store when it loads, measures each batch size
 as the loop uses it (verify_cost.py, drafting/length.py), and writes what it measured back after each reply.
-A first reply on a new machine prices the sizes it has not used from a fitted line and explores them while its
-evidence is thin (cost_model.py); every later engine of the same files starts where the last one stopped.
+A first reply on a new machine prices the sizes it has not used optimistically until it has timed them
+(verify_cost.py) and explores them while its evidence is thin (cost_model.py); every later engine of the same
+files starts where the last one stopped.
 `fsd-local bench` calls `measure_costs` before its timed runs (and says so), so that every configuration it
 compares is priced from the same, complete curve.
 
