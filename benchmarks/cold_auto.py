@@ -8,10 +8,12 @@
   process, all reading and writing the one on-disk store (what earlier use left), and all reply to the same
   prompts in turn, interleaved: for each prompt the configurations run in a shuffled order, so the machine's drift
   hits all of them alike.
-- `empty`: every configuration runs in a fresh process with an EMPTY store of its own (FSD_LOCAL_COSTS names a new
-  file): a new install, or a new model file. Configurations run one after another, in a shuffled order per repeat.
-- `warm`: as `empty`, but an untimed process of the same configuration first replies to the same prompts with the
-  same store, so the timed process starts from the costs that use left (a user's second session).
+- `empty`: each repeat runs in a fresh process where `auto`'s engine has an EMPTY cost store of its own
+  (FSD_LOCAL_COSTS names a new file: a new install, or a new model file); `ar` and the fixed k, which price
+  nothing, run beside it on engines of their own, interleaved per prompt as above, so every ratio is taken within
+  one process (processes of the same configuration differ by several percent here).
+- `warm`: as `empty`, but an untimed process of `auto` first replies to the same prompts with the same store, so
+  the timed `auto` starts from the costs that use left (a user's second session).
 --sampling chat: chat's sampling defaults (settings.py CHAT_DEFAULTS), a seed per reply; default greedy.
 --conversation: the prompts are the turns of one chat (each reply stays in the history) instead of separate chats.
 
@@ -86,11 +88,17 @@ def _summary(replies: list) -> dict:
     }
 
 
-def in_process(target, draft, prompts, cfgs: dict[str, dict], a, seed: int) -> dict:
-    """--store disk: every configuration on its own fresh engine in this process, interleaved per prompt."""
+def in_process(target, draft, prompts, cfgs: dict[str, dict], a, seed: int, auto_store: str | None = None) -> dict:
+    """Every configuration on its own fresh engine in this process, interleaved per prompt. auto_store: the cost
+    store `auto`'s engine reads and writes (the others use none: plain decoding and a fixed k price nothing);
+    None: every engine uses the on-disk store (--store disk)."""
     from fsd_local.engine import Engine
 
-    engines = {name: Engine(target=str(target), draft=str(draft), n_threads=a.threads, n_ctx=2048) for name in cfgs}
+    engines = {}
+    for name in cfgs:
+        if auto_store is not None:  # read when the engine loads (drafting/calibration.py CostStore.for_engine)
+            os.environ["FSD_LOCAL_COSTS"] = auto_store if name == "auto" else "off"
+        engines[name] = Engine(target=str(target), draft=str(draft), n_threads=a.threads, n_ctx=2048)
     replies: dict[str, list] = {name: [] for name in cfgs}
     histories: dict[str, list] = {name: [] for name in cfgs}
     try:
@@ -106,31 +114,24 @@ def in_process(target, draft, prompts, cfgs: dict[str, dict], a, seed: int) -> d
     return {name: _summary(r) for name, r in replies.items()}
 
 
-def one_process(target, draft, prompts, cfg: dict, a) -> dict:
-    """What the `--one` child does: load one engine, reply to every prompt in turn."""
-    from fsd_local.engine import Engine
+def fresh_process(rule: str, a, seed: int) -> dict:
+    """--store empty / warm: one repeat in a fresh process, `auto` on a fresh engine with a cost store of its own
+    (empty, or primed by an untimed process of `auto` replying to the same prompts), the others beside it."""
+    store = os.path.join(tempfile.mkdtemp(prefix="fsd-costs-"), "costs.json")
+    child = [sys.executable, __file__, *sys.argv[1:], "--child", json.dumps([rule, seed, store])]
+    if a.store == "warm":
+        subprocess.run([*child, "--prime"], check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(child, check=True, stdout=subprocess.PIPE, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
-    with Engine(target=str(target), draft=str(draft), n_threads=a.threads, n_ctx=2048) as eng:
-        history: list = []
-        return _summary(
-            [_reply(eng, history, p, cfg, a.tokens, _sampling(a.sampling, i), a.conv) for i, p in enumerate(prompts)]
-        )
 
-
-def fresh_processes(cfgs: dict[str, dict], a, seed: int) -> dict:
-    """--store empty / warm: each configuration in its own process with its own store, in a shuffled order."""
-    names = list(cfgs)
-    random.Random(seed).shuffle(names)
-    out = {}
-    for name in names:
-        store = os.path.join(tempfile.mkdtemp(prefix="fsd-costs-"), "costs.json")
-        env = {**os.environ, "FSD_LOCAL_COSTS": store}
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--one", json.dumps(cfgs[name])]
-        if a.store == "warm":
-            subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-        done = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True)
-        out[name] = json.loads(done.stdout.strip().splitlines()[-1])
-    return out
+def child(target, draft, prompts, a) -> dict:
+    """What a --store empty / warm child does: one repeat (in_process), or with --prime, `auto` alone."""
+    rule, seed, store = json.loads(a.child)
+    cfgs = configs(rule, ks(a.ks) if a.ks else [])
+    if a.prime:
+        cfgs = {"auto": cfgs["auto"]}
+    return in_process(target, draft, prompts, cfgs, a, seed, auto_store=store)
 
 
 def ks(text: str) -> list[int]:
@@ -157,9 +158,10 @@ def report(rule: str, cfgs: dict, reps: list[dict]) -> dict:
             f"  s draft {sec['draft']:.2f} target {sec['target']:.2f} other {sec['other']:.2f} probed {r0['probed']}"
         )
         print(f"{rule:4s} {name:6s} {row['tok_s']:7.2f} tok/s  first {row['first_tok_s']:7.2f}  k {hist}{lo}{parts}")
+    each = ", ".join(f"{r['auto']['tok_s'] / r[best]['tok_s']:.3f}" for r in reps)
     print(
-        f"{rule}: best {best}; auto {ratio:.3f}x its tokens/s, first reply {first:.3f}x its first; "
-        f"auto {over_ar:.3f}x ar",
+        f"{rule}: best {best}; auto {ratio:.3f}x its tokens/s (repeats: {each}), first reply {first:.3f}x its "
+        f"first; auto {over_ar:.3f}x ar",
         flush=True,
     )
     return {
@@ -186,15 +188,16 @@ def main() -> None:
     ap.add_argument("--sampling", default="greedy", choices=("greedy", "chat"))
     ap.add_argument("--conversation", dest="conv", action="store_true")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--one", help=argparse.SUPPRESS)  # the child of --store empty/warm: one configuration's JSON
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # a --store empty/warm repeat: [rule, seed, store]
+    ap.add_argument("--prime", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     from fsd_local.bench.prompts import load_prompts
     from fsd_local.pairs.demo import demo_pair
 
     draft, target = (a.draft, a.target) if a.target else demo_pair(precision=a.demo)
     prompts = [p.text for p in load_prompts(str(CHAT_PROMPTS))[: a.prompts]]
-    if a.one:
-        print(json.dumps(one_process(target, draft, prompts, json.loads(a.one), a)))
+    if a.child:
+        print(json.dumps(child(target, draft, prompts, a)))
         return
     results = {}
     for rule in a.rules.split(","):
@@ -202,7 +205,7 @@ def main() -> None:
         if a.store == "disk":
             reps = [in_process(target, draft, prompts, cfgs, a, r) for r in range(a.repeats)]
         else:
-            reps = [fresh_processes(cfgs, a, r) for r in range(a.repeats)]
+            reps = [fresh_process(rule, a, r) for r in range(a.repeats)]
         results[rule] = report(rule, cfgs, reps)
     if a.json:
         print(json.dumps(results, indent=1))
