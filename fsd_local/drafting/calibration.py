@@ -27,7 +27,6 @@ from fsd_local.paths import cache_dir
 
 if TYPE_CHECKING:
     from fsd_local.drafting.length import DraftLength
-    from fsd_local.engine import Engine
     from fsd_local.llama.model import Model
 
 STORED_WEIGHT = 2.0  # how many decodes a stored size counts for: a shape to start from, not a measurement today
@@ -75,7 +74,7 @@ class CostStore:
         self._saved: dict | None = None
 
     @classmethod
-    def for_engine(cls, engine: Engine) -> CostStore:
+    def for_models(cls, target: Model, draft: Model | None) -> CostStore:
         where = os.environ.get("FSD_LOCAL_COSTS")
         path = None if where == "off" else Path(where) if where else cache_dir() / "costs.json"
         try:
@@ -85,8 +84,8 @@ class CostStore:
         except Exception:
             llama = "?"
         devices = _devices()
-        parts = [_cpu(), os.cpu_count(), llama, devices, _model_key(engine.target)]
-        parts.append(_model_key(engine.draft) if engine.draft else None)
+        parts = [_cpu(), os.cpu_count(), llama, devices, _model_key(target)]
+        parts.append(_model_key(draft) if draft else None)
         return cls(path, json.dumps(parts, separators=(",", ":")))
 
     def _read(self) -> dict:
@@ -98,21 +97,22 @@ class CostStore:
             return {}  # none yet, or unreadable: start afresh (it is only a head start)
         return data if isinstance(data, dict) else {}
 
-    def load(self, engine: Engine) -> None:
+    def load(self, lengths: DraftLength) -> None:
+        """Start `lengths` from the stored costs of this pair and machine, if any."""
         entry = self._read().get(self.key)
         if isinstance(entry, dict):
             try:
-                restore(engine._lengths, entry)
+                restore(lengths, entry)
             except (TypeError, ValueError, KeyError, IndexError):
                 pass  # a malformed entry: measured afresh
-        self._saved = snapshot(engine._lengths)
+        self._saved = snapshot(lengths)
 
-    def save(self, engine: Engine) -> None:
-        """Write the engine's costs back if it measured something new (a size, the draft), or every SAVE_EVERY s,
-        merged with the entry on disk: a size this engine never decoded keeps the seconds stored for it."""
+    def save(self, lengths: DraftLength) -> None:
+        """Write the measured costs back if something new was measured (a size, the draft), or every SAVE_EVERY
+        s, merged with the entry on disk: a size never decoded here keeps the seconds stored for it."""
         if self.path is None:
             return
-        now = snapshot(engine._lengths)
+        now = snapshot(lengths)
         before = self._saved or {"sizes": {}, "draft": None}
         new = set(now["sizes"]) != set(before["sizes"]) or now["draft"] != before["draft"]
         if not new and time() - self._saved_at < SAVE_EVERY:
@@ -150,11 +150,10 @@ def _devices() -> list[str]:
 def snapshot(lengths: DraftLength) -> dict:
     """The measured costs of a policy as plain numbers: each measured batch size's seconds, the draft model's
     seconds per drafted token and per caught-up token (0: not measured)."""
-    v = lengths.verify
-    sizes = {str(n): v.seconds(n) for n in range(1, len(v._weight)) if v._weight[n] > 0}
+    sizes = {str(n): seconds for n, seconds in lengths.verify.measured_sizes().items()}
     cm = lengths.costs.get(("model", 0))
-    draft = cm._draft_mean if cm is not None and cm.draft_measured else 0.0
-    return {"sizes": sizes, "draft": draft, "catch_up": lengths._catch_up_mean if lengths._catch_up_weight else 0.0}
+    draft = cm.measured_draft_seconds if cm is not None else 0.0
+    return {"sizes": sizes, "draft": draft, "catch_up": lengths.measured_catch_up_seconds}
 
 
 def restore(lengths: DraftLength, entry: dict) -> None:

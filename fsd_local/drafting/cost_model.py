@@ -231,6 +231,11 @@ class CostModel:
     def draft_measured(self) -> bool:
         return self._draft_weight > 0
 
+    @property
+    def measured_draft_seconds(self) -> float:
+        """The measured seconds per draft token (0: none measured)."""
+        return self._draft_mean if self._draft_weight > 0 else 0.0
+
     def pooled(self) -> tuple[float, float]:
         """The pooled acceptance estimate of all positions and its weight in observed positions (the cold-start
         prior included): the mean and the evidence behind it."""

@@ -182,6 +182,11 @@ class DraftLength:
         per_token = self._catch_up_mean if self._catch_up_weight > 0 else CATCH_UP_PRIOR * cm.draft_seconds_per_token()
         return n_tokens * per_token
 
+    @property
+    def measured_catch_up_seconds(self) -> float:
+        """The measured seconds per caught-up token (0: none measured)."""
+        return self._catch_up_mean if self._catch_up_weight else 0.0
+
     def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
         """The draft model evaluated n_tokens it had missed (one batch) in `seconds`."""
         if n_tokens > 1 and seconds > 0:

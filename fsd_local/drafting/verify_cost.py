@@ -96,6 +96,10 @@ class VerifyCost:
         a = max(a, floor)
         return a, b
 
+    def measured_sizes(self) -> dict[int, float]:
+        """The estimated seconds of every batch size ever timed (what the cost store keeps)."""
+        return {n: self.seconds(n) for n in range(1, len(self._weight)) if self._weight[n] > 0.0}
+
     def measured_at(self, n: int) -> bool:
         """Whether a decode of exactly n tokens was ever timed (not read off the curve)."""
         return 0 < n < len(self._weight) and self._weight[n] > 0.0
