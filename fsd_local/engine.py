@@ -1,8 +1,5 @@
-"""The FSD engine: a loaded draft/target pair and its loop of rounds (docs/design.md, "One round").
-
-`_run` is the loop: a `generation` (its caches filled; left, however, with every cache a prefix of the text),
-then `round` after round (round.py), each observed by the policy (policy.py) and followed by `Generation.advance`.
-"""
+"""The FSD engine: a loaded draft/target pair and its loop (`_run`): a `generation`, then `round` after round
+(round.py; each observed by the policy, policy.py) and `Generation.advance` after each (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -269,24 +266,28 @@ class Engine:
                 clock = g.stats.start_clock(self.target, self.draft)
                 finish = None
                 while finish is None and (finish := g.stop_reason(self._cancel, cancel)) is None:
-                    step = self.round(g)  # drafted and verified, or a plain step
-                    t0 = perf_counter()
-                    self._policy.observe(step)  # the draft length and the measured costs learn from it
-                    t1 = perf_counter()
+                    step = self.round(g)  # drafted and verified, or a plain step; the policy learns from it
+                    t = perf_counter()
                     finish, piece = g.advance(step)  # the text, the caches, the statistics, the stream
-                    clock.tick(t1 - t0, perf_counter() - t1)
+                    clock.tick(perf_counter() - t)
                     if piece is not None:
                         yield piece
             tail = g.text.flush()  # before the completion takes the text
             yield Piece(tail, [], [], g.completion(finish, self._policy.plain_rate))
 
     def round(self, g: Generation) -> Step:
-        """One round of `g`: its speculative mode's drafts verified in one target decode, else a plain step."""
+        """One round of `g`, its speculative mode's drafts verified in one target decode (else a plain step),
+        and the policy's observation of it."""
         ctx = g.ctx
-        if not g.speculative:
-            return plain_step(g.models[0], ctx, "target" if g.s.mode == "ar" else "draft")
-        step = verify(self.target, ctx, self._proposer.propose(ctx))
-        self._proposer.observe(ctx, step)  # a plain step's target row, for the draft model's catch-up
+        if g.speculative:
+            step = verify(self.target, ctx, self._proposer.propose(ctx))
+        else:
+            step = plain_step(g.models[0], ctx, "target" if g.s.mode == "ar" else "draft")
+        t = perf_counter()
+        if g.speculative:
+            self._proposer.observe(ctx, step)  # a plain step's target row, for the draft model's catch-up
+        self._policy.observe(step)  # the draft length and the measured costs
+        g.stats.add_phase("policy", perf_counter() - t)
         return step
 
     def generation(

@@ -42,6 +42,9 @@ class Stats:
     phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     verify_by_batch: dict = field(default_factory=dict)  # target batch size n -> [decodes, seconds] (the oracle's)
 
+    def add_phase(self, phase: str, seconds: float) -> None:
+        self.phases[phase] += seconds
+
     def start_clock(self, target, draft) -> _Clock:
         """Time the loop from now: wall seconds, and those inside each model's decodes (their own counters)."""
         return _Clock(self, target, draft)
@@ -193,11 +196,9 @@ class _Clock:
         self.target0 = target.decode_seconds
         self.draft0 = draft.decode_seconds if draft is not None else 0.0
 
-    def tick(self, policy: float, advance: float) -> None:
-        """A round and its bookkeeping are done, the policy's observation and Generation.advance taking these
-        seconds."""
+    def tick(self, advance: float) -> None:
+        """A round and its bookkeeping are done (advance: the seconds of Generation.advance)."""
         st = self.stats
-        st.phases["policy"] += policy
         st.phases["advance"] += advance
         st.seconds_total = perf_counter() - self.t0
         st.seconds_target = self.target.decode_seconds - self.target0

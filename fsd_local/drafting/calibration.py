@@ -1,18 +1,5 @@
-"""What the `auto` policy knows of the machine before it has measured anything in this process: costs measured
-earlier, kept on disk per model file and machine (`CostStore`), and `measure_costs`, which times them on purpose.
-
-No generation ever waits for `measure_costs`: an engine reads the store when it loads, measures each batch size
-as the loop uses it (verify_cost.py, drafting/length.py), and writes what it measured back after each reply.
-A first reply on a new machine prices the sizes it has not used from a fitted line and explores them while its
-evidence is thin (cost_model.py); every later engine of the same files starts where the last one stopped.
-`fsd-local bench` calls `measure_costs` before its timed runs (and says so), so that every configuration it
-compares is priced from the same, complete curve.
-
-The store is one JSON file under the cache directory (FSD_LOCAL_COSTS names another, or "off"). Its key holds
-what a cost depends on: each model file (path, size, modification time), the CPU, the threads, the layers
-offloaded and the cache types, the devices llama.cpp sees, and llama-cpp-python's version. A stored curve is
-trusted as a shape with a small weight, so the machine's load today moves it at once.
-"""
+"""The measured costs of a pair on this machine kept on disk (`CostStore`), and `measure_costs`, which times them
+on purpose (docs/design.md, "The cold start, and costs kept on disk")."""
 
 from __future__ import annotations
 
@@ -157,10 +144,8 @@ def snapshot(lengths: DraftLength) -> dict:
 
 
 def restore(lengths: DraftLength, entry: dict) -> None:
-    """Start a policy from stored costs, each size worth STORED_WEIGHT decodes. Sizes stored without a plain
-    step's (one token) are not restored: every k is priced against that one, and read off the line through the
-    larger batches it can be several times too high on a CPU target (the wide demo target: 87 ms against 31 ms
-    timed), which kept auto drafting at a loss; the engine then measures its sizes as a fresh one does."""
+    """Start a policy from stored costs, each size worth STORED_WEIGHT decodes; an entry without a plain step's
+    size restores none (priced off the larger batches, a CPU plain step reads several times too dear)."""
     sizes = {int(n): float(s) for n, s in entry.get("sizes", {}).items()}
     if 1 not in sizes:
         sizes = {}
@@ -174,10 +159,8 @@ def restore(lengths: DraftLength, entry: dict) -> None:
 
 
 def measure_costs(lengths: DraftLength, target: Model, draft: Model | None, n_hi: int, token: int) -> float:
-    """Time the target's decode of every batch size 1..n_hi not measured yet, the draft model's one-token decode
-    and a catch-up batch of CATCH_UP_BATCH tokens, each MEASURE_PASSES times (the fastest kept), after whatever
-    each cache holds; the timed positions are dropped again. What a benchmark does before its timed runs, so
-    that every configuration is priced from the same complete curve. Returns the seconds it took."""
+    """Time what is not measured yet: the target's decode of each size 1..n_hi, the draft's token and a
+    catch-up batch, the fastest of MEASURE_PASSES each; the cache is left as it was. Returns the seconds."""
     t0 = perf_counter()
     todo = [n for n in range(1, n_hi + 1) if not lengths.verify.measured_at(n)]
     for n, seconds in time_sizes(target, todo, token).items():
