@@ -1,6 +1,6 @@
-"""Drafting: who proposes a round's tokens (the draft model, prompt lookup, or lookup first) and how many
-(drafting/length.py), written into the context's draft buffers and returned as a `Proposal` (round.py); and the
-draft model's catch-up after plain steps, which scores what it skipped (docs/design.md, "Drafting")."""
+"""Drafting: who proposes a round's tokens (the draft model, prompt lookup, or lookup first), how many (length.py),
+written into the context's draft buffers as a `Proposal` (round.py); the draft model's catch-up after plain steps,
+which scores what it skipped (docs/design.md, "Drafting and the draft length")."""
 
 from __future__ import annotations
 
