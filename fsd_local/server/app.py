@@ -37,9 +37,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fsd_local.engine import CancelToken
 from fsd_local.engine_like import EngineLike
 from fsd_local.llama.options import ModelOptions
+from fsd_local.results import CancelToken
 from fsd_local.server import openai_tools
 from fsd_local.server.generation import Runner, as_api_error, check_available
 from fsd_local.server.metrics import Metrics

@@ -72,7 +72,7 @@ def main(fd: int) -> None:
 def _read(conn: Connection, jobs: queue.Queue) -> None:
     """Messages from the parent. Cancels must arrive while the main thread is busy generating, hence a thread;
     each job gets its own CancelToken, made here, so a late cancel can only reach the job it was meant for."""
-    from fsd_local.engine import CancelToken
+    from fsd_local.results import CancelToken
 
     current = CancelToken()
     try:

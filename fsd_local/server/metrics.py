@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
 if TYPE_CHECKING:
-    from fsd_local.engine import Completion
+    from fsd_local.results import Completion
 
 # (metric name without _total, help, the Stats field summed into it)
 _SUMS = (

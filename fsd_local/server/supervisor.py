@@ -33,12 +33,11 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from fsd_local import errors
-from fsd_local.engine import CancelToken, Completion, Piece
 from fsd_local.errors import FSDError, ModelLoadError
 from fsd_local.llama.chat_template import ChatTemplate
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
-from fsd_local.results import check_prompt_ids, final_completion
+from fsd_local.results import CancelToken, Completion, Piece, check_prompt_ids, final_completion
 from fsd_local.server.process_errors import ModelProcessDied, ModelProcessError, ModelUnavailable, _how, describe_exit  # noqa: F401
 from fsd_local.settings import Settings
 from fsd_local.stats import Stats
