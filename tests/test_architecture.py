@@ -5,8 +5,9 @@ The layers, bottom to top (LAYERS below; a package is placed whole, a module by 
 which comes first):
 
 0. foundation: the package root (its version; the public names are loaded by name on first use), errors, paths,
-   setting_spec, schema_bounds, constrain, stats, stream, results, conversation, engine_like, and kernels/names.py
-   (the kernels' named tuples' fields and constants, Numba-free: what stats reads the budget state by)
+   setting_spec, schema_bounds, constrain, stats, stream, results, conversation, engine_like, prompting, and
+   kernels/names.py (the kernels' named tuples' fields and constants, Numba-free: what stats reads the budget
+   state by)
 1. kernels/ (Numba), llama/ (llama.cpp through its C API)
 2. settings, tools/
 3. drafting/, pairs/, chain, round
@@ -55,6 +56,7 @@ LAYERS = (  # bottom first: names under fsd_local (a package stands for every mo
         "results",
         "conversation",
         "engine_like",
+        "prompting",
         "kernels.names",
     ),
     ("kernels", "llama"),

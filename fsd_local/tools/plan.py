@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsd_local.llama.chat_template import ChatTemplate
+from fsd_local.prompting import template_ids
 from fsd_local.tools.families import Family, Parsed, detect
 from fsd_local.tools.render import render, supports_tools, template_messages
 from fsd_local.tools.spec import ToolError, ToolRequest
@@ -37,8 +38,7 @@ class ToolModel:
     token_bytes: Callable[[int], bytes]  # special tokens: b""
 
     def prompt(self, text: str) -> list[int]:
-        bos = self.template.bos_token
-        return self.tokenize(text, not (bos and text.startswith(bos)))  # never a second BOS
+        return template_ids(self.tokenize, self.template, text)  # never a second BOS
 
 
 @dataclass
