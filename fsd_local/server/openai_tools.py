@@ -1,10 +1,6 @@
-"""Tool calling on the OpenAI chat route: `tools`, `tool_choice`, `parallel_tool_calls`, assistant
-`tool_calls` and `tool` messages in, `message.tool_calls` and finish_reason "tool_calls" out (fsd_local/tools
-does the work; this module speaks OpenAI's shapes).
-
-A request whose tools the model's template cannot express is answered as plain chat; the response says so in
-the `X-FSD-Tools` header and in `fsd.tools.ignored`, and the server logs it.
-"""
+"""Tool calling on OpenAI's chat route (docs/tools.md): `tools`, `tool_choice` and tool messages in, `tool_calls` out;
+fsd_local/tools does the work, this module speaks OpenAI's shapes. Tools the template cannot express are answered
+as plain chat, said in the `X-FSD-Tools` header and `fsd.tools.ignored`."""
 
 from __future__ import annotations
 
@@ -15,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from fsd_local.conversation import reply_room
 from fsd_local.errors import ConfigError
 from fsd_local.prompting import loaded_context, splice
-from fsd_local.server.openai_schema import APIError, ChatRequest, Reply, check_prompt, plain_message
+from fsd_local.server.errors import APIError
+from fsd_local.server.openai_schema import ChatRequest, Reply, check_prompt, plain_message
 from fsd_local.tools import Parsed, ToolError, ToolModel, ToolPlan, ToolStream, call_stats, plan_tools, tool_request
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from fsd_local.results import CancelToken
-from fsd_local.server.openai_schema import APIError
+from fsd_local.server.errors import APIError
 from fsd_local.settings import SERVER_MAX_QUEUE
 
 if TYPE_CHECKING:
