@@ -1,10 +1,6 @@
-"""`EngineLike`: what serving a pair needs of it, which an in-process `Engine` (engine.py) and a `Supervisor`
-running one in a child process (server/supervisor.py) both provide, with one prompt contract (prompting.py).
-The server is written against this protocol and never asks which it has; mypy checks that both satisfy it.
-
-`state` is "ok" while generations can run (an Engine always), "starting" or "restarting" while a model process
-loads, and "failed" once the supervisor has given up; `reason` says why when it is not "ok".
-"""
+"""`EngineLike`: what serving a pair needs of it, provided by an in-process `Engine` (engine.py) and by a `Supervisor`
+running one in a child process (server/supervisor.py), under one prompt contract (prompting.py). The server is
+written against it and never asks which it has; mypy checks that both satisfy it."""
 
 from __future__ import annotations
 
@@ -60,10 +56,15 @@ class EngineLike(Protocol):
         ...
 
     @property
-    def state(self) -> str: ...
+    def state(self) -> str:
+        """Whether generations can run: "ok" (an Engine always), "starting" or "restarting" while a model process
+        loads, "failed" once the supervisor has given up."""
+        ...
 
     @property
-    def reason(self) -> str | None: ...
+    def reason(self) -> str | None:
+        """Why the state is not "ok"."""
+        ...
 
     @property
     def last_start_seconds(self) -> float:

@@ -25,6 +25,7 @@ given the engine's Generation, drafting/calibration.py the Engine) without a pro
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -215,16 +216,29 @@ def _spans(path: Path):
     return [((rel, name), span) for name, span in _long_functions(path).items()]
 
 
-def test_help_and_models_load_neither_numba_nor_llama_cpp():
-    code = (
-        "import sys; from click.testing import CliRunner; from fsd_local.cli import cli\n"
-        "for args in (['--help'], ['models'], ['chat', '--help'], ['generate', '--help']):\n"
-        "    r = CliRunner().invoke(cli, args); assert r.exit_code == 0, r.output\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'numba', 'llama_cpp', 'llvmlite', 'fastapi'}))"
-    )
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter has loaded once it has run `code`."""
+    code += "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", out.stdout
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_help_and_models_load_neither_numba_nor_llama_cpp():
+    loaded = _modules_after(
+        "from click.testing import CliRunner; from fsd_local.cli import cli\n"
+        "for args in (['--help'], ['models'], ['chat', '--help'], ['generate', '--help']):\n"
+        "    r = CliRunner().invoke(cli, args); assert r.exit_code == 0, r.output"
+    )
+    assert not {m.split(".")[0] for m in loaded} & {"numba", "llama_cpp", "llvmlite", "fastapi"}
+
+
+def test_the_servers_http_process_loads_neither_numba_nor_the_engine():
+    """`fsd-local serve` runs the models in a child (server/child.py): the HTTP process tokenises with llama.cpp's
+    vocabulary but never loads the engine, its kernels or Numba."""
+    loaded = _modules_after("import fsd_local.server.app, fsd_local.server.running")
+    assert not {m.split(".")[0] for m in loaded} & {"numba", "llvmlite"}
+    assert "fsd_local.engine" not in loaded and "fsd_local.server.app" in loaded
 
 
 def test_every_setting_is_declared_with_help_and_exposed_where_it_says():

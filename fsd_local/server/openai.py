@@ -1,5 +1,5 @@
 """OpenAI's API on `fsd-local serve` (docs/server.md): /v1/chat/completions and /v1/completions (server-sent events
-when streamed, each chunk with its tokens in `fsd_delta`), and /v1/models; parsed by openai_schema.py, run on the
+when streamed, a chunk's new tokens in its `fsd_delta`) and /v1/models; parsed by openai_schema.py, run on the
 one request path (request.py)."""
 
 from __future__ import annotations

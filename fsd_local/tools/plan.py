@@ -1,15 +1,6 @@
-"""The tools path of one request, for any API: tools -> prompt and constraint -> parsed reply.
-
-    plan = plan_tools(ToolModel(template, tokenize, token_bytes), request, messages, n_ctx, room)
-    settings = settings.with_(grammar=plan.grammar)       # None: a plain reply
-    ... generate plan.prompt ...
-    reply = plan.parse(completion.token_ids)              # content and calls
-
-When the template cannot express tools (or writes calls in a syntax fsd-local does not know), a request whose
-tool_choice is unset or auto is answered as plain chat and `plan.ignored` says why (the API signals it);
-`required` or a named function is a ToolError. Tool definitions that leave no room for the reply are a
-ToolError naming how many tokens they take.
-"""
+"""The tools path of one request, for any API (docs/tools.md, "For developers"): tools -> prompt and constraint
+(`plan_tools`) -> parsed reply (`ToolPlan.parse`). A template that cannot express tools gets plain chat and
+`plan.ignored` says why, unless tool_choice demands a call (a ToolError)."""
 
 from __future__ import annotations
 
