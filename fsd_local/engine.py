@@ -11,7 +11,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from fsd_local.chain import Chain
-from fsd_local.conversation import fit_conversation, reply_room, splice_cached
+from fsd_local.conversation import fit_conversation, reply_room
 from fsd_local.drafting.calibration import CostStore
 from fsd_local.drafting.proposer import Proposer
 from fsd_local.errors import FSDError
@@ -23,7 +23,8 @@ from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
 from fsd_local.policy import Policy
-from fsd_local.results import CancelToken, Completion, Piece, check_prompt_ids, final_completion
+from fsd_local.prompting import chat_ids, checked_ids, loaded_context
+from fsd_local.results import CancelToken, Completion, Piece, final_completion
 from fsd_local.round import Step, new_buffers, plain_step, verify
 from fsd_local.settings import Settings
 
@@ -55,6 +56,7 @@ class Engine:
     state = "ok"
     reason: str | None = None
     last_start_seconds = 0.0
+    model_process = None  # the models run in this process
 
     def __init__(
         self,
@@ -150,17 +152,13 @@ class Engine:
         return ChatTemplate.of(self.target)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """Token ids of a conversation rendered with the target's chat template, ready for the reply."""
-        from fsd_local.llama.chat_template import ChatTemplate
-
+        """Token ids of a conversation ready for the reply, as prompting.py says for every EngineLike."""
         self._check_open()
-        if getattr(self, "_template", None) is None:
-            self._template = ChatTemplate.from_model(self.target)
-        text = self._template.render(messages, add_generation_prompt=True)
-        bos = self._template.bos_token
-        # the template may write BOS itself; never add a second one
-        ids = self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
-        return splice_cached(ids, list(self.target.tokens), self.target.piece)  # a sampled reply's own split
+        return chat_ids(self, messages)
+
+    def cached_tokens(self) -> list[int]:
+        """What the target's KV cache holds."""
+        return list(self.target.tokens)
 
     def chat(
         self,
@@ -185,9 +183,9 @@ class Engine:
         **overrides: Any,
     ) -> Generator[Piece, None, None]:
         s = self._settings(settings, overrides)
-        n_ctx = min(m.n_ctx for m in self._models())
+        n_ctx = loaded_context(self)
         room = reply_room(s.max_tokens, n_ctx)
-        tokens, dropped = fit_conversation(self.chat_prompt, messages, n_ctx, room, self.target.tokens)
+        tokens, dropped = fit_conversation(self.chat_prompt, messages, n_ctx, room, self.cached_tokens())
         return self._run(tokens, s, cancel, dropped)
 
     @property
@@ -253,12 +251,10 @@ class Engine:
         return [m for m in (self.target, self.draft) if m is not None]
 
     def prompt_tokens(self, prompt: str | Sequence[int], models: Sequence[Model] | None = None) -> list[int]:
-        """The prompt as token ids, checked once for every caller (the loop, the server): ids inside the
-        vocabulary, not empty, and short enough for the context of every model that will read it."""
+        """The prompt as token ids, checked once for every caller (the loop, the server) as prompting.py says;
+        `models`: only these read it (their contexts bound it)."""
         self._check_open()
-        tokens = self.target.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        n_ctx = min(m.n_ctx for m in (models or self._models()))
-        return check_prompt_ids(tokens, self.n_vocab, n_ctx)
+        return checked_ids(self, prompt, min(m.n_ctx for m in models) if models else None)
 
     def _run(self, prompt, s: Settings, cancel, dropped: int = 0) -> Generator[Piece, None, None]:
         with self._lock:

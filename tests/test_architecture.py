@@ -5,8 +5,9 @@ The layers, bottom to top (LAYERS below; a package is placed whole, a module by 
 which comes first):
 
 0. foundation: the package root (its version; the public names are loaded by name on first use), errors, paths,
-   setting_spec, schema_bounds, constrain, stats, stream, results, conversation, engine_like, and kernels/names.py
-   (the kernels' named tuples' fields and constants, Numba-free: what stats reads the budget state by)
+   setting_spec, schema_bounds, constrain, stats, stream, results, conversation, engine_like, prompting, and
+   kernels/names.py (the kernels' named tuples' fields and constants, Numba-free: what stats reads the budget
+   state by)
 1. kernels/ (Numba), llama/ (llama.cpp through its C API)
 2. settings, tools/
 3. drafting/, pairs/, chain, round, policy
@@ -24,6 +25,7 @@ be read, tested or swapped without it.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +57,7 @@ LAYERS = (  # bottom first: names under fsd_local (a package stands for every mo
         "results",
         "conversation",
         "engine_like",
+        "prompting",
         "kernels.names",
     ),
     ("kernels", "llama"),
@@ -214,16 +217,29 @@ def _spans(path: Path):
     return [((rel, name), span) for name, span in _long_functions(path).items()]
 
 
-def test_help_and_models_load_neither_numba_nor_llama_cpp():
-    code = (
-        "import sys; from click.testing import CliRunner; from fsd_local.cli import cli\n"
-        "for args in (['--help'], ['models'], ['chat', '--help'], ['generate', '--help']):\n"
-        "    r = CliRunner().invoke(cli, args); assert r.exit_code == 0, r.output\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'numba', 'llama_cpp', 'llvmlite', 'fastapi'}))"
-    )
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter has loaded once it has run `code`."""
+    code += "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", out.stdout
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_help_and_models_load_neither_numba_nor_llama_cpp():
+    loaded = _modules_after(
+        "from click.testing import CliRunner; from fsd_local.cli import cli\n"
+        "for args in (['--help'], ['models'], ['chat', '--help'], ['generate', '--help']):\n"
+        "    r = CliRunner().invoke(cli, args); assert r.exit_code == 0, r.output"
+    )
+    assert not {m.split(".")[0] for m in loaded} & {"numba", "llama_cpp", "llvmlite", "fastapi"}
+
+
+def test_the_servers_http_process_loads_neither_numba_nor_the_engine():
+    """`fsd-local serve` runs the models in a child (server/child.py): the HTTP process tokenises with llama.cpp's
+    vocabulary but never loads the engine, its kernels or Numba."""
+    loaded = _modules_after("import fsd_local.server.app, fsd_local.server.running")
+    assert not {m.split(".")[0] for m in loaded} & {"numba", "llvmlite"}
+    assert "fsd_local.engine" not in loaded and "fsd_local.server.app" in loaded
 
 
 def test_every_setting_is_declared_with_help_and_exposed_where_it_says():
