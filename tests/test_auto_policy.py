@@ -268,7 +268,7 @@ def costly_engine(costly_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("FSD_LOCAL_COSTS", str(tmp_path / "costs.json"))
     d, t = costly_pair
     eng = Engine(target=t, draft=d, n_ctx=512, n_threads=2)
-    eng._lengths.prices = COSTLY
+    eng.policy.length.prices = COSTLY
     return eng
 
 
