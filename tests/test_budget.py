@@ -425,7 +425,8 @@ def test_chat_budget_command_and_summary_line(tiny_engine):
     from fsd_local.cli.chat import ChatSession, parse_command
     from fsd_local.cli.options import summary_line
 
-    session = ChatSession(tiny_engine, Settings(max_tokens=12))
+    # a fixed draft length: whether `auto` drafts hangs on live timing, and a run that never drafts spends nothing
+    session = ChatSession(tiny_engine, Settings(max_tokens=12, draft_policy="fixed", draft_max=4))
     assert session.apply(parse_command("/budget 0.2")) == "budget = 0.2"
     for _ in session.reply("hello"):
         pass
