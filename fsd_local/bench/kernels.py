@@ -49,7 +49,7 @@ def _topk(kind, x, lx, y, ly, k):
 
 
 def numpy_rows(kind: str, x, y, topk: int = TOPK_DEFAULT):
-    """The same divergences as the kernels, vectorised over rows, float32 (see the module docstring)."""
+    """The same divergences as the kernels, vectorised over rows, float32 (docs/design.md, "The benchmarks")."""
     lx, ly = _lse(x), _lse(y)
     if kind.startswith("topk-"):
         return _topk(kind, x, lx, y, ly, topk)
