@@ -26,6 +26,7 @@ import numpy as np
 from fsd_local.drafting.proposer import new_drafts
 from fsd_local.kernels.accept import accept_round, round_out, rule_of, sampling_of
 from fsd_local.kernels.budget import new_budget
+from fsd_local.kernels.dense import new_summaries
 from fsd_local.kernels.sampling import KEPT_MAX, pick_kept
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
@@ -51,9 +52,12 @@ def cold_and_warm(path: str, threads: int, repeats: int) -> dict[str, tuple[floa
         s = Settings(mode="sd", draft_max=4)
         rule, samp, out, budget = rule_of(s), sampling_of(s), round_out(4, 0, False), new_budget(None, 4)
         drafts, us = new_drafts(4, nv), np.zeros(5)
-        stats, kept = np.zeros(3, np.float32), np.empty(KEPT_MAX, np.int64)
+        stats, kept, summary = np.zeros(3, np.float32), np.empty(KEPT_MAX, np.int64), new_summaries(1)[0]
         pieces = {  # name: (rows the decode before it outputs, the work)
-            "pick (1 row)": (1, lambda rows: pick_kept(rows[0], nv, 0.0, 0, 1.0, 0.0, 0.5, stats, kept, False)),
+            "pick (1 row)": (
+                1,
+                lambda rows: pick_kept(rows[0], nv, 0.0, 0, 1.0, 0.0, 0.5, stats, kept, False, summary),
+            ),
             "accept_round (5 rows)": (5, lambda rows: accept_round(rows, drafts, 4, nv, rule, samp, us, out, budget)),
             "bookkeeping": (1, lambda rows: _bookkeeping(list(seq), 7)),
         }

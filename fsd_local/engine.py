@@ -24,10 +24,11 @@ from fsd_local.drafting.calibration import CostStore, measure_costs
 from fsd_local.drafting.proposer import Proposer, new_drafts
 from fsd_local.errors import FSDError
 from fsd_local.generation import Generation
-from fsd_local.kernels.accept import round_out, warm_up
+from fsd_local.kernels.accept import round_out
 from fsd_local.kernels.budget import Budgets
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.penalties import warm_up as warm_chain
+from fsd_local.kernels.warm import warm_up
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible

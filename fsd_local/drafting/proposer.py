@@ -21,6 +21,7 @@ import numpy as np
 from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
 from fsd_local.kernels.accept import Drafts
+from fsd_local.kernels.dense import new_summaries
 from fsd_local.kernels.names import DIVERGENCE_MODES
 from fsd_local.kernels.sampling import KEPT_MAX, pick_kept, pick_kept_copy
 from fsd_local.kernels.score import score_slots
@@ -47,6 +48,7 @@ def new_drafts(k: int, n_vocab: int) -> Drafts:
         onehot=np.zeros(k, np.uint8),
         kept=np.empty((k, KEPT_MAX), np.int64),
         kept_n=np.full(k, -1, np.int64),
+        summary=new_summaries(1)[0],
     )
 
 
@@ -132,11 +134,11 @@ class Proposer:
             g.chain.draft_row(row, i)
             if copy:  # the kernel reads the row after the draft's next decode has overwritten llama.cpp's buffer
                 tok, p_tok, p_top, drafts.kept_n[i] = pick_kept_copy(
-                    row, nv, *sampled, us[i], drafts.stats[i], drafts.kept[i], p_min > 0, drafts.rows[i]
+                    row, nv, *sampled, us[i], drafts.stats[i], drafts.kept[i], p_min > 0, drafts.rows[i], drafts.summary
                 )
             else:
                 tok, p_tok, p_top, drafts.kept_n[i] = pick_kept(
-                    row, nv, *sampled, us[i], drafts.stats[i], drafts.kept[i], p_min > 0
+                    row, nv, *sampled, us[i], drafts.stats[i], drafts.kept[i], p_min > 0, drafts.summary
                 )
             if p_top < p_min:
                 break

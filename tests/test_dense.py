@@ -1,0 +1,264 @@
+"""kernels/dense.py (a round whose rows are untruncated: a temperature alone) against the float64 references of
+tests/support/reference_dense.py, on random rows of every size (one core below dense.PARALLEL_MIN, every core
+above), adversarial rows (ties, masked tokens and blocks, NaN, +inf, huge spreads, temperature extremes) and
+recorded 262,144-token rows of Gemma 3 270M; and the sampling entry points that use it against the plain
+whole-row functions of kernels/sampling.py, which define the same distributions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from fsd_local.kernels import dense as D
+from fsd_local.kernels import sampling as S
+from fsd_local.kernels.budget import rescue_floor
+from fsd_local.kernels.names import CASCADE, FSD, FSD_PAPER, RELAXED, TYPICAL
+from support import reference_dense as R
+
+ALPHA = 1e-3  # false-alarm rate of each statistical test
+TEMPERATURES = (0.05, 0.7, 1.0, 5.0)
+
+
+@pytest.fixture(scope="module")
+def gemma_rows(gemma_path):
+    """Six consecutive next-token rows of Gemma 3 270M (vocabulary 262,144) on a plain sentence."""
+    from fsd_local.llama.model import Model
+    from fsd_local.llama.options import ModelOptions
+
+    m = Model(ModelOptions(path=gemma_path, n_ctx=128, n_threads=2), "target")
+    try:
+        toks = m.tokenize("Rain falls on the hills and runs down to the")
+        m.decode(toks, f"from:{len(toks) - 6}")
+        return np.array(m.logits(6), copy=True)
+    finally:
+        m.close()
+
+
+def _random_rows():
+    """(name, row): sizes on both sides of PARALLEL_MIN and of one block, and the adversarial shapes."""
+    rng = np.random.default_rng(0)
+    out = []
+    for n in (7, 50, 1500, 5000, 70_000):
+        x = (rng.standard_normal(n) * 3).astype(np.float32)
+        out.append((f"normal {n}", x))
+        ties = np.round(x).astype(np.float32)  # many exact ties, the max among them
+        out.append((f"ties {n}", ties))
+        masked = x.copy()
+        masked[rng.random(n) < 0.5] = -np.inf
+        masked[0] = 1.0  # never all masked
+        out.append((f"half masked {n}", masked))
+    wide = (rng.standard_normal(70_000) * 3).astype(np.float32)
+    wide[: 3 * 1024] = -np.inf  # whole blocks masked
+    wide[40_000:41_500] = -np.inf
+    out.append(("masked blocks 70000", wide))
+    out.append(("huge spread", (rng.standard_normal(70_000) * 400).astype(np.float32)))
+    out.append(("one token", np.array([3.5], np.float32)))
+    out.append(("flat 70000", np.zeros(70_000, np.float32)))
+    return out
+
+
+ROWS = _random_rows()
+
+
+def _summary(x, t, raw=True):
+    s = D.new_summaries(1)[0]
+    y = np.full(x.shape[0] + 2, np.float32(9.0))
+    got = D.summarise(x, x.shape[0], 1.0 / t, raw, s, y, True)
+    assert np.array_equal(y[: x.shape[0]], x, equal_nan=True) and (y[x.shape[0] :] == 9.0).all()  # the copy only
+    return got, s
+
+
+@pytest.mark.parametrize("t", TEMPERATURES)
+@pytest.mark.parametrize(("name", "x"), ROWS, ids=[n for n, _ in ROWS])
+def test_the_summary_is_the_processed_distribution(name, x, t):
+    """(M, lz) describe p~ = softmax(x / T) exactly as sampling.py's triple does, and the raw log-partition is
+    the row's, to float32 rounding per exp."""
+    (mx, lz, l1, ok), _ = _summary(x, t)
+    assert ok and mx == x.max()
+    z = (x.astype(np.float64) - float(mx)) / t
+    assert lz == pytest.approx(float(np.log(np.exp(z).sum())), rel=1e-6, abs=2e-6)
+    assert l1 == pytest.approx(R.raw_lse(x), rel=1e-6, abs=2e-6)
+    i = int(np.argmax(x))
+    assert S.prob(x, i, t, mx, -np.inf, lz) == pytest.approx(R.processed(x, t)[i], rel=2e-6)
+
+
+@pytest.mark.parametrize("bad", ["nan", "negative nan", "+inf", "all masked"])
+@pytest.mark.parametrize("n", [40, 70_000])
+def test_rows_the_summary_cannot_hold_go_to_the_plain_path(bad, n):
+    """A NaN (either sign), +inf or a row with every token masked: the summary says so, and pick_kept gives what
+    the plain whole-row functions give (they define what such rows do)."""
+    x = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    if bad == "nan":
+        x[n // 2] = np.nan
+    elif bad == "negative nan":
+        x[n // 3] = -np.float32(np.nan)
+    elif bad == "+inf":
+        x[n - 1] = np.inf
+    else:
+        x[:] = -np.inf
+    (_, _, _, ok), _ = _summary(x, 0.7)
+    assert not ok
+    stats, kept = np.zeros(3, np.float32), np.empty(S.KEPT_MAX, np.int64)
+    t, p, _, m = S.pick_kept(x, n, 0.7, 0, 1.0, 0.0, 0.3, stats, kept, False, D.new_summaries(1)[0])
+    mx, cut, lz = S.processed(x, n, 0.7, 0, 1.0, 0.0)
+    assert m == -1 and t == S.sample(x, n, 0.7, mx, cut, lz, 0.3)
+    assert np.array_equal(stats, np.array([mx, cut, lz], np.float32), equal_nan=True)
+
+
+def _inverse_cdf_holds(p, a, u, tol=1e-6):
+    """Whether token a is the float64 inverse CDF of p at u, up to tol of rounding in the CDF (float32 sums)."""
+    c = np.cumsum(p)
+    return p[a] > 0 and c[a] - p[a] - tol <= u <= c[a] + tol
+
+
+@pytest.mark.parametrize("t", [0.7, 1.0, 1.6])
+def test_draws_are_the_plain_inverse_cdf_on_recorded_rows(gemma_rows, t):
+    """On Gemma's rows: the summary's draw is the float64 inverse CDF of p~ at its uniform, within 1e-6 of float32
+    rounding in the CDF (sampling.py's whole-row draw, which it nearly always equals, can be further off: its
+    float32 sums run in index order over the whole row), the SD residual's likewise, and the pick's p~ of its
+    token is the float64 one."""
+    rng = np.random.default_rng(2)
+    n = gemma_rows.shape[1]
+    masses = np.zeros(D.SUMMARY_BLOCKS, np.float32)
+    for x, y in zip(gemma_rows[1:], gemma_rows[:-1]):
+        x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+        (mx, lz, _, ok), s = _summary(x, t, raw=False)
+        (my, lzy, _, _), _ = _summary(y, t, raw=False)
+        px, py = np.array([mx, -np.inf, lz], np.float32), np.array([my, -np.inf, lzy], np.float32)
+        p, r = R.processed(x, t), R.residual(x, y, t)
+        same = 0
+        for u in rng.random(25):
+            a, b = D.draw(x, n, 1.0 / t, mx, s, u), S.sample(x, n, t, mx, -np.inf, lz, u)
+            assert _inverse_cdf_holds(p, a, u)
+            same += a == b
+            a, b = D.residual_draw(x, y, n, t, px, py, u, masses), S.sample_residual(x, y, n, t, px, py, u)
+            assert _inverse_cdf_holds(r, a, u)
+            same += a == b
+        assert same >= 45
+        stats, kept = np.zeros(3, np.float32), np.empty(S.KEPT_MAX, np.int64)
+        tok, p_tok, p_top, m = S.pick_kept(x, n, t, 0, 1.0, 0.0, 0.5, stats, kept, False, D.new_summaries(1)[0])
+        assert m == -1 and p_tok == pytest.approx(p[tok], rel=2e-6) and p_top == pytest.approx(p.max(), rel=2e-6)
+
+
+def _peaked(n, seed, t):
+    """A row whose p~ at temperature t puts its mass on ~40 tokens spread over the row (every block, both
+    cores' halves), the rest tiny but not zero: draws can be counted token by token."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 1.0).astype(np.float32)
+    hot = rng.choice(n, 40, replace=False)
+    x[hot] += np.float32(12.0 * t) + rng.random(40).astype(np.float32) * np.float32(2.0 * t)
+    return x
+
+
+def _pvalue(counts, p):
+    expected = p * counts.sum()
+    big = expected >= 5  # the rare tokens pooled, so the chi-square approximation holds
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return sps.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+@pytest.mark.parametrize("n", [3000, 70_000])
+def test_draws_follow_p_the_residual_and_p_without_a_token(n):
+    """Chi-square against the float64 distributions: the summary's draw follows p~, the residual's draw follows
+    norm(max(p~ - q~, 0)), and a one-hot draft's residual (p~ without its token) never returns that token."""
+    t = 0.7
+    x, y = _peaked(n, 3, t), _peaked(n, 4, t)
+    y[np.argsort(x)[-20:]] += np.float32(2.0)  # the draft shares some of the target's favourites
+    (mx, lz, _, _), s = _summary(x, t, raw=False)
+    (my, lzy, _, _), _ = _summary(y, t, raw=False)
+    px, py = np.array([mx, -np.inf, lz], np.float32), np.array([my, -np.inf, lzy], np.float32)
+    masses = np.zeros(D.SUMMARY_BLOCKS, np.float32)
+    d = int(np.argmax(x))
+    us = np.random.default_rng(5).random(6000)
+    draws = np.bincount([D.draw(x, n, 1.0 / t, mx, s, u) for u in us], minlength=n)
+    resid = np.bincount([D.residual_draw(x, y, n, t, px, py, u, masses) for u in us], minlength=n)
+    without = np.bincount([D.draw_without(x, n, 1.0 / t, mx, s, u, d) for u in us], minlength=n)
+    assert _pvalue(draws, R.processed(x, t)) > ALPHA
+    r = R.residual(x, y, t)
+    assert resid[r == 0].sum() == 0 and _pvalue(resid, r) > ALPHA
+    assert without[d] == 0 and _pvalue(without, R.residual(x, None, t, onehot=d)) > ALPHA
+
+
+def test_a_residual_without_mass_is_none():
+    """p~ == q~: no residual mass; residual_draw says so (-1) and the caller draws from p~."""
+    x = _peaked(70_000, 6, 1.0)
+    (mx, lz, _, _), _ = _summary(x, 1.0, raw=False)
+    px = np.array([mx, -np.inf, lz], np.float32)
+    assert (
+        D.residual_draw(x, x.copy(), x.shape[0], 1.0, px, px.copy(), 0.4, np.zeros(D.SUMMARY_BLOCKS, np.float32)) == -1
+    )
+
+
+MODES = {"fsd": (FSD, 0.3), "fsd-paper": (FSD_PAPER, 0.3), "typical": (TYPICAL, 0.5), "cascade": (CASCADE, 0.4)}
+MODES["relaxed"] = (RELAXED, 0.05)
+
+
+def _loss(mode, x, y, t, tau, onehot=None, shift=None):
+    n = x.shape[0]
+    (mx, lz, lx, _), _ = _summary(x, t)
+    px = np.array([mx, -np.inf, lz], np.float32)
+    if onehot is None:
+        (my, lzy, _, _), _ = _summary(y, t, raw=False)
+        py = np.array([my, -np.inf, lzy], np.float32)
+    else:
+        y, py = x, np.zeros(3, np.float32)
+    floor = rescue_floor(mode, x, lx, n, tau, 10, 0.09, 0.3)
+    sums = np.zeros((D.PARTS, 6))
+    lx = lx if shift is None else shift
+    return D.dense_loss(mode, x, lx, y, n, t, px, py, floor, sums, onehot is not None, 0 if onehot is None else onehot)
+
+
+def _close(got, want, rel=2e-4, abs_=2e-6):
+    return got == pytest.approx(want, rel=rel, abs=abs_)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("t", [0.7, 1.0, 1.4])
+def test_the_loss_of_a_slot_is_the_reference(gemma_rows, mode, t):
+    """dense_loss (one pass over both rows) against the float64 definition: (loss, P(rescue)) on Gemma's
+    recorded rows and on random rows of both sizes, with masked tokens on both sides; a one-hot draft (prompt
+    lookup); the divergence rules with any shift in place of the log-partition (it cancels)."""
+    code, tau = MODES[mode]
+    rng = np.random.default_rng(7)
+    pairs = [(np.ascontiguousarray(a), np.ascontiguousarray(b)) for a, b in zip(gemma_rows[1:4], gemma_rows[:3])]
+    for n in (900, 70_000):
+        x, y = _peaked(n, 8, 1.0), _peaked(n, 9, 1.0)
+        x[rng.random(n) < 0.1] = -np.inf
+        y[rng.random(n) < 0.1] = -np.inf
+        x[int(np.argmax(np.where(x > -np.inf, y, -np.inf)))] += 1.0  # both rows keep mass on shared tokens
+        pairs.append((x, y))
+    for x, y in pairs:
+        got = _loss(code, x, y, t, tau)
+        want = R.sampled_loss(code, x, y, t, tau)
+        assert _close(got[0], want[0]) and _close(got[1], want[1]), (mode, got, want)
+        d = int(np.argsort(np.where(x > -np.inf, x, np.inf))[0])  # the target's least likely unmasked token
+        got, want = _loss(code, x, y, t, tau, onehot=d), R.sampled_loss(code, x, y, t, tau, onehot=d)
+        assert _close(got[0], want[0]) and _close(got[1], want[1]), (mode, "one-hot", got, want)
+        if code in (FSD, FSD_PAPER):
+            got = _loss(code, x, y, t, tau, shift=float(x.max()))
+            assert _close(got[0], R.sampled_loss(code, x, y, t, tau)[0])
+
+
+def test_fsd_paper_charges_infinity_where_the_draft_reaches_a_masked_token():
+    x, y = _peaked(70_000, 10, 1.0), _peaked(70_000, 11, 1.0)
+    x[int(np.argmax(y))] = -np.inf
+    assert _loss(FSD_PAPER, x, y, 1.0, 0.3)[0] == np.inf
+    assert _loss(FSD, x, y, 1.0, 0.3)[0] < np.inf  # fsd's rescue never reaches it: that mass is rejected
+
+
+@pytest.mark.parametrize("mode", ["typical", "cascade", "relaxed"])
+def test_the_rescue_floor_is_the_rules_own_test(mode):
+    """rescue_floor: a token is above the floor exactly where budget._rescuable (the rule's test) rescues it."""
+    from fsd_local.kernels.budget import _rescuable, _row_constants
+
+    code, tau = MODES[mode]
+    x = _peaked(3000, 12, 1.0)
+    n, lx = x.shape[0], R.raw_lse(x)
+    floor = rescue_floor(code, x, lx, n, tau, 10, 0.09, 0.3)
+    lpmax, kth, m = _row_constants(code, x, lx, n, 10, 0.09, 0.3)
+    for v in np.sort(x)[-60:]:
+        assert (v >= floor) == _rescuable(code, v, lx, lpmax, kth, m, tau), (mode, v, floor)
