@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsd_local.chain import Chain
 from fsd_local.conversation import fit_conversation, reply_room, splice_cached
+from fsd_local.device_picks import plan as plan_picks
 from fsd_local.drafting.calibration import CostStore, measure_costs
 from fsd_local.drafting.proposer import Proposer, new_drafts
 from fsd_local.errors import FSDError
@@ -329,6 +330,7 @@ class Engine:
         chain = Chain(s, self.n_vocab, self.target).start(seq)  # penalties, bias, grammar
         budget = self._budgets.start(s, s.draft_max)
         g = Generation(s, seq, models, self.target, self.n_vocab, budget, self._out, chain, dropped)
+        plan_picks(g, self.target, self.draft)  # which picks llama.cpp's backend samplers make (device_picks.py)
         if s.mode in SPECULATIVE_MODES:
             self._proposer.start(g)
         return g

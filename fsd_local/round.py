@@ -17,7 +17,7 @@ import numpy as np
 
 from fsd_local.kernels.accept import BY_FUZZY, Drafts, RoundOut, accept_round
 from fsd_local.kernels.budget import stop_at
-from fsd_local.kernels.emit import emit_one
+from fsd_local.kernels.emit import accept_tops, emit_one
 from fsd_local.results import Emitted
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from fsd_local.llama.model import Model
 
 ORIGINS = ("target", "sd", "fuzzy")  # why each emitted token is there, by the kernel's reason code
+NO_ROWS = np.zeros((0, 0), np.float32)  # a step whose token was picked on the device read no row
 
 
 class Proposal(NamedTuple):
@@ -68,11 +69,17 @@ def verify(target: Model, g: Generation, proposal: Proposal) -> Step:
     target.decode(pending + drafts, f"from:{len(pending) - 1}")
     target.synchronize()
     seconds = perf_counter() - t
-    rows = target.logits(n + 1)
-    g.chain.target_rows(rows, n)  # the same processing as the draft's rows had
-    accepted, nxt = accept_round(
-        rows, proposal.drafts, n, g.n_vocab, g.rule, g.sampling, g.uniforms(n + 1), g.out, g.budget
-    )
+    if target.sampler.active:  # a greedy lossless round: each row's argmax, picked on the device (device_picks.py)
+        for j in range(n + 1):
+            g.out.top[j] = target.sampler.token(j - n - 1)
+        rows = NO_ROWS
+        accepted, nxt = accept_tops(proposal.drafts.tokens, n, g.out, g.budget)
+    else:
+        rows = target.logits(n + 1)
+        g.chain.target_rows(rows, n)  # the same processing as the draft's rows had
+        accepted, nxt = accept_round(
+            rows, proposal.drafts, n, g.n_vocab, g.rule, g.sampling, g.uniforms(n + 1), g.out, g.budget
+        )
     g.chain.settle(accepted, nxt)
     emitted = _emitted(drafts[:accepted] + [int(nxt)], g.out, accepted, n, g.want_logprobs)
     return Step(emitted, accepted, len(pending) + n, seconds, rows, g.out, proposal)
@@ -85,9 +92,12 @@ def plain_step(model: Model, g: Generation, origin: str) -> Step:
     model.decode(todo, "last")
     model.synchronize()
     seconds = perf_counter() - t
-    rows = model.logits(1)
-    g.chain.target_rows(rows, 0)  # the same processing as every target row
-    tok, _ = emit_one(rows[0], model.n_vocab, g.sampling, g.uniforms(1)[0], g.row_stats, g.out)
+    if model.sampler.active:  # picked on the device: no row comes to the host (device_picks.py)
+        rows, tok = NO_ROWS, model.sampler.take()
+    else:
+        rows = model.logits(1)
+        g.chain.target_rows(rows, 0)  # the same processing as every target row
+        tok, _ = emit_one(rows[0], model.n_vocab, g.sampling, g.uniforms(1)[0], g.row_stats, g.out)
     g.chain.settle(0, tok)
     emitted = _emitted([int(tok)], g.out, 0, 0, g.want_logprobs)
     emitted.origins[0] = origin

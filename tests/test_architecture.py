@@ -9,7 +9,7 @@ which comes first):
    (the kernels' named tuples' fields and constants, Numba-free: what stats reads the budget state by)
 1. kernels/ (Numba), llama/ (llama.cpp through its C API)
 2. settings, tools/
-3. drafting/, pairs/, chain, round
+3. drafting/, pairs/, chain, round, device_picks
 4. the engine: engine, generation
 5. bench/, server/
 6. cli/
@@ -59,7 +59,7 @@ LAYERS = (  # bottom first: names under fsd_local (a package stands for every mo
     ),
     ("kernels", "llama"),
     ("settings", "tools"),
-    ("drafting", "pairs", "chain", "round"),
+    ("drafting", "pairs", "chain", "round", "device_picks"),
     ("engine", "generation"),
     ("bench", "server"),
     ("cli",),

@@ -76,6 +76,7 @@ class Proposer:
         self.lengths.start(g.s)
         drafting = self.draft is not None and g.s.drafter != "ngram"
         self.keeps_rows = drafting and g.s.draft_policy == "auto" and g.chain.constraint is None
+        self.keeps_rows = self.keeps_rows and not g.target.sampler.active  # plain steps picked on the device
 
     # ------------------------------------------------------------------ one round
     def propose(self, g: Generation, drafts: Drafts) -> Proposal:
@@ -130,16 +131,27 @@ class Proposer:
         sampled = (s.temperature, s.top_k, s.top_p, s.min_p)
         n = 0
         for i in range(k):
-            row = d.logits(1)[0]
-            g.chain.draft_row(row, i)
-            if copy:  # the kernel reads the row after the draft's next decode has overwritten llama.cpp's buffer
-                tok, p_tok, p_top, drafts.kept_n[i] = pick_kept_copy(
-                    row, nv, *sampled, us[i], drafts.stats[i], drafts.kept[i], p_min > 0, drafts.rows[i], drafts.summary
-                )
+            if d.sampler.active:  # greedy on the device, no draft row read (device_picks.py)
+                tok, p_tok, p_top = d.sampler.take(), 1.0, 1.0
             else:
-                tok, p_tok, p_top, drafts.kept_n[i] = pick_kept(
-                    row, nv, *sampled, us[i], drafts.stats[i], drafts.kept[i], p_min > 0, drafts.summary
-                )
+                row = d.logits(1)[0]
+                g.chain.draft_row(row, i)
+                if copy:  # the kernel reads the row after the draft's next decode has overwritten llama.cpp's buffer
+                    tok, p_tok, p_top, drafts.kept_n[i] = pick_kept_copy(
+                        row,
+                        nv,
+                        *sampled,
+                        us[i],
+                        drafts.stats[i],
+                        drafts.kept[i],
+                        p_min > 0,
+                        drafts.rows[i],
+                        drafts.summary,
+                    )
+                else:
+                    tok, p_tok, p_top, drafts.kept_n[i] = pick_kept(
+                        row, nv, *sampled, us[i], drafts.stats[i], drafts.kept[i], p_min > 0, drafts.summary
+                    )
             if p_top < p_min:
                 break
             drafts.tokens[i], drafts.prob[i], drafts.onehot[i] = tok, p_tok, 0

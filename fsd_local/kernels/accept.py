@@ -43,6 +43,8 @@ from fsd_local.kernels.divergence import BOUNDS
 from fsd_local.kernels.emit import cached_lse, fill_top
 from fsd_local.kernels.names import (  # noqa: F401
     AR,
+    BY_FUZZY,
+    BY_SD,
     CASCADE,
     DIVERGENCES,
     DRAFT_ONLY,
@@ -50,6 +52,7 @@ from fsd_local.kernels.names import (  # noqa: F401
     FSD_ENTROPY,
     FSD_PAPER,
     MODES,
+    REJECTED,
     RELAXED,
     RELAXED_K_DEFAULT,
     SD,
@@ -67,9 +70,6 @@ from fsd_local.kernels.sampling import (
     sample_kept,
     untruncated,
 )
-
-# why a slot was accepted (the core statistic)
-REJECTED, BY_SD, BY_FUZZY = 0, 1, 2
 
 
 class Rule(NamedTuple):

@@ -5,6 +5,8 @@ once per row and only where asked (out.lse caches it, NaN until then)."""
 import numpy as np
 from numba import njit
 
+from fsd_local.kernels.budget import end_round
+from fsd_local.kernels.names import BY_SD, REJECTED
 from fsd_local.kernels.rows import row_lse_wide, row_max
 from fsd_local.kernels.sampling import pick_kept
 from fsd_local.kernels.topk import top_indices
@@ -62,3 +64,23 @@ def cached_lse(x, n, i, out):
     if not out.lse[i] == out.lse[i]:
         out.lse[i] = row_lse_wide(x, n)
     return out.lse[i]
+
+
+@njit(cache=True)
+def accept_tops(drafts, n_drafts, out, budget):
+    """A greedy round of the lossless rule from the target's argmax of each row in out.top[:n_drafts + 1] (picked
+    on the device by llama.cpp's backend samplers: no row came to the host): the drafts up to the first that is not
+    its row's argmax, then that argmax. Each emitted token is its row's argmax: gap and loss 0. Returns
+    (n_accepted, next_token), as accept_round."""
+    accepted = 0
+    for i in range(n_drafts):
+        out.divergence[i] = np.nan
+        out.reason[i] = REJECTED
+    while accepted < n_drafts and drafts[accepted] == out.top[accepted]:
+        out.reason[accepted] = BY_SD
+        accepted += 1
+    for j in range(accepted + 1):
+        out.gap[j] = 0.0
+        budget.loss[j] = 0.0
+    end_round(budget, accepted + 1, n_drafts, accepted)
+    return accepted, out.top[accepted]
