@@ -67,7 +67,7 @@ def _worker_main(spec: dict) -> None:
 
     texts = [p.text for p in load_prompts()[: spec["prompts"]]]
     draft = spec.get("draft") or spec["target"]
-    with Engine(target=spec["target"], draft=draft, n_threads=2, draft_policy="fixed") as eng:
+    with Engine(target=spec["target"], draft=draft, n_threads=spec.get("threads", 2), draft_policy="fixed") as eng:
         print(json.dumps(run_configs(eng, texts, spec["configs"], spec["tokens"])))
 
 
@@ -117,6 +117,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--target", help="a GGUF, its own draft (Gemma 3 270M: vocabulary 262,144)")
+    ap.add_argument("--draft", help="ignored: the target and the light model are each their own draft")
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--against", type=Path, help="a second checkout of fsd-local to run side by side")
     ap.add_argument("--light", action="store_true", help="also a light model of the target's vocabulary")
     ap.add_argument("--demo", action="store_true", help="also the demo pair's engine-side share, 256 tokens")
@@ -126,12 +128,12 @@ def main() -> None:
     a = ap.parse_args()
     if a.worker:
         return _worker_main(json.loads(a.worker))
+    sys.path[:0] = [str(HERE.parent), str(HERE)]  # this checkout's fsd_local (the workers get it through PYTHONPATH)
     checkouts = {"this": HERE.parent} | ({"against": a.against.resolve()} if a.against else {})
-    spec = {"target": a.target, "configs": CONFIGS, "tokens": a.tokens, "prompts": a.prompts}
+    spec = {"target": a.target, "configs": CONFIGS, "tokens": a.tokens, "prompts": a.prompts, "threads": a.threads}
     if a.target:
         report("target", measure(checkouts, spec, a.repeats))
     if a.light:
-        sys.path.insert(0, str(HERE))
         from cache_refill import light_model
 
         from fsd_local.llama.model import Model
@@ -147,7 +149,7 @@ def main() -> None:
         from fsd_local.pairs.demo import demo_pair
 
         draft, target = demo_pair()
-        demo = {"target": str(target), "draft": str(draft), "configs": DEMO, "tokens": 256, "prompts": a.prompts}
+        demo = {**spec, "target": str(target), "draft": str(draft), "configs": DEMO, "tokens": 256}
         report_share(measure(checkouts, demo, a.repeats))
 
 

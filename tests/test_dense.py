@@ -262,3 +262,80 @@ def test_the_rescue_floor_is_the_rules_own_test(mode):
     lpmax, kth, m = _row_constants(code, x, lx, n, 10, 0.09, 0.3)
     for v in np.sort(x)[-60:]:
         assert (v >= floor) == _rescuable(code, v, lx, lpmax, kth, m, tau), (mode, v, floor)
+
+
+def _first_two(target, prompt, t):
+    """The target's joint distribution of the next two tokens at temperature t, untruncated (float64)."""
+    from fsd_local.llama.model import Model
+    from fsd_local.llama.options import ModelOptions
+
+    fresh = Model(ModelOptions(target, n_ctx=128, n_threads=1))
+    try:
+        fresh.decode(prompt, "last")
+        p1 = R.processed(fresh.logits(1)[0], t)
+        joint = np.zeros((p1.size, p1.size))
+        for t1 in np.nonzero(p1 > 1e-6)[0]:
+            fresh.truncate(len(prompt))
+            fresh.decode([int(t1)], "last")
+            joint[t1] = p1[t1] * R.processed(fresh.logits(1)[0], t)
+        return joint
+    finally:
+        fresh.close()
+
+
+def test_sampled_sd_at_a_temperature_alone_keeps_the_targets_two_token_distribution(small_vocab_pair):
+    """The engine's untruncated sampled rounds (summaries, residual draws, bonus draws from the summary): sampled
+    sd's first two tokens follow the target's joint distribution at that temperature (chi-square over seeds), and
+    fsd at tau 0 emits exactly what sd emits."""
+    from fsd_local import Engine
+
+    draft, target = small_vocab_pair
+    t = 0.7
+    with Engine(target=target, draft=draft, n_ctx=128, n_threads=1, draft_policy="fixed", draft_max=3) as eng:
+        prompt = eng.tokenize("the sky")
+        n = eng.n_vocab
+        counts = np.zeros((n, n), np.int64)
+        for seed in range(2000):
+            out = eng.generate(prompt, mode="sd", max_tokens=4, seed=seed, temperature=t, ignore_eos=True)
+            counts[out.token_ids[0], out.token_ids[1]] += 1
+            if seed < 40:
+                same = eng.generate(
+                    prompt, mode="fsd", tau=0.0, max_tokens=4, seed=seed, temperature=t, ignore_eos=True
+                )
+                assert same.token_ids == out.token_ids
+    assert _pvalue(counts.ravel(), _first_two(target, prompt, t).ravel()) > ALPHA
+
+
+def test_the_loop_on_a_long_vocabulary_draws_from_the_target(wide_vocab):
+    """On a 65,536-token pair (every row split over the cores): sampled sd's first token follows the target's p~,
+    and log-probabilities asked at the same time are the rows' raw log-softmax (from the summary's raw sums)."""
+    from test_engine import _fresh_logits
+
+    from fsd_local import Engine
+
+    draft, target = wide_vocab
+    t = 0.7
+    with Engine(target=target, draft=draft, n_ctx=128, n_threads=2, draft_policy="fixed", draft_max=1) as eng:
+        prompt = eng.tokenize("the cat")
+        counts = np.zeros(eng.n_vocab, np.int64)
+        for seed in range(500):  # one draft, then the target's row: the first token always goes through the rule
+            out = eng.generate(prompt, mode="sd", max_tokens=2, seed=seed, temperature=t, ignore_eos=True)
+            counts[out.token_ids[0]] += 1
+        lp = eng.generate(prompt, mode="sd", max_tokens=4, seed=3, temperature=t, logprobs=True, ignore_eos=True)
+    row = _fresh_logits(target, prompt)
+    assert _pvalue(counts, R.processed(row, t)) > ALPHA
+    want = float(row[lp.token_ids[0]]) - R.raw_lse(row)
+    assert lp.logprobs[0] == pytest.approx(want, abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def wide_vocab(tmp_path_factory):
+    """A tiny pair over 65,536 tokens: its rows are long enough to be split over the cores."""
+    from support.tinymodels import WORDS, write_tiny_gguf
+
+    words = WORDS + [f"▁w{i}" for i in range(65536 - 259 - len(WORDS))]
+    d = tmp_path_factory.mktemp("dense-wide")
+    return (
+        str(write_tiny_gguf(d / "draft.gguf", seed=1, words=words)),
+        str(write_tiny_gguf(d / "target.gguf", seed=2, noise=0.1, words=words)),
+    )

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_engine import ALPHA, _chisquare_pvalue, _fresh_logits
 
 from fsd_local import Engine
 from fsd_local.llama.samplers import ENV, wanted
-from test_engine import ALPHA, _chisquare_pvalue, _fresh_logits
 
 
 @pytest.fixture()
@@ -94,6 +94,6 @@ def test_sampled_plain_steps_on_the_device_follow_the_target(small_vocab_pair, d
 
 def test_a_cpu_build_samples_on_the_host_by_default(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
-    assert not wanted(-1, False)  # no GPU offload in this build
+    assert not wanted(-1, False, 18)  # no GPU offload in this build
     monkeypatch.setenv(ENV, "on")
-    assert wanted(0, False)
+    assert wanted(0, False, 18)

@@ -165,7 +165,7 @@ class Model:
         cp.n_threads = opts.n_threads or default_threads()
         cp.n_threads_batch = opts.n_threads_batch or cp.n_threads
         cp.no_perf = True
-        self._device_sampling = wanted(opts.n_gpu_layers, bool(opts.rpc_servers))
+        self._device_sampling = wanted(opts.n_gpu_layers, bool(opts.rpc_servers), self.n_layer)
         if self._device_sampling:  # a backend sampler picks a token for every output row: a verify batch's too
             cp.n_outputs_max_per_seq = opts.n_batch
         if opts.flash_attn is not None:

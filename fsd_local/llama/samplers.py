@@ -21,15 +21,16 @@ ENV = "FSD_LOCAL_BACKEND_SAMPLING"
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "pick a random seed"
 
 
-def wanted(gpu_layers: int, rpc: bool) -> bool:
+def wanted(gpu_layers: int, rpc: bool, n_layer: int) -> bool:
     """Whether a model loaded with these options samples on its device: FSD_LOCAL_BACKEND_SAMPLING=on/off, else
-    where the build offloads its layers (all of them by default) to a GPU or an RPC server's device."""
+    where the build offloads every layer and the output (gpu_layers -1, or above the model's n_layer: llama.cpp
+    keeps the output matrix on the host otherwise) to a GPU or an RPC server's device."""
     forced = os.environ.get(ENV, "auto").strip().lower()
     if forced in ("on", "1", "true"):
         return True
     if forced in ("off", "0", "false"):
         return False
-    if gpu_layers == 0 or not lc.llama_supports_gpu_offload():
+    if 0 <= gpu_layers <= n_layer or not lc.llama_supports_gpu_offload():
         return False
     from fsd_local.llama.backend import local_offload_devices
 
