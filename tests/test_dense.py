@@ -83,12 +83,53 @@ def test_the_summary_is_the_processed_distribution(name, x, t):
     assert S.prob(x, i, t, mx, -np.inf, lz) == pytest.approx(R.processed(x, t)[i], rel=2e-6)
 
 
+def _variants(x):
+    """A recorded row as it is and made adversarial: ties (rounded to halves: the max tied many times), masked
+    tokens (half of them at random, and whole blocks: a grammar's mask or a logit bias of -inf)."""
+    rng = np.random.default_rng(11)
+    ties = np.round(x * 2) / 2
+    masked = x.copy()
+    masked[rng.random(x.shape[0]) < 0.5] = -np.inf
+    masked[int(np.argmax(x))] = x.max()
+    blocks = x.copy()
+    blocks[: 40 * 1024] = -np.inf
+    blocks[100_000:200_000] = -np.inf
+    return {"as recorded": x, "ties": ties.astype(np.float32), "half masked": masked, "masked blocks": blocks}
+
+
+@pytest.mark.parametrize("t", TEMPERATURES)
+@pytest.mark.parametrize("variant", ["as recorded", "ties", "half masked", "masked blocks"])
+def test_recorded_rows_summaries_draws_and_losses(gemma_rows, variant, t):
+    """Gemma's 262,144-token rows, as recorded and made adversarial, at every temperature from 0.05 to 5: the
+    summary is p~'s (max, normaliser) and the raw log-partition; a draw is the float64 inverse CDF at its
+    uniform; the residual's draw too; the loss of a rescue is the float64 definition's."""
+    rng = np.random.default_rng(12)
+    n = gemma_rows.shape[1]
+    x, y = (_variants(np.ascontiguousarray(r))[variant] for r in gemma_rows[2:4])
+    (mx, lz, l1, ok), s = _summary(x, t)
+    (my, lzy, _, _), _ = _summary(y, t, raw=False)
+    assert ok and mx == x.max() and l1 == pytest.approx(R.raw_lse(x), rel=1e-6, abs=2e-6)
+    z = (x.astype(np.float64) - float(mx)) / t
+    assert lz == pytest.approx(float(np.log(np.exp(z).sum())), rel=1e-6, abs=2e-6)
+    px, py = np.array([mx, -np.inf, lz], np.float32), np.array([my, -np.inf, lzy], np.float32)
+    p, r = R.processed(x, t), R.residual(x, y, t)
+    masses = np.zeros(D.SUMMARY_BLOCKS, np.float32)
+    for u in rng.random(8):
+        assert _inverse_cdf_holds(p, D.draw(x, n, 1.0 / t, mx, s, u), u)
+        assert _inverse_cdf_holds(r, D.residual_draw(x, y, n, t, px, py, u, masses), u)
+    got, want = _loss(FSD, x, y, t, 0.3), R.sampled_loss(FSD, x, y, t, 0.3)
+    assert _close(got[0], want[0], rel=1e-3) and _close(got[1], want[1], rel=1e-3)
+
+
 @pytest.mark.parametrize("bad", ["nan", "negative nan", "+inf", "all masked"])
-@pytest.mark.parametrize("n", [40, 70_000])
-def test_rows_the_summary_cannot_hold_go_to_the_plain_path(bad, n):
-    """A NaN (either sign), +inf or a row with every token masked: the summary says so, and pick_kept gives what
-    the plain whole-row functions give (they define what such rows do)."""
-    x = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+@pytest.mark.parametrize("n", [40, 70_000, "recorded"])
+def test_rows_the_summary_cannot_hold_go_to_the_plain_path(gemma_rows, bad, n):
+    """A NaN (either sign), +inf or a row with every token masked, in random rows and a recorded Gemma row: the
+    summary says so, and pick_kept gives what the plain whole-row functions give (they define such rows)."""
+    if n == "recorded":
+        x, n = np.array(gemma_rows[1], copy=True), gemma_rows.shape[1]
+    else:
+        x = np.random.default_rng(1).standard_normal(n).astype(np.float32)
     if bad == "nan":
         x[n // 2] = np.nan
     elif bad == "negative nan":
