@@ -212,7 +212,10 @@ class Proposer:
         p_idx = np.array([p % ROWS_KEPT for p in scored], np.int64)
         assert self._kept is not None, "scored positions have kept rows"
         tau = _threshold(g)
-        score_slots(self._kept, p_idx, rows, q_idx, self.n_vocab, g.rule, g.sampling, tau, us, g.row_stats, out)
+        scratch = g.out.kept[0], g.out.summaries[0]  # the round's buffers: free while it drafts
+        score_slots(
+            self._kept, p_idx, rows, q_idx, self.n_vocab, g.rule, g.sampling, tau, us, g.row_stats, *scratch, out
+        )
         self.lengths.observe_stream(MODEL, out)
         return seconds, n
 

@@ -48,5 +48,7 @@ def warm_up() -> None:
                 idx = np.arange(k, dtype=np.int64)
                 scored = np.zeros(k, np.uint8)
                 rule, us = Rule(mode, 0, 1.0, 50), np.full((k, 2), 0.5)
-                score_slots(P, idx, Q, idx, n, rule, sampling, 1.0, us, q_stats[0], scored)
+                score_slots(
+                    P, idx, Q, idx, n, rule, sampling, 1.0, us, q_stats[0], out.kept[0], out.summaries[0], scored
+                )
     _warm = True
