@@ -125,14 +125,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--json", type=Path, help="also write every repeat's figures here")
     a = ap.parse_args()
     if a.worker:
         return _worker_main(json.loads(a.worker))
     sys.path[:0] = [str(HERE.parent), str(HERE)]  # this checkout's fsd_local (the workers get it through PYTHONPATH)
     checkouts = {"this": HERE.parent} | ({"against": a.against.resolve()} if a.against else {})
     spec = {"target": a.target, "configs": CONFIGS, "tokens": a.tokens, "prompts": a.prompts, "threads": a.threads}
+    record: dict[str, dict] = {}
     if a.target:
-        report("target", measure(checkouts, spec, a.repeats))
+        record["target"] = measure(checkouts, spec, a.repeats)
+        report("target", record["target"])
     if a.light:
         from cache_refill import light_model
 
@@ -144,13 +147,17 @@ def main() -> None:
         m.close()
         with tempfile.TemporaryDirectory() as d:
             light = str(light_model(vocab, Path(d)))
-            report(f"light model ({vocab} tokens)", measure(checkouts, {**spec, "target": light}, a.repeats))
+            record["light"] = measure(checkouts, {**spec, "target": light}, a.repeats)
+            report(f"light model ({vocab} tokens)", record["light"])
     if a.demo:
         from fsd_local.pairs.demo import demo_pair
 
         draft, target = demo_pair()
         demo = {**spec, "target": str(target), "draft": str(draft), "configs": DEMO, "tokens": 256}
-        report_share(measure(checkouts, demo, a.repeats))
+        record["demo"] = measure(checkouts, demo, a.repeats)
+        report_share(record["demo"])
+    if a.json:
+        a.json.write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":
