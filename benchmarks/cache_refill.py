@@ -23,13 +23,13 @@ from time import perf_counter
 
 import numpy as np
 
-from fsd_local.drafting.proposer import new_drafts
 from fsd_local.kernels.accept import accept_round, round_out, rule_of, sampling_of
 from fsd_local.kernels.budget import new_budget
 from fsd_local.kernels.dense import new_summaries
 from fsd_local.kernels.sampling import KEPT_MAX, pick_kept, pick_kept_copy
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
+from fsd_local.round import new_buffers
 from fsd_local.settings import Settings
 
 TEXT = "The history of the city begins in the early middle ages, when a small market grew up beside the river"
@@ -51,7 +51,7 @@ def _sampled_round(m: Model, tok: int, nv: int) -> tuple:
     m.decode([tok] * 5, "from:0")  # what the timed piece's decode gives again
     rows = np.array(m.logits(5), copy=True)
     m.truncate(base)
-    drafts, us = new_drafts(4, nv), np.full(5, 0.5)
+    drafts, us = new_buffers(4, nv).drafts, np.full(5, 0.5)
     for i in range(4):
         drafts.rows[i] = rows[i]
         drafts.tokens[i], drafts.prob[i], _, drafts.kept_n[i] = pick_kept(
@@ -69,7 +69,7 @@ def cold_and_warm(path: str, threads: int, repeats: int) -> dict[str, tuple[floa
         m.decode(seq, "last")
         s = Settings(mode="sd", draft_max=4)
         rule, samp, out, budget = rule_of(s), sampling_of(s), round_out(4, 0, False), new_budget(None, 4)
-        drafts, us = new_drafts(4, nv), np.zeros(5)
+        drafts, us = new_buffers(4, nv).drafts, np.zeros(5)
         stats, kept, summary = np.zeros(3, np.float32), np.empty(KEPT_MAX, np.int64), new_summaries(1)[0]
         base, tok = len(m.tokens), int(np.argmax(m.logits(1)[0]))
         sampled = _sampled_round(m, tok, nv)

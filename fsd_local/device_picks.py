@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 from fsd_local.drafting.proposer import rows_needed
 
 if TYPE_CHECKING:
-    from fsd_local.generation import Generation
     from fsd_local.llama.model import Model
+    from fsd_local.round import RoundContext
 
 
-def plan(g: Generation, target: Model, draft: Model | None) -> None:
-    """Attach each model's backend sampler for generation g, or detach it where the host reads its rows."""
-    s = g.s
-    host = g.chain.active or s.logprobs or s.top_logprobs > 0
+def plan(ctx: RoundContext, target: Model, draft: Model | None) -> None:
+    """Attach each model's backend sampler for a generation's context, or detach it where the host reads rows."""
+    s = ctx.settings
+    host = ctx.chain.active or s.logprobs or s.top_logprobs > 0
     target_t = draft_t = None
     if s.mode == "ar":
         target_t = None if host else s.temperature
@@ -35,7 +35,7 @@ def plan(g: Generation, target: Model, draft: Model | None) -> None:
     elif s.temperature <= 0.0 and not host:
         lossless = s.mode == "sd" or (s.mode != "fsd-paper" and s.tau == 0 and s.quality_budget is None)
         target_t = 0.0 if lossless else None
-        draft_t = 0.0 if s.draft_p_min <= 0 and not rows_needed(g) else None
+        draft_t = 0.0 if s.draft_p_min <= 0 and not rows_needed(ctx) else None
     target.sampler.use(target_t, s.seed)
     if draft is not None:
         draft.sampler.use(draft_t, s.seed)
