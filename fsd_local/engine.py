@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from fsd_local.chain import Chain
 from fsd_local.conversation import fit_conversation, reply_room
+from fsd_local.device_picks import plan as plan_picks
 from fsd_local.drafting.calibration import CostStore
 from fsd_local.drafting.proposer import Proposer
 from fsd_local.errors import FSDError
 from fsd_local.generation import Generation
-from fsd_local.kernels.accept import warm_up
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.penalties import warm_up as warm_chain
+from fsd_local.kernels.warm import warm_up
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
@@ -323,8 +324,9 @@ class Engine:
         chain = Chain(s, self.n_vocab, self.target).start(seq)  # penalties, bias, grammar
         budget = self._policy.start(s)
         g = Generation(s, seq, models, self.target, self.n_vocab, budget, self._buffers, chain, dropped)
+        plan_picks(g.ctx, self.target, self.draft)  # which picks llama.cpp's backend samplers make (device_picks.py)
         if g.speculative:
-            self._proposer.start(g.ctx)
+            self._proposer.start(g.ctx, target_rows=not self.target.sampler.active)
         return g
 
     def _prefill(self, g: Generation, cancel, cut: bool = False) -> None:

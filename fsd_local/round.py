@@ -1,5 +1,6 @@
 """One round of one sequence: its `RoundContext` in, a `Proposal` verified in one target decode, a `Step` out
-(docs/design.md, "One round"). A batch of sequences calls the pieces: `target_input`, its own decode, `judge`."""
+(docs/design.md, "One round"). A batch of sequences calls the pieces: `target_input`, its own decode, `judge`
+(`judge_tops` where the device picked each row's argmax)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from fsd_local.kernels.accept import (
     sampling_of,
 )
 from fsd_local.kernels.budget import Budget, stop_at
-from fsd_local.kernels.emit import emit_one
+from fsd_local.kernels.dense import new_summaries
+from fsd_local.kernels.emit import accept_tops, emit_one
 from fsd_local.kernels.sampling import KEPT_MAX
 from fsd_local.results import Emitted
 from fsd_local.settings import Settings
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 
 ORIGINS = ("target", "sd", "fuzzy")  # why each emitted token is there, by the kernel's reason code
 NO_LOSS = np.zeros(0)
+NO_ROWS = np.zeros((0, 0), np.float32)  # a step whose token was picked on the device read no row
 
 
 class Buffers(NamedTuple):
@@ -55,6 +58,7 @@ def new_buffers(k: int, n_vocab: int, n_top: int = 0, logprobs: bool = True) -> 
         onehot=np.zeros(k, np.uint8),
         kept=np.empty((k, KEPT_MAX), np.int64),
         kept_n=np.full(k, -1, np.int64),
+        summary=new_summaries(1)[0],
         lossless=np.zeros(k, np.uint8),
     )
     return Buffers(drafts, round_out(k, n_top, logprobs), np.zeros(3, np.float32))
@@ -177,6 +181,18 @@ def judge(ctx: RoundContext, proposal: Proposal, rows: np.ndarray, batch: int, s
     return Step(emitted, accepted, loss, batch, seconds, perf_counter() - t0, rows, out, proposal)
 
 
+def judge_tops(ctx: RoundContext, proposal: Proposal, tops: list[int], batch: int, seconds: float, t0: float) -> Step:
+    """judge for a greedy round of the lossless rule whose rows stayed on the device: `tops`, each row's argmax
+    (picked by the target's backend sampler), decide it (kernels/emit.py `accept_tops`)."""
+    n, drafts, out = proposal.n, ctx.buffers.drafts, ctx.buffers.out
+    out.top[: n + 1] = tops
+    accepted, nxt = accept_tops(drafts.tokens, n, out, ctx.budget)
+    ctx.chain.settle(accepted, nxt)
+    emitted = _emitted(drafts.tokens[:accepted].tolist() + [int(nxt)], out, accepted, n, ctx.logprobs)
+    loss = ctx.budget.loss[: accepted + 1]
+    return Step(emitted, accepted, loss, batch, seconds, perf_counter() - t0, NO_ROWS, out, proposal)
+
+
 def verify(target: Model, ctx: RoundContext, proposal: Proposal) -> Step:
     """One sequence's verification: the proposal decoded by the target alone, then judged."""
     t0 = perf_counter()
@@ -185,6 +201,9 @@ def verify(target: Model, ctx: RoundContext, proposal: Proposal) -> Step:
     target.decode(part.tokens, f"from:{part.first_row}")
     target.synchronize()
     seconds = perf_counter() - t
+    if target.sampler.active:  # a greedy lossless round: each row's argmax, picked on the device (device_picks.py)
+        tops = [target.sampler.token(j - part.rows) for j in range(part.rows)]
+        return judge_tops(ctx, proposal, tops, len(part.tokens), seconds, t0)
     return judge(ctx, proposal, target.logits(part.rows), len(part.tokens), seconds, t0)
 
 
@@ -196,9 +215,13 @@ def plain_step(model: Model, ctx: RoundContext, decoder: str) -> Step:
     model.decode(todo, "last")
     model.synchronize()
     seconds = perf_counter() - t
-    rows, out = model.logits(1), ctx.buffers.out
-    ctx.chain.target_rows(rows, 0)  # the same processing as every target row
-    tok, _ = emit_one(rows[0], model.n_vocab, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
+    out = ctx.buffers.out
+    if model.sampler.active:  # picked on the device: no row comes to the host (device_picks.py)
+        rows, tok = NO_ROWS, model.sampler.take()
+    else:
+        rows = model.logits(1)
+        ctx.chain.target_rows(rows, 0)  # the same processing as every target row
+        tok, _ = emit_one(rows[0], model.n_vocab, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
     ctx.chain.settle(0, tok)
     emitted = _emitted([int(tok)], out, 0, 0, ctx.logprobs)
     emitted.origins[0] = decoder

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
 TINY = ["--threads", "1"]
 
 
@@ -52,6 +53,10 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
         "onehot_speed": (["--n", "4096", "--repeats", "2"], "one-hot divergences, n=4096"),
         "policy_cost": (["--k-max", "4", "--rounds", "5"], "us a round (k_max 4"),
         "serve_overhead": (pair + TINY + ["--repeats", "1", "--max-tokens", "4", "--restarts", "1"], "restart_seconds"),
+        "sampled_overhead": (
+            pair + TINY + ["--repeats", "1", "--tokens", "4", "--prompts", "1", "--light", "--against", str(ROOT)],
+            "T 0.7 fsd js 0.3",
+        ),
     }[name]
 
 

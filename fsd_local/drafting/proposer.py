@@ -34,7 +34,8 @@ def rows_needed(ctx: RoundContext) -> bool:
 
 class DraftPicks:
     """One sequence's draws from the draft model in one round: `pick(row)` takes the model's row for the next
-    slot and returns the token to decode next (None: drafting stops); `n` drafts are in the buffers."""
+    slot (`picked(token)`: the token its backend sampler chose, no row read) and returns the token to decode
+    next (None: drafting stops); `n` drafts are in the buffers."""
 
     __slots__ = ("chain", "copy", "drafts", "k", "n", "n_vocab", "p_min", "sampled", "us")
 
@@ -52,12 +53,20 @@ class DraftPicks:
         want_top = self.p_min > 0
         if self.copy:  # the kernel reads the row after the draft's next decode has overwritten llama.cpp's buffer
             tok, p_tok, p_top, d.kept_n[i] = pick_kept_copy(
-                row, self.n_vocab, *self.sampled, self.us[i], d.stats[i], d.kept[i], want_top, d.rows[i]
+                row, self.n_vocab, *self.sampled, self.us[i], d.stats[i], d.kept[i], want_top, d.rows[i], d.summary
             )
         else:
             tok, p_tok, p_top, d.kept_n[i] = pick_kept(
-                row, self.n_vocab, *self.sampled, self.us[i], d.stats[i], d.kept[i], want_top
+                row, self.n_vocab, *self.sampled, self.us[i], d.stats[i], d.kept[i], want_top, d.summary
             )
+        return self._keep(tok, p_tok, p_top)
+
+    def picked(self, tok: int) -> int | None:
+        """A greedy pick made on the device (device_picks.py: only where no draft row and no p_min is read)."""
+        return self._keep(tok, 1.0, 1.0)
+
+    def _keep(self, tok: int, p_tok: float, p_top: float) -> int | None:
+        i, d = self.n, self.drafts
         if p_top < self.p_min:
             return None
         d.tokens[i], d.prob[i], d.onehot[i] = tok, p_tok, 0
@@ -78,12 +87,13 @@ class Proposer:
         self._kept_pos = np.full(ROWS_KEPT, -1, np.int64)
         self.keeps_rows = False
 
-    def start(self, ctx: RoundContext) -> None:
-        """A new generation: no kept row applies to its text; keep rows only where a probe may use them."""
+    def start(self, ctx: RoundContext, target_rows: bool = True) -> None:
+        """A new generation: no kept row applies to its text; keep rows only where a probe may use them (and
+        `target_rows`: the target's plain steps bring their rows to the host, not picked on its device)."""
         s = ctx.settings
         self._kept_pos[:] = -1
         drafting = self.draft is not None and s.drafter != "ngram"
-        self.keeps_rows = drafting and s.draft_policy == "auto" and ctx.chain.constraint is None
+        self.keeps_rows = drafting and s.draft_policy == "auto" and ctx.chain.constraint is None and target_rows
 
     # ------------------------------------------------------------------ one round
     def propose(self, ctx: RoundContext) -> Proposal:
@@ -124,7 +134,8 @@ class Proposer:
             else:
                 d.decode(seq[len(d.tokens) :], "last")
             picks = DraftPicks(ctx, self.n_vocab, k)  # the draft's last row is the first slot's
-            while (tok := picks.pick(d.logits(1)[0])) is not None:
+            device = d.sampler.active  # greedy picks made on the device, no draft row read (device_picks.py)
+            while (tok := picks.picked(d.sampler.take()) if device else picks.pick(d.logits(1)[0])) is not None:
                 d.decode_one(tok)
             n = picks.n
         return Proposal(n, MODEL if n else None, k, perf_counter() - t0, caught_up, probed)
@@ -174,8 +185,9 @@ class Proposer:
         p_idx = np.array([p % ROWS_KEPT for p in scored], np.int64)
         assert self._kept is not None, "scored positions have kept rows"
         tau = _threshold(ctx)
-        stats = ctx.buffers.row_stats
-        score_slots(self._kept, p_idx, rows, q_idx, self.n_vocab, ctx.rule, ctx.sampling, tau, us, stats, out)
+        out_ = ctx.buffers.out  # its kept tokens and summaries are free scratch while the round drafts
+        scratch = (ctx.buffers.row_stats, out_.kept[0], out_.summaries[0])
+        score_slots(self._kept, p_idx, rows, q_idx, self.n_vocab, ctx.rule, ctx.sampling, tau, us, *scratch, out)
         self.lengths.observe_stream(MODEL, out)
         return seconds, n
 
