@@ -11,9 +11,10 @@ prompt the side that goes first alternates), so a configuration's two sides see 
 sampling is chat's defaults (settings.CHAT_DEFAULTS) with a seed per prompt. With --empty-store every engine
 starts without measured costs (FSD_LOCAL_COSTS points at a new, empty file per engine); without it, at what the
 store on disk holds (say which in every figure). Per configuration and side it prints tokens per target call,
-tokens/s (the engine's generation time, after the prompt), the share of tokens forced, and for greedy lossless
-modes whether the token ids are the same on both sides (meaningful on F16 targets only: llama.cpp's quantised
-kernels depend on the batch shape).
+tokens/s (the engine's generation time, after the prompt), the share of tokens forced (on: proposed forced and
+kept; off: those the grammar forced along the reply, read back from its tokens, whose share s makes `ar`'s
+ceiling 1 / (1 - s) tokens per call), and for greedy lossless modes whether the token ids are the same on both
+sides (meaningful on F16 targets only: llama.cpp's quantised kernels depend on the batch shape).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import json
 import os
 import tempfile
 
+from fsd_local.chain import Chain
 from fsd_local.engine import Engine
 from fsd_local.pairs.demo import demo_pair
-from fsd_local.settings import CHAT_DEFAULTS
+from fsd_local.settings import CHAT_DEFAULTS, Settings
 
 PROFILE = {
     "type": "object",
@@ -97,11 +99,27 @@ def run_config(a, target, draft, settings: dict, sampling: str) -> dict[bool, li
                         **settings,
                         **extra,
                     )
-                    replies[on].append({"ids": out.token_ids, "finish": out.finish_reason, **out.stats})
+                    forcible = forced_along(sides[on], out.token_ids)
+                    replies[on].append(
+                        {"ids": out.token_ids, "finish": out.finish_reason, "forcible": forcible, **out.stats}
+                    )
     finally:
         for e in sides.values():
             e.close()
     return replies
+
+
+def forced_along(eng: Engine, ids: list[int]) -> int:
+    """How many of a reply's tokens the grammar forced where they stand (read back: the reply walked through a
+    new chain)."""
+    chain = Chain(Settings(json_schema=PROFILE), eng.n_vocab, eng.target)
+    n = 0
+    for t in ids:
+        if chain.finished:
+            break
+        n += chain.constraint.forced(1) == [t]
+        chain.settle(0, t)
+    return n
 
 
 def summary(replies: list[dict]) -> dict:
@@ -109,12 +127,14 @@ def summary(replies: list[dict]) -> dict:
     seconds = sum(r["seconds_total"] for r in replies)
     calls = sum(r["target_calls"] for r in replies)
     forced = sum(r.get("forced_accepted", 0) for r in replies)
+    forcible = sum(r["forcible"] for r in replies)
     return {
         "tokens": tokens,
         "target_calls": calls,
         "tokens_per_call": tokens / calls if calls else 0.0,
         "tok_s": tokens / seconds if seconds else 0.0,
         "forced_share": forced / tokens if tokens else 0.0,
+        "forcible_share": forcible / tokens if tokens else 0.0,
         "stopped": sum(r["finish"] == "stop" for r in replies),
     }
 
@@ -137,7 +157,7 @@ def main() -> None:
     store = "EMPTY" if a.empty_store else "as on disk"
     print(f"target {target}; cost store {store}; {a.prompts} prompts x {a.repeats}, max_tokens {a.tokens}", flush=True)
     head = f"{'config':9s} {'sampling':8s} {'tok/call on':>11s} {'off':>6s} {'ratio':>6s} "
-    print(head + f"{'tok/s on':>9s} {'off':>6s} {'ratio':>6s} {'forced':>7s} same ids", flush=True)
+    print(head + f"{'tok/s on':>9s} {'off':>6s} {'ratio':>6s} {'forced on':>9s} {'off':>5s} same ids", flush=True)
     results = []
     for sampling in a.sampling.split(","):
         for name in a.configs.split(","):
@@ -152,7 +172,8 @@ def main() -> None:
             speed = on["tok_s"] / off["tok_s"] if off["tok_s"] else 0.0
             print(
                 f"{name:9s} {sampling:8s} {on['tokens_per_call']:11.2f} {off['tokens_per_call']:6.2f} {per_call:6.2f} "
-                f"{on['tok_s']:9.2f} {off['tok_s']:6.2f} {speed:6.2f} {on['forced_share']:7.0%} "
+                f"{on['tok_s']:9.2f} {off['tok_s']:6.2f} {speed:6.2f} {on['forced_share']:9.0%} "
+                f"{off['forcible_share']:5.0%} "
                 f"{'-' if same is None else same}",
                 flush=True,
             )
