@@ -82,7 +82,8 @@ class Stats:
         self.probed += p.probed
         ph = self.phases
         ph["draft"], ph["verify"] = ph["draft"] + p.seconds, ph["verify"] + step.wall
-        self.record_round(p.n, out.reason, out.divergence, out.logprob, min(step.accepted + 1, kept), step.loss)
+        emitted = min(step.accepted + 1, kept)
+        self.record_round(p.n, out.reason, out.divergence, out.logprob, emitted, step.loss, p.forced)
 
     def record_round(self, n_drafts, reasons, divs, logprobs, emitted, losses, forced=None):
         """One round: reasons/divs are the kernel's per-slot arrays, logprobs (empty: not computed) and losses

@@ -42,6 +42,9 @@ from fsd_local.kernels.score import score_slots
 
 # why a slot was accepted (the core statistic)
 REJECTED, BY_SD, BY_FUZZY = 0, 1, 2
+# Drafts.onehot: a drafter's row (0), a one-hot q without a row (1: prompt lookup), or a token the grammar forced
+# (2: one-hot too, and judged exactly: never rescued, never charged to a budget)
+ONE_HOT, FORCED = 1, 2
 
 
 class Rule(NamedTuple):
@@ -70,7 +73,8 @@ class Sampling(NamedTuple):
 class Drafts(NamedTuple):
     """A round's drafts: the draft's raw rows (copied only where the rule reads them), the tokens, each one's
     draft probability, the (max, cut-off, log-normaliser) of each processed draft row, whether a row is one-hot
-    (prompt lookup: no row), and where the draft sampled, each row's kept tokens (sorted; -1: not truncated)."""
+    (ONE_HOT: prompt lookup, no row; FORCED: the grammar's, judged exactly), and where the draft sampled, each
+    row's kept tokens (sorted; -1: not truncated)."""
 
     rows: np.ndarray
     tokens: np.ndarray
@@ -209,13 +213,15 @@ def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget)
     x, d, mode = P[i], draft.tokens[i], rule.mode
     greedy = sampling.temperature <= 0.0
     lossy = mode != SD and budget.bound != 0.0 and (tau > 0.0 or mode == FSD_PAPER)  # B = 0 or tau = 0: sd
+    exact = draft.onehot[i] == FORCED  # what the grammar forced is the target's to confirm, never a rescue's
+    lossy = lossy and not exact
     share = -1.0  # the share of the slot's rescues a sampled budget allows (-1: no budget decides)
     if not greedy:
         _row_stats(x, i, n, sampling, out)
         if lossy and budget.bound > 0.0:
             share = _open(P, draft, i, n_drafts, n, rule, sampling, tau, out, budget)
     u = uniforms[i]  # fsd-paper has no SD test: the uniform is free for the budget's share
-    if mode != FSD_PAPER:
+    if mode != FSD_PAPER or exact:
         if greedy:
             ok = out.top[i] == d
         else:  # accept with probability min(1, p~(d) / q~(d))
@@ -317,10 +323,12 @@ def _slot_loss(draft, i, x, n, rule, sampling, tau, out):
 @njit(cache=True)
 def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
     """The one extra token of the round: the bonus after a full accept, otherwise the replacement at the failed
-    slot (greedy: the argmax; sampled: the residual norm(max(p~ - q~, 0)), or p~ itself for fsd-paper)."""
+    slot (greedy: the argmax; sampled: the residual norm(max(p~ - q~, 0)), or p~ itself for fsd-paper but at a
+    forced slot)."""
     x = P[accepted]
     temperature = sampling.temperature
-    if accepted == n_drafts or mode == FSD_PAPER or temperature <= 0.0:
+    paper = mode == FSD_PAPER and (accepted == n_drafts or draft.onehot[accepted] != FORCED)  # forced: residual
+    if accepted == n_drafts or paper or temperature <= 0.0:
         if accepted == n_drafts or temperature <= 0.0:  # a row not read yet (the bonus), or read greedily
             if out.top[accepted] < 0 or temperature > 0.0:
                 _row_stats(x, accepted, n, sampling, out)
