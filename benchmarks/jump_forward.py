@@ -123,7 +123,7 @@ def forced_along(eng: Engine, ids: list[int]) -> int:
 
 
 def summary(replies: list[dict]) -> dict:
-    tokens = sum(r["tokens"] for r in replies)
+    tokens = sum(len(r["ids"]) for r in replies)  # the reply's: an end of generation a round decoded is not one
     seconds = sum(r["seconds_total"] for r in replies)
     calls = sum(r["target_calls"] for r in replies)
     forced = sum(r.get("forced_accepted", 0) for r in replies)

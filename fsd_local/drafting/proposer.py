@@ -138,7 +138,7 @@ class Proposer:
             while (tok := picks.pick(d.logits(1)[0])) is not None:
                 run = force(ctx, picks.n, used)  # the grammar extends the proposal where it decides alone
                 picks.n, used = picks.n + len(run), used + len(run)
-                if picks.done:
+                if picks.done or picks.n >= ctx.room:  # forced slots take the room of the drafts after them
                     break
                 d.decode([tok, *run], "last")
             n = picks.n
