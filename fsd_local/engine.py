@@ -26,7 +26,7 @@ from fsd_local.llama.vocab import check_compatible
 from fsd_local.policy import Policy
 from fsd_local.prompting import chat_ids, checked_ids, loaded_context
 from fsd_local.results import CancelToken, Completion, Piece, final_completion
-from fsd_local.round import Step, new_buffers, plain_step, verify
+from fsd_local.round import Proposal, Step, forced_run, new_buffers, plain_step, slots, verify
 from fsd_local.settings import Settings
 
 if TYPE_CHECKING:
@@ -277,7 +277,11 @@ class Engine:
         and the policy's observation of it."""
         ctx = g.ctx
         if g.speculative:
-            step = verify(self.target, ctx, self._proposer.propose(ctx))
+            proposal: Proposal | None = self._proposer.propose(ctx)
+        else:  # ar verifies what a grammar forces as a batch of its own; draft-only decides with the draft
+            proposal = forced_run(ctx) if g.s.mode == "ar" else None
+        if proposal is not None:
+            step = verify(self.target, ctx, proposal)
         else:
             step = plain_step(g.models[0], ctx, "target" if g.s.mode == "ar" else "draft")
         t = perf_counter()
@@ -317,9 +321,9 @@ class Engine:
         else:
             models = [self.target]
         seq = self.prompt_tokens(prompt, models)
-        key = (s.draft_max, s.top_logprobs, s.logprobs)
+        key = (slots(s), s.top_logprobs, s.logprobs)
         if self._buffers_key != key:
-            self._buffers = new_buffers(s.draft_max, self.n_vocab, s.top_logprobs, s.logprobs)
+            self._buffers = new_buffers(slots(s), self.n_vocab, s.top_logprobs, s.logprobs)
             self._buffers_key = key
         chain = Chain(s, self.n_vocab, self.target).start(seq)  # penalties, bias, grammar
         budget = self._policy.start(s)

@@ -14,6 +14,7 @@ import numpy as np
 from fsd_local.chain import Chain
 from fsd_local.kernels.accept import (
     BY_FUZZY,
+    FORCED,
     Drafts,
     RoundOut,
     Rule,
@@ -36,6 +37,16 @@ if TYPE_CHECKING:
 ORIGINS = ("target", "sd", "fuzzy")  # why each emitted token is there, by the kernel's reason code
 NO_LOSS = np.zeros(0)
 NO_ROWS = np.zeros((0, 0), np.float32)  # a step whose token was picked on the device read no row
+# tokens a grammar forces that one round may propose besides its drafts: a long literal is verified over several
+# rounds, each target decode at most draft_max + FORCED_MAX tokens past the pending text
+FORCED_MAX = 16
+
+
+def slots(s: Settings) -> int:
+    """The most slots a round of these settings proposes: its drafts, and under a constraint with jump_forward
+    the tokens the grammar forces."""
+    jump = s.jump_forward and (s.grammar is not None or s.json_schema is not None)
+    return s.draft_max + (FORCED_MAX if jump else 0)
 
 
 class Buffers(NamedTuple):
@@ -112,8 +123,9 @@ class RoundContext:
 
 class Proposal(NamedTuple):
     """What drafting wrote into the context's draft buffers: n drafts by `source` (a drafter and its evidence
-    class; None when nothing was drafted), the k chosen, drafting's wall seconds and, of those, the seconds
-    spent catching the draft model up, and the skipped positions that catch-up scored."""
+    class; None when no drafter proposed any), the k chosen, drafting's wall seconds and, of those, the seconds
+    spent catching the draft model up, the skipped positions that catch-up scored, and which of the n slots the
+    grammar forced (None: none)."""
 
     n: int
     source: tuple[str, int] | None
@@ -121,6 +133,37 @@ class Proposal(NamedTuple):
     seconds: float
     catch_up: float = 0.0
     probed: int = 0
+    forced: np.ndarray | None = None
+
+    def drafter_counts(self, accepted: int) -> tuple[int, int]:
+        """(slots the drafter proposed, of them those among the first `accepted`): forced slots aside."""
+        if self.forced is None:
+            return self.n, accepted
+        return self.n - int(self.forced.sum()), accepted - int(self.forced[:accepted].sum())
+
+
+def force(ctx: RoundContext, at: int, used: int) -> list[int]:
+    """Write the tokens the grammar forces after this round's first `at` slots into slots at.. of the draft
+    buffers (pushed into the chain), at most FORCED_MAX - `used` and never past the round's room: [] without
+    jump_forward or where the grammar leaves a choice. The target judges them exactly (kernels/accept.py)."""
+    run = ctx.chain.force(min(FORCED_MAX - used, ctx.room - at))
+    d = ctx.buffers.drafts
+    for j, tok in enumerate(run, at):
+        d.tokens[j], d.prob[j], d.onehot[j] = tok, 1.0, FORCED
+        d.stats[j] = 0.0  # a one-hot row's (max, cut-off, log-normaliser), as prompt lookup's
+    return run
+
+
+def forced_flags(ctx: RoundContext, n: int) -> np.ndarray | None:
+    """Which of a proposal's n slots the grammar forced (None: no jump_forward)."""
+    return ctx.buffers.drafts.onehot[:n] == FORCED if ctx.chain.jump else None
+
+
+def forced_run(ctx: RoundContext) -> Proposal | None:
+    """`ar`'s proposal: the tokens the grammar forces, verified as a batch of their own (None: nothing forced)."""
+    t0 = perf_counter()
+    n = len(force(ctx, 0, 0))
+    return Proposal(n, None, 0, perf_counter() - t0, forced=forced_flags(ctx, n)) if n else None
 
 
 class Step(NamedTuple):
@@ -177,6 +220,9 @@ def judge(ctx: RoundContext, proposal: Proposal, rows: np.ndarray, batch: int, s
     accepted, nxt = accept_round(rows, drafts, n, ctx.n_vocab, ctx.rule, ctx.sampling, u, out, ctx.budget)
     ctx.chain.settle(accepted, nxt)
     emitted = _emitted(tokens[:accepted] + [int(nxt)], out, accepted, n, ctx.logprobs)
+    if proposal.forced is not None:
+        for i in np.flatnonzero(proposal.forced[:accepted]):
+            emitted.origins[i] = "forced"
     loss = ctx.budget.loss[: accepted + 1]
     return Step(emitted, accepted, loss, batch, seconds, perf_counter() - t0, rows, out, proposal)
 

@@ -41,6 +41,10 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
         "first_token": (pair + TINY + ["--repeats", "1", "--tokens", "2", "--empty-store"], "first request"),
         "chat_loops": (pair + TINY + ["--seeds", "1", "--only", "greedy", "--prompts", "1", "--max-tokens", "4"], "1 "),
         "json_overhead": (pair + TINY + ["--repeats", "1", "--people", "1", "--max-tokens", "6"], "json ms/tok"),
+        "jump_forward": (
+            pair + TINY + ["--prompts", "1", "--tokens", "8", "--configs", "ar,sd-k4", "--sampling", "greedy,chat"],
+            "sd-k4     chat",
+        ),
         "record_traces": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--out", str(tmp / "t.json")], "written"),
         "repack_cost": (pair + TINY + ["--tokens", "4", "--repeats", "1"], "no-repack / repack"),
         "rules_frontier": (

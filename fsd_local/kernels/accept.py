@@ -58,6 +58,10 @@ from fsd_local.kernels.sampling import (
     untruncated,
 )
 
+# Drafts.onehot: a drafter's row (0), a one-hot q without a row (1: prompt lookup), or a token the grammar forced
+# (2: one-hot too, and judged exactly: never rescued, never charged to a budget)
+ONE_HOT, FORCED = 1, 2
+
 
 class Rule(NamedTuple):
     """The acceptance rule: mode and divergence codes (kernels/names.py), tau, k of the topk-* divergences, and
@@ -85,8 +89,9 @@ class Sampling(NamedTuple):
 class Drafts(NamedTuple):
     """A round's drafts: the draft's raw rows (copied only where the rule reads them), the tokens, each one's
     draft probability, the (max, cut-off, log-normaliser) of each processed draft row, whether a row is one-hot
-    (prompt lookup: no row), where the draft sampled, each row's kept tokens (sorted; -1: not truncated), and
-    which slots only the lossless test may accept (a token that would end the reply: round.py sets them)."""
+    (ONE_HOT: prompt lookup, no row; FORCED: the grammar's, judged exactly), where the draft sampled, each row's
+    kept tokens (sorted; -1: not truncated), and which slots only the lossless test may accept (a token that would
+    end the reply: round.py sets them)."""
 
     rows: np.ndarray
     tokens: np.ndarray
@@ -285,8 +290,9 @@ def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget)
 
 @njit(inline="always")
 def lossless_only(draft, i):
-    """Whether slot i may be accepted by the lossless SD test alone (Drafts.lossless; none stored: no)."""
-    return draft.lossless.shape[0] > i and draft.lossless[i] != 0
+    """Whether slot i may be accepted by the lossless SD test alone: a token the grammar forced, or a slot
+    Drafts.lossless flags (none stored: no)."""
+    return draft.onehot[i] == FORCED or (draft.lossless.shape[0] > i and draft.lossless[i] != 0)
 
 
 @njit(cache=True)
@@ -381,10 +387,12 @@ def _slot_loss(draft, i, x, n, rule, sampling, tau, out):
 @njit(cache=True)
 def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
     """The one extra token of the round: the bonus after a full accept, otherwise the replacement at the failed
-    slot (greedy: the argmax; sampled: the residual norm(max(p~ - q~, 0)), or p~ itself for fsd-paper)."""
+    slot (greedy: the argmax; sampled: the residual norm(max(p~ - q~, 0)), or p~ itself for fsd-paper but at a
+    forced slot)."""
     x = P[accepted]
     temperature = sampling.temperature
-    if accepted == n_drafts or mode == FSD_PAPER or temperature <= 0.0:
+    paper = mode == FSD_PAPER and (accepted == n_drafts or draft.onehot[accepted] != FORCED)  # forced: residual
+    if accepted == n_drafts or paper or temperature <= 0.0:
         if accepted == n_drafts or temperature <= 0.0:  # a row not read yet (the bonus), or read greedily
             if out.top[accepted] < 0 or temperature > 0.0:
                 _row_stats(x, accepted, n, sampling, out)
