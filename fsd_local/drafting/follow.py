@@ -74,8 +74,8 @@ class TextFollower:
         self._special = not self.lead
         self.seconds = 0.0  # time spent here outside llama.cpp's decode (tokenising, comparing)
         self.retokenised = 0  # draft tokens produced by tokenising tails
-        self.full = 0  # times the whole text was tokenised again
-        self.misaligned = 0  # syncs whose text the draft's tokens could not render exactly (no drafting then)
+        self.far_back = 0  # tails that had to start more than BACK + BACK_MAX tokens before the change
+        self.misaligned = 0  # tails the draft's tokens did not render exactly (bytes it has no token for)
         self.reset()
 
     def reset(self) -> None:
@@ -84,6 +84,7 @@ class TextFollower:
         self.text = bytearray(self.lead)  # the text as the draft reads it
         self.ids: list[int] = list(self.head)  # the draft's tokens of text[:settled]
         self.id_ends: list[int] = [0] * len(self.head)  # byte offset in `text` after each draft token
+        self.exact: list[bool] = [True] * len(self.head)  # whether that offset is exact (_tail_tokens)
 
     # ------------------------------------------------------------------ text
     def _render_target(self, token: int) -> bytes:
@@ -100,18 +101,34 @@ class TextFollower:
         n = lc.llama_tokenize(self.draft.vocab, data, len(data), self._tok_buf, cap, False, self._special)
         return list(self._tok_buf[:n]) if n > 0 else []
 
-    def _tail_tokens(self, start: int, end: int) -> list[int] | None:
-        """The draft's tokens of text[start:end], None when they do not render exactly those bytes."""
-        data = bytes(self.text[start:end])
-        if len(data) <= len(self.lead):
-            return [] if data == self.lead[: len(data)] else None
-        if self.lead:
-            if data[:1] != self.lead:  # the tokenizer would write a space that is not in the text
-                return None
-            ids = self._tokenize(data[1:])
-        else:
-            ids = self._tokenize(data)
-        return ids if self._render(ids) == data else None
+    def _tail_tokens(self, start: int, end: int) -> tuple[list[int], list[int], list[bool]]:
+        """The draft's tokens of text[start:end] with the byte offset after each and whether it is exact. A
+        byte-level BPE vocabulary without a token for some byte leaves it out: the tokens before and after such
+        a gap still end where their bytes do; only those inside it have an offset estimated (not exact)."""
+        if end - start <= len(self.lead):
+            return [], [], []
+        ids = self._tokenize(
+            bytes(self.text[start + len(self.lead) : end]) if self.lead else bytes(self.text[start:end])
+        )
+        pieces = [self.draft_text(t) for t in ids]
+        ends, exact = [0] * len(ids), [True] * len(ids)
+        at, i = start, 0
+        while i < len(ids) and self.text.startswith(pieces[i], at):  # bytearray.startswith(prefix, at)
+            at += len(pieces[i])
+            ends[i] = at
+            i += 1
+        back, k = end, len(ids) - 1
+        while k >= i and back - len(pieces[k]) >= at and self.text.startswith(pieces[k], back - len(pieces[k])):
+            ends[k] = back
+            back -= len(pieces[k])
+            k -= 1
+        self.misaligned += at != back or k >= i
+        if k >= i:  # the gap: what the tokens left out is somewhere in text[at:back]
+            for j in range(i, k + 1):
+                at = min(at + len(pieces[j]), back)
+                ends[j], exact[j] = at, j == k
+            ends[k] = back
+        return ids, ends, exact
 
     # ------------------------------------------------------------------ following
     def _follow(self, seq, start: int) -> int:
@@ -131,11 +148,19 @@ class TextFollower:
     def _start_of(self, j: int) -> int:
         return self.id_ends[j - 1] if j > 0 else 0
 
+    def _exact(self, j: int) -> bool:
+        """Whether ids[:j] end exactly at _start_of(j) (not inside a tail the draft could not render exactly)."""
+        return j == 0 or self.exact[j - 1]
+
     def _good_start(self, j: int) -> bool:
         """Whether a tail may start at ids[j]: at a UTF-8 character, at a space for a space-prefix tokenizer,
         else preferably after whitespace (where a BPE pre-tokenizer splits the text anyway)."""
         s = self._start_of(j)
-        if s >= len(self.text) or j == len(self.head):
+        if j == len(self.head):
+            return True
+        if not self._exact(j) or not _utf8_start(self.text[s] if s < len(self.text) else 0):
+            return False
+        if s >= len(self.text):
             return True
         b = self.text[s]
         return b == 32 if self.lead else b in WORD_START
@@ -149,35 +174,28 @@ class TextFollower:
             if self._good_start(k):
                 return k
         if self.lead:
+            self.far_back += 1
             return next((k for k in range(j - BACK_MAX - 1, h, -1) if self._good_start(k)), h)
-        while j > h and not _utf8_start(self.text[self._start_of(j)]):
-            j -= 1
-        return j
+        k = j  # no word start near: any character start that ends an exact reading
+        while k > h and not (self._exact(k) and _utf8_start(self.text[self._start_of(k)])):
+            k -= 1
+        self.far_back += j - k > BACK_MAX
+        return k
 
     def sync(self, seq, start: int = 0) -> bool:
         """Bring the draft's cache to the text of the target tokens seq (known followed below `start`), its last
-        row the next token's. False when the draft cannot read the text: it ends inside a UTF-8 character, or the
-        draft's tokens do not render it exactly (`misaligned`). Only this and the draft's proposals write the
-        draft's cache."""
+        row the next token's. False when the text ends inside a UTF-8 character (the draft cannot read it yet).
+        Only this and the draft's proposals write the draft's cache."""
         t0 = perf_counter()
         decode0 = self.draft.decode_seconds
         changed = self._follow(seq, start)
         end = _complete_utf8(self.text)
         j = self._boundary(min(changed, end))
-        tail = self._tail_tokens(self._start_of(j), end)
-        if tail is None:  # the tail alone does not tokenise to its bytes: the whole text again
-            j = len(self.head)
-            tail = self._tail_tokens(0, end)
-            self.full += 1
-        if tail is None:  # the draft cannot read this text back: it proposes nothing until the text changes
-            self.misaligned += 1
-            j, tail, end = len(self.head), [], -1
-        del self.ids[j:], self.id_ends[j:]
-        at = self._start_of(j)
-        for t in tail:
-            at += len(self.draft_text(t))
-            self.ids.append(t)
-            self.id_ends.append(at)
+        tail, ends, exact = self._tail_tokens(self._start_of(j), end)
+        del self.ids[j:], self.id_ends[j:], self.exact[j:]
+        self.ids += tail
+        self.id_ends += ends
+        self.exact += exact
         self.retokenised += len(tail)
         ok = end == len(self.text) and len(self.ids) > 0
         if ok:

@@ -1,7 +1,8 @@
 """A draft's row carried onto the target's vocabulary (drafting across tokenizers, llama/vocab_map.py): as logits,
 the draft's logit on every token both vocabularies share and -inf on the target's own tokens, so that softmax of
 the carried row is q', the draft's distribution on the shared tokens renormalised. Several draft tokens carried
-to one target token (`extra`) add their probabilities there."""
+to one target token (`extra`) add their probabilities there. The -inf entries are written once per buffer
+(`prepare`); each row then writes only the shared ones."""
 
 import math
 
@@ -13,12 +14,18 @@ NEG_INF = np.float32(-np.inf)
 
 
 @kernel
-def _gather(row, draft_of, out):
+def prepare(out):
+    """A new buffer for carried rows: -inf everywhere, which carry_row then only ever writes on shared tokens."""
     wide()
-    for t in range(out.shape[0]):
-        d = draft_of[t]
-        v = row[max(d, np.int32(0))]
-        out[t] = v if d >= np.int32(0) else NEG_INF
+    for i in range(out.shape[0]):
+        out[i] = NEG_INF
+
+
+@kernel
+def _scatter(row, shared_t, shared_d, out):
+    wide()
+    for j in range(shared_t.shape[0]):
+        out[shared_t[j]] = row[shared_d[j]]
 
 
 @kernel
@@ -31,10 +38,12 @@ def _add_logs(a, b):
 
 
 @kernel
-def carry_row(row, draft_of, extra, out):
-    """out[:len(draft_of)] = the draft row `row` carried onto the target's vocabulary: out[t] = row[draft_of[t]]
-    where draft_of[t] >= 0, else -inf; then for each (t, d) of extra, out[t] = log(exp(out[t]) + exp(row[d]))."""
-    _gather(row, draft_of, out)
+def carry_row(row, shared_t, shared_d, extra, out):
+    """The draft row `row` carried onto the target's vocabulary in `out`: out[shared_t[j]] = row[shared_d[j]],
+    then for each (t, d) of extra, out[t] = log(exp(out[t]) + exp(row[d])). Every other entry of out is left as
+    it is, -inf since `prepare`: the target's own tokens (a scatter of the shared entries costs a copy of the
+    draft's row, where writing the whole target row would cost a gather over it)."""
+    _scatter(row, shared_t, shared_d, out)
     for j in range(extra.shape[0]):
         t, d = extra[j, 0], extra[j, 1]
         out[t] = _add_logs(out[t], row[d])

@@ -12,7 +12,7 @@ from fsd_local import __version__
 from fsd_local.llama import backend, cpu_features, gguf_info, placement
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
-from fsd_local.llama.vocab import compatibility_problem
+from fsd_local.llama.vocab import Pairing, pairing
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -39,13 +39,13 @@ def model_summary(path: str, role: str) -> dict:
     }
 
 
-def compatibility(draft: str, target: str) -> str | None:
-    """None when the draft can draft for the target, else the reason (vocab.compatibility_problem)."""
+def compatibility(draft: str, target: str) -> Pairing:
+    """The path the pair takes (vocab.pairing): the same tokenizer, the vocabulary map, or refused."""
     d = t = None
     try:
         d = Model(ModelOptions(draft, vocab_only=True), "draft")
         t = Model(ModelOptions(target, vocab_only=True), "target")
-        return compatibility_problem(d, t)
+        return pairing(d, t)
     finally:
         for m in (d, t):
             if m is not None:
@@ -72,8 +72,10 @@ def report(target: str | None = None, draft: str | None = None, n_ctx: int = 409
         if path:
             out["models"][role] = model_summary(path, role)
     if target and draft:
-        problem = compatibility(draft, target)
-        out["compatible"], out["compatibility_problem"] = problem is None, problem
+        p = compatibility(draft, target)
+        # across tokenizers the engine does not run the map yet: only one tokenizer is compatible
+        out["compatible"], out["compatibility_problem"] = p.path == "same", p.reason
+        out["pairing"] = p.to_dict() | {"description": p.describe()}
     if target:
         t, d, summary = placement.resolve(
             ModelOptions(target, n_ctx=n_ctx),
@@ -154,6 +156,10 @@ def render(r: dict) -> str:
             "draft -> target: "
             + ("compatible (same tokenizer)" if r["compatible"] else f"INCOMPATIBLE: {r['compatibility_problem']}")
         )
+        if r["pairing"]["path"] == "map":  # the engine does not run it yet
+            lines.append(f"  across tokenizers: {r['pairing']['description']} (not run by this version yet)")
+        elif r["pairing"]["path"] == "refused":
+            lines.append(f"  across tokenizers: {r['pairing']['description']}")
     if "placement" in r:
         lines.append(f"auto placement at --ctx {r['placement']['n_ctx']}: {r['placement']['summary']}")
     return "\n".join(lines)

@@ -122,6 +122,12 @@ class VocabMap:
         )
 
     @cached_property
+    def shared(self) -> tuple[np.ndarray, np.ndarray]:
+        """(target ids, their draft_of) over the shared target tokens, by target id: kernels/carry.py's scatter."""
+        t = np.flatnonzero(self.draft_of >= 0).astype(np.int32)
+        return t, self.draft_of[t]
+
+    @cached_property
     def primary(self) -> np.ndarray:
         """primary_of(target_of, draft_of): what kernels/carry.py's carried_argmax reads."""
         return primary_of(self.target_of, self.draft_of)

@@ -16,7 +16,7 @@ import numpy as np
 
 from fsd_local.paths import cache_dir
 
-TABLE_VERSION = 1
+TABLE_VERSION = 4  # raised whenever what a table or a map holds changes
 # llama_token_attr bits (llama.h)
 ATTR_UNKNOWN, ATTR_UNUSED, ATTR_NORMAL, ATTR_CONTROL, ATTR_USER, ATTR_BYTE = 1, 2, 4, 8, 16, 32
 # a token's kind, as the map matches tokens: by bytes (normal, user-defined, byte) or by text (control)
@@ -56,6 +56,8 @@ class VocabTable:
     add_bos: bool
     tokenizer: str  # tokenizer.ggml.model: gpt2 (byte-level BPE), llama (SentencePiece), ...
     probe: np.ndarray  # int32: PROBE_TEXT as this tokenizer splits it
+    every_byte: bool  # llama.cpp can tokenise any text with it (_writes_every_byte)
+    reads_back: bool  # the probe's tokens render PROBE_TEXT exactly (after a space the tokenizer may write first)
 
     def piece(self, token: int) -> bytes:
         return self.pieces[self.offsets[token] : self.offsets[token + 1]].tobytes()
@@ -107,7 +109,13 @@ def read_table(model) -> VocabTable:
     texts = tuple(_special_text(to_piece, vocab, int(t)) for t in special)
     maybe_eog = np.unique(np.concatenate([special, [model.eos, lc.llama_vocab_eot(model.vocab)]]))
     eog = np.array([t for t in maybe_eog.tolist() if 0 <= t < n and model.is_eog(t)], np.int32)
-    probe = np.array(model.tokenize(PROBE_TEXT, add_special=False, parse_special=False), np.int32)
+    tokenizer = model.meta("tokenizer.ggml.model") or "?"
+    every_byte = _writes_every_byte(buf, offsets, kind, tokenizer)
+    # llama.cpp aborts the process when a tokenizer without a token for some byte meets that byte
+    probe_ids = model.tokenize(PROBE_TEXT, add_special=False, parse_special=False) if every_byte else []
+    probe = np.array(probe_ids, np.int32)
+    rendered = b"".join(buf[offsets[t] : offsets[t + 1]].tobytes() for t in probe_ids)
+    reads_back = rendered in (PROBE_TEXT.encode(), b" " + PROBE_TEXT.encode())
     return VocabTable(
         n_vocab=n,
         pieces=buf[:at].copy(),
@@ -119,14 +127,29 @@ def read_table(model) -> VocabTable:
         bos=int(model.bos),
         eos=int(model.eos),
         eot=int(lc.llama_vocab_eot(model.vocab)),
-        end=end_of_turn(model),
+        end=end_of_turn(model, every_byte),
         add_bos=bool(model.add_bos),
-        tokenizer=model.meta("tokenizer.ggml.model") or "?",
+        tokenizer=tokenizer,
         probe=probe,
+        every_byte=every_byte,
+        reads_back=reads_back,
     )
 
 
-def end_of_turn(model) -> int:
+def _writes_every_byte(pieces: np.ndarray, offsets: np.ndarray, kind: np.ndarray, tokenizer: str) -> bool:
+    """Whether llama.cpp can tokenise any text with this vocabulary: a SentencePiece one needs its 256
+    byte-fallback tokens (without one for a byte it meets, llama.cpp aborts the process); byte-level BPE leaves
+    out a byte it has no token for (SmolLM2 has none for 0x04, for instance) and the others write their unknown
+    token, which the text follower survives (drafting/follow.py)."""
+    if tokenizer != "llama":
+        return True
+    one = (np.diff(offsets) == 1) & (kind == BYTE)
+    covered = np.zeros(256, bool)
+    covered[pieces[offsets[:-1][one]]] = True
+    return bool(covered.all())
+
+
+def end_of_turn(model, every_byte: bool = True) -> int:
     """The end-of-generation token the model's chat template writes after an assistant's message (a reply ends
     with it: <|im_end|>, <end_of_turn>, <|eot_id|>); without a template, its end of turn, else its end of
     sequence."""
@@ -144,7 +167,7 @@ def end_of_turn(model) -> int:
         )
     except ConfigError:
         return fallback
-    if template.is_fallback or marker not in text:
+    if template.is_fallback or marker not in text or not every_byte:
         return fallback
     after = text[text.find(marker) + len(marker) :]
     return next((t for t in model.tokenize(after, add_special=False) if model.is_eog(t)), fallback)
@@ -217,7 +240,7 @@ def _to_disk(t: VocabTable) -> tuple[dict, dict]:
     )
     arrays.update(eog=t.eog, probe=t.probe)
     meta: dict[str, object] = {"n_vocab": t.n_vocab, "bos": t.bos, "eos": t.eos, "eot": t.eot, "end": t.end}
-    meta.update(add_bos=t.add_bos, tokenizer=t.tokenizer)
+    meta.update(add_bos=t.add_bos, tokenizer=t.tokenizer, every_byte=t.every_byte, reads_back=t.reads_back)
     return arrays, meta
 
 
