@@ -29,6 +29,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             "loss per rescue",
         ),
         "budget_bound": (pair + TINY + ["--prompts", prompts, "--tokens", "6", "--budgets", "0.1"], "B 0.1, "),
+        "carry_cost": (["--draft-vocab", "50", "--target-vocab", "80", "--repeats", "1"], "us a round of 4"),
         "cold_auto": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--ks", "2", "--repeats", "1"], "auto "),
         "follow_cost": (pair + TINY + ["--context", "40", "--rounds", "3", "--k", "2"], "re-decoded tokens"),
         "first_token": (pair + TINY + ["--repeats", "1", "--tokens", "2", "--empty-store"], "first request"),
