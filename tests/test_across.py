@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from fsd_local import Engine, VocabularyMismatchError
+from fsd_local import Engine, ModelLoadError, VocabularyMismatchError
 from fsd_local.cli import cli
 from fsd_local.llama.doctor import compatibility
 from support.localstores import hub_file, isolate, ollama_model
@@ -78,3 +78,20 @@ def test_smollm2_and_gemma(real_pair, gemma_path):
     p = compatibility(real_pair[0], gemma_path)
     assert p.path == "map" and p.vocab_map is not None and p.vocab_map.shared_pieces == 46145
     assert compatibility(gemma_path, real_pair[0]).path == "map"
+
+
+def test_a_gguf_without_a_tokenizer_is_refused_in_one_line(tmp_path, monkeypatch, files):
+    import support.tinymodels as tm
+
+    monkeypatch.setattr(tm, "add_tokenizer", lambda w, *a: w.add_tokenizer_model("no_vocab"))
+    bare = str(tm.write_tiny_gguf(tmp_path / "bare.gguf"))
+    monkeypatch.undo()
+    for args in (
+        ["doctor", "--target", files["spm"], "--draft", bare],
+        ["doctor", "--target", bare, "--draft", files["spm"]],
+    ):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert "has no tokenizer (no token list in the GGUF)" in result.output
+    with pytest.raises(ModelLoadError, match="has no tokenizer"):
+        Engine(target=bare, n_ctx=64)
