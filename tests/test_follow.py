@@ -179,3 +179,19 @@ def test_a_byte_the_draft_has_no_token_for(real_pair, gemma_path):
     finally:
         d.close()
         t.close()
+
+
+def test_a_word_the_target_writes_in_letters_is_one_token_of_the_draft(models):
+    """The SentencePiece target writes ' the' as four tokens; the BPE draft reads the tail again as the text
+    grows ('t', then 'th', then 'the', by its merges) and ends with its own two tokens, ' ' and 'the'."""
+    d, t = models["bpe"], models["spm"]
+    d.clear()
+    f = TextFollower(d, t)
+    seq = t.tokenize("a cab and the")
+    assert [t.piece(x) for x in seq[-4:]] == [b" ", b"t", b"h", b"e"]
+    assert f.sync(seq[:-4])
+    n = len(d.tokens)
+    for i in range(len(seq) - 3, len(seq) + 1):
+        assert f.sync(seq[:i], i - 2)
+        check_follows(f, seq[:i])
+    assert [d.piece(x) for x in d.tokens[n:]] == [b" ", b"the"]
