@@ -84,6 +84,19 @@ def _device_list(opts: ModelOptions):
     return (ctypes.c_void_p * (len(local) + 1))(*local, None)
 
 
+def _vocab_size(path: str) -> int | None:
+    """The size of the file's vocabulary, loaded alone (None: not even that loads)."""
+    mp = lc.llama_model_default_params()
+    mp.vocab_only = True
+    model = lc.llama_model_load_from_file(path.encode(), mp)
+    if not model:
+        return None
+    try:
+        return lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    finally:
+        lc.llama_model_free(model)
+
+
 def _no_tokenizer(role: str, path: str) -> str:
     return (
         f"{role} model {path} has no tokenizer (no token list in the GGUF): fsd-local needs the model's vocabulary; "
@@ -152,9 +165,7 @@ class Model:
         clear_log()
         self.model = lc.llama_model_load_from_file(opts.path.encode(), mp)
         if not self.model:
-            from fsd_local.llama.gguf_info import read
-
-            if read(opts.path, role, vocab=True).meta.get("vocab") is None:  # its weights cannot fit no vocabulary
+            if not opts.vocab_only and _vocab_size(opts.path) == 0:  # its embeddings cannot fit no vocabulary
                 raise ModelLoadError(_no_tokenizer(role, opts.path))
             raise ModelLoadError(
                 f"llama.cpp could not load {role} model {opts.path} (corrupt, truncated, or an architecture "
