@@ -6,12 +6,14 @@ own drafting.
         [--context 4096] [--rounds 64] [--k 4] [--threads 2]
 
 The text is the packaged prompt files rendered as chat turns with the target's template, repeated until it holds
-CONTEXT target tokens, and the reply the text after it. Each round the draft proposes (its own ids of the next k
-target tokens, decoded one by one as drafting does, up to the first the map cannot carry), a random number of
-them is accepted, and the text grows by those and one more target token; then `sync` brings the draft to it.
+CONTEXT target tokens, and the reply the text after it. Each round the draft proposes its own first k tokens of
+what the reply says next (decoded one by one as drafting does, up to the first the map cannot carry), a random
+number of them is accepted (as the target tokens they are carried to), and the target emits its own next token of
+the reply; then `sync` brings the draft to the text.
 Printed per round: the follower's own time (tokenising the tail, comparing; llama.cpp's decode excluded), the
-tokens it decoded and re-decoded, its decode time against the drafting decodes, and what tokenising the whole text
-again would cost instead.
+tokens it decoded and, of them, those decoded again (cached tokens of the accepted text that a tail tokenised
+differently replaced: what one vocabulary never decodes), its decode time against the drafting decodes, and what
+tokenising the whole text again would cost instead.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from time import perf_counter
 
 import numpy as np
 
-from fsd_local.drafting.follow import TextFollower
+from fsd_local.drafting.follow import BACK, TextFollower
+from fsd_local.llama.bindings import lc
 from fsd_local.llama.chat_template import ChatTemplate
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
@@ -52,6 +55,13 @@ def long_text(target: Model, n_tokens: int) -> list[int]:
     return tokens
 
 
+def first_tokens(model: Model, data: bytes, special: bool = False) -> list[int]:
+    """The model's tokens of data, bytes in (a window may start or end inside a character)."""
+    buf = (lc.llama_token * (len(data) + 8))()
+    n = lc.llama_tokenize(model.vocab, data, len(data), buf, len(buf), False, special)
+    return list(buf[: max(n, 0)])
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True)
@@ -61,50 +71,62 @@ def main(argv=None) -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--back", type=int, default=BACK, help="draft tokens before a change tokenised again")
     a = ap.parse_args(argv)
     target = Model(ModelOptions(a.target, vocab_only=True), "target")
     draft = Model(ModelOptions(a.draft, n_ctx=a.context + 8 * a.rounds + 64, n_threads=a.threads), "draft")
-    draft_of = map_between(a.draft, a.target, draft, target).draft_of
-    seq = long_text(target, a.context + (a.k + 1) * a.rounds)
-    f = TextFollower(draft, target)
+    target_of = map_between(a.draft, a.target, draft, target).target_of
+    whole = long_text(target, a.context + (a.k + 1) * a.rounds + 64)
+    seq, reply = whole[: a.context], b"".join(target.piece(t) for t in whole[a.context :])
+    f = TextFollower(draft, target, a.back)
     t = perf_counter()
-    f.sync(seq[: a.context])
+    f.sync(seq)
     prefill = perf_counter() - t
     print(f"context {a.context} target tokens -> {len(draft.tokens)} draft tokens: first sync {prefill:.2f} s")
     rng = np.random.default_rng(a.seed)
     own, sync_decode, draft_decode, decoded, redecoded, drafted = [], [], [], [], [], []
-    i = a.context
+    at = 0  # bytes of the reply written
     for _ in range(a.rounds):
-        proposals = []
-        for tok in seq[i : i + a.k]:
-            if draft_of[tok] < 0:
+        # the draft proposes its own split of what comes next, as far as the map carries it
+        proposals, pos = [], at
+        for d in first_tokens(draft, reply[at : at + 64])[: a.k]:
+            piece = draft.piece(d)
+            if target_of[d] < 0 or reply[pos : pos + len(piece)] != piece:  # not carried, or cut by the window
                 break
-            proposals.append(int(draft_of[tok]))
-        d0 = draft.decode_seconds
+            proposals.append(d)
+            pos += len(piece)
+        d0, synced = draft.decode_seconds, len(draft.tokens)
         for p in proposals[: a.k - 1]:  # drafting: d_k is sampled, never fed
             draft.decode_one(p)
         draft_decode.append(draft.decode_seconds - d0)
         drafted.append(len(proposals[: a.k - 1]))
         n = int(rng.integers(0, len(proposals) + 1))
+        accepted = [int(target_of[d]) for d in proposals[:n]]
+        at += sum(len(draft.piece(d)) for d in proposals[:n])
+        nxt = first_tokens(target, reply[at : at + 64])[0]  # the target's own next token
+        at += len(target.piece(nxt))
+        start = len(seq) - 1
+        seq = seq + accepted + [nxt]
         before, seconds, d0 = list(draft.tokens), f.seconds, draft.decode_seconds
-        f.sync(seq[: i + n + 1], i - 1)
+        f.sync(seq, start)
         kept = next(
             (j for j, (x, y) in enumerate(zip(before, draft.tokens)) if x != y), min(len(before), len(draft.tokens))
         )
         own.append(f.seconds - seconds)
         sync_decode.append(draft.decode_seconds - d0)
         decoded.append(len(draft.tokens) - kept)
-        redecoded.append(max(0, min(len(before), len(draft.tokens)) - kept))
-        i += n + 1
+        # decoded again: cached tokens of the accepted text (the synced text and the accepted proposals) the sync
+        # replaced; a rejected proposal's place is decoded anew with one vocabulary too
+        redecoded.append(max(0, min(len(before), synced + n) - kept))
     text = bytes(f.text)
     t = perf_counter()
-    whole = f._tokenize(text)
+    all_ids = f._tokenize(text)
     full = perf_counter() - t
     us = np.array(own) * 1e6
-    print(f"rounds {a.rounds} (k {a.k}), context {i} target tokens, {len(draft.tokens)} draft tokens")
+    print(f"rounds {a.rounds} (k {a.k}, back {a.back}), context {len(seq)} target tokens, {len(draft.tokens)} draft")
     print(
         f"follower's own time per round: mean {us.mean():.0f} us, median {np.median(us):.0f}, p95 "
-        f"{np.percentile(us, 95):.0f} (tokenising the whole text instead: {full * 1e3:.1f} ms, {len(whole)} tokens)"
+        f"{np.percentile(us, 95):.0f} (tokenising the whole text instead: {full * 1e3:.1f} ms, {len(all_ids)} tokens)"
     )
     print(
         f"tokens decoded per sync: mean {np.mean(decoded):.2f}, max {max(decoded)}; of them re-decoded (cached but "

@@ -60,8 +60,9 @@ class TextFollower:
     A tokenizer that writes a space before the text (SentencePiece's add_space_prefix) reads ' ' + text, and a
     tail it tokenises again starts at a space (the space it writes)."""
 
-    def __init__(self, draft: Model, target: Model):
+    def __init__(self, draft: Model, target: Model, back: int = BACK):
         self.draft, self.target = draft, target
+        self.back = back  # draft tokens before a change tokenised again
         self.target_text = Renderer(target)
         self.draft_text = Renderer(draft)
         self._tok_buf = (lc.llama_token * 256)()
@@ -166,11 +167,12 @@ class TextFollower:
         return b == 32 if self.lead else b in WORD_START
 
     def _boundary(self, changed: int) -> int:
-        """How many of `ids` to keep: those ending at or before `changed`, less BACK, then back to a word start
-        (at most BACK_MAX back; a space-prefix tokenizer keeps looking, as far as the text's start)."""
+        """How many of `ids` to keep: those ending at or before `changed`, less `back`, then back to a word start
+        (at most BACK_MAX back; a space-prefix tokenizer keeps looking, as far as the text's start). back 0: the
+        draft's tokens before the change stay as they are."""
         h = len(self.head)
-        j = max(h, bisect_right(self.id_ends, changed, lo=h) - BACK)
-        for k in range(j, max(h, j - BACK_MAX) - 1, -1):
+        j = max(h, bisect_right(self.id_ends, changed, lo=h) - self.back)
+        for k in range(j, max(h, j - BACK_MAX) - 1 if self.back or self.lead else j, -1):
             if self._good_start(k):
                 return k
         if self.lead:
