@@ -284,8 +284,8 @@ def test_the_engine_tells_the_budget_which_draft_ends_the_reply(tiny_engine):
     assert 0 < first < len(words) - 1
 
     def ends(stop, ignore_eos, drafts):  # what a generation with these settings says before a round
-        g = eng._generation(eng.tokenize("x"), eng.defaults.with_(stop=stop, ignore_eos=ignore_eos), 0)
-        return g.ends_reply(drafts)
+        with eng.generation(eng.tokenize("x"), stop=stop, ignore_eos=ignore_eos) as g:
+            return g.ctx.ends_reply(drafts)
 
     assert ends(("cat",), False, words) == first
     assert ends((), False, words) is None

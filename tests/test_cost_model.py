@@ -4,7 +4,6 @@ position, the k it picks) and DraftLength (drafting/length.py: one cost model pe
 from __future__ import annotations
 
 import random
-from time import perf_counter
 
 import pytest
 
@@ -337,19 +336,6 @@ def test_histogram_and_summary():
     json.dumps(s)
     assert len(s["verify_seconds_est"]) == 6 and len(s["acceptance_est"]) == 5
     assert s["plain_tokens_per_second_est"] == (1 / f16_verify(1) if 0 in chosen else 0.0)
-
-
-def test_choose_k_is_cheap(capsys):
-    cm = CostModel(16, draft_cost_prior=0.0)
-    simulate(cm, 20, f16_verify, 0.0, 0.8)
-    t = perf_counter()
-    for _ in range(200):
-        cm.choose_k()
-        cm.observe_verify(5, 26 * MS)
-        cm.observe_acceptance(4, 2)
-    per = (perf_counter() - t) / 200
-    with capsys.disabled():
-        print(f"\ncost model: choose_k + observations {per * 1e6:.1f} us a round (k_max 16)")
 
 
 # recorded: one decode of a batch of n tokens on the padded 1.4 GB Q8_0 target (`--demo wide`, docs/models.md),

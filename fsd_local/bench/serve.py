@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsd_local.server.app import BackgroundServer
+from fsd_local.server.running import BackgroundServer
 
 if TYPE_CHECKING:
     from fsd_local.engine import Engine

@@ -1,15 +1,6 @@
-"""What one target decode of n tokens costs, learned online: v(n) of the `auto` policy (cost_model.py).
-
-v(n) is measured per batch size and used as measured: llama.cpp's CPU matmul kernels work in tiles of 4 and 8
-rows, so a batch of 8 can cost what a batch of 5 costs (measured on a padded 1.4 GB Q8_0 target, 2 threads:
-n = 4: 225 ms, 5: 303, 7: 355, 8: 312). Smoothing the curve, or forcing it to grow with n, would hide exactly the
-batches worth paying for. Between measured sizes it interpolates linearly; beyond them it follows a weighted
-line a + b (n - 1) fitted through all measured n (b >= 0; with a single measured n the slope comes from a prior,
-b = VERIFY_SLOPE_PRIOR a). The load changes (other jobs come and go) while only one size is in use, so
-v(n) = level x shape(n): the level follows every decode within ~10 decodes, the shape (each size relative to
-the others) changes slowly, and a size unused for ~450 decodes is forgotten. Measured shapes outlive the engine:
-drafting/calibration.py keeps them on disk per model file and machine.
-"""
+"""v(n), the seconds of one target decode of n tokens, learned online per batch size and used as measured
+(level x shape: the level follows the load, the shape each size's cost; docs/design.md, "The cost model of
+`auto`")."""
 
 from __future__ import annotations
 
@@ -96,15 +87,17 @@ class VerifyCost:
         a = max(a, floor)
         return a, b
 
+    def measured_sizes(self) -> dict[int, float]:
+        """The estimated seconds of every batch size ever timed (what the cost store keeps)."""
+        return {n: self.seconds(n) for n in range(1, len(self._weight)) if self._weight[n] > 0.0}
+
     def measured_at(self, n: int) -> bool:
         """Whether a decode of exactly n tokens was ever timed (not read off the curve)."""
         return 0 < n < len(self._weight) and self._weight[n] > 0.0
 
     def curve(self, n_hi: int) -> list[float]:
-        """Estimated seconds for n = 0..n_hi (index 0 unused, 0.0): the measured mean at every measured n (no
-        smoothing: the CPU tiles make some larger batches cheaper than smaller ones, module docstring),
-        linear interpolation between measured sizes, the fitted line below the first and, beyond the last,
-        the last measured mean plus the line's slope."""
+        """Estimated seconds for n = 0..n_hi (index 0 unused): measured sizes as measured, linear between them,
+        the fitted line below the first and the last plus the line's slope beyond it."""
         if self._cache is not None and len(self._cache) > n_hi:
             return self._cache
         a, b = self.fit()
