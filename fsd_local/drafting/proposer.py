@@ -8,6 +8,7 @@ from time import perf_counter
 
 import numpy as np
 
+from fsd_local.drafting.across import Across
 from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
 from fsd_local.kernels.accept import Drafts
@@ -69,10 +70,11 @@ class DraftPicks:
 
 class Proposer:
     """The drafters of one engine: `propose` fills a sequence's draft buffers, sized by the policy's
-    DraftLength (which drafting asks for k and tells what a catch-up measured)."""
+    DraftLength (which drafting asks for k and tells what a catch-up measured). `across`: the draft model is of
+    another vocabulary (drafting/across.py)."""
 
-    def __init__(self, draft: Model | None, n_vocab: int, lengths: DraftLength) -> None:
-        self.draft, self.n_vocab, self.lengths = draft, n_vocab, lengths
+    def __init__(self, draft: Model | None, n_vocab: int, lengths: DraftLength, across: Across | None = None) -> None:
+        self.draft, self.n_vocab, self.lengths, self.across = draft, n_vocab, lengths, across
         self.ngram: NgramDrafter | None = None
         self._kept: np.ndarray | None = None  # (ROWS_KEPT, n_vocab): target rows of plain steps, by position
         self._kept_pos = np.full(ROWS_KEPT, -1, np.int64)
@@ -83,7 +85,10 @@ class Proposer:
         s = ctx.settings
         self._kept_pos[:] = -1
         drafting = self.draft is not None and s.drafter != "ngram"
-        self.keeps_rows = drafting and s.draft_policy == "auto" and ctx.chain.constraint is None
+        # a probe scores the draft's rows of skipped positions against the target's: one vocabulary only
+        self.keeps_rows = drafting and s.draft_policy == "auto" and ctx.chain.constraint is None and not self.across
+        if self.across is not None:
+            self.across.start()
 
     # ------------------------------------------------------------------ one round
     def propose(self, ctx: RoundContext) -> Proposal:
@@ -108,6 +113,8 @@ class Proposer:
         return self._draft_model(ctx, t0)
 
     def _draft_model(self, ctx: RoundContext, t0: float) -> Proposal:
+        if self.across is not None:
+            return self._draft_across(ctx, self.across, t0)
         d, seq = self.draft, ctx.seq
         assert d is not None, "the model drafter has a draft (Settings.check_draft)"
         caught_up, probed = 0.0, 0
@@ -128,6 +135,21 @@ class Proposer:
                 d.decode_one(tok)
             n = picks.n
         return Proposal(n, MODEL if n else None, k, perf_counter() - t0, caught_up, probed)
+
+    def _draft_across(self, ctx: RoundContext, a: Across, t0: float) -> Proposal:
+        """The draft model of another vocabulary: its cache brought to the text, its rows carried onto the
+        target's ids, each proposed target token decoded as its own token of the same bytes."""
+        d = a.draft
+        k = self.lengths.choose(MODEL, ctx.room, behind=len(ctx.seq) - a.followed)
+        n = 0
+        if k > 0 and a.sync(ctx.seq):
+            picks = DraftPicks(ctx, self.n_vocab, min(k, a.room()))
+            while (tok := picks.pick(a.carry(d.logits(1)[0]))) is not None and a.draft_token(tok) >= 0:
+                d.decode_one(a.draft_token(tok))
+            n = picks.n
+            if n and a.draft_token(int(ctx.buffers.drafts.tokens[n - 1])) < 0:
+                n -= 1  # drawn from a row with no shared token left (a grammar allowing only the target's own)
+        return Proposal(n, MODEL if n else None, k, perf_counter() - t0)
 
     def observe(self, ctx: RoundContext, step: Step) -> None:
         """After a verified round that drafted nothing: keep the target's row for the draft model's catch-up."""

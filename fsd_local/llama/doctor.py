@@ -73,8 +73,12 @@ def report(target: str | None = None, draft: str | None = None, n_ctx: int = 409
             out["models"][role] = model_summary(path, role)
     if target and draft:
         p = compatibility(draft, target)
-        # across tokenizers the engine does not run the map yet: only one tokenizer is compatible
-        out["compatible"], out["compatibility_problem"] = p.path == "same", p.reason
+        # compatible: the engine runs the pair, with one tokenizer or through the vocabulary map
+        out["compatible"], out["compatibility_problem"] = p.path != "refused", p.reason
+        sizes = [out["models"][r]["size_bytes"] for r in ("draft", "target")]
+        if p.path == "map" and sizes[0] > sizes[1]:  # the engine refuses a draft with more parameters
+            out["compatible"] = False
+            out["compatibility_problem"] = f"{p.reason}; the draft's file is larger than the target's"
         out["pairing"] = p.to_dict() | {"description": p.describe()}
     if target:
         t, d, summary = placement.resolve(
@@ -152,13 +156,12 @@ def render(r: dict) -> str:
             f"  vocabulary {m['vocab_size']} tokens, {m['tokenizer']}; chat template {_yes(m['chat_template'])}",
         ]
     if "compatible" in r:
+        path, problem = r["pairing"]["path"], r["compatibility_problem"]
+        verdict = "compatible across tokenizers" if path == "map" and r["compatible"] else "INCOMPATIBLE"
         lines.append(
-            "draft -> target: "
-            + ("compatible (same tokenizer)" if r["compatible"] else f"INCOMPATIBLE: {r['compatibility_problem']}")
+            "draft -> target: " + ("compatible (same tokenizer)" if path == "same" else f"{verdict}: {problem}")
         )
-        if r["pairing"]["path"] == "map":  # the engine does not run it yet
-            lines.append(f"  across tokenizers: {r['pairing']['description']} (not run by this version yet)")
-        elif r["pairing"]["path"] == "refused":
+        if path != "same":
             lines.append(f"  across tokenizers: {r['pairing']['description']}")
     if "placement" in r:
         lines.append(f"auto placement at --ctx {r['placement']['n_ctx']}: {r['placement']['summary']}")

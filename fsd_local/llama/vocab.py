@@ -140,21 +140,15 @@ def pairing(draft, target) -> Pairing:
 
 
 def check_compatible(draft, target) -> Pairing:
-    """The pair's path, or VocabularyMismatchError naming what stops it and what to do."""
+    """The pair's path ("same", or "map" with its map), or VocabularyMismatchError naming what stops it and what
+    to do."""
     p = pairing(draft, target)
-    if p.path == "same":
+    if p.path != "refused":
         return p
-    assert p.vocab_map is not None and p.reason is not None
-    if p.path == "refused":
-        raise VocabularyMismatchError(
-            f"draft {draft.path} cannot draft for target {target.path}: {p.reason}. Pick a draft from the "
-            "target's family (same tokenizer) or one that writes the target's language, e.g. from "
-            "`fsd-local models --local`."
-        )
     raise VocabularyMismatchError(
-        f"draft {draft.path} cannot draft for target {target.path}: {p.reason}; across tokenizers it would draft "
-        f"through the vocabulary map ({p.vocab_map.describe()}), which this version does not run yet. Pick a "
-        "draft from the same model family (same tokenizer), e.g. a pair from `fsd-local models`."
+        f"draft {draft.path} cannot draft for target {target.path}: {p.reason}. Pick a draft from the "
+        "target's family (same tokenizer) or one that writes the target's language, e.g. from "
+        "`fsd-local models --local`."
     )
 
 

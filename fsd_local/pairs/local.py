@@ -195,7 +195,7 @@ def format_listing(listing: Listing) -> str:
         if m.drafts:
             lines.append(f"  drafts: {', '.join(m.drafts)}")
         if m.across:
-            lines.append(f"  across tokenizers (not run by this version yet): {', '.join(a.text() for a in m.across)}")
+            lines.append(f"  across tokenizers: {', '.join(a.text() for a in m.across)}")
         if m.also_in:
             lines.append(f"  the same name is in {', '.join(m.also_in)}: give the path to choose this one")
     if not listing.models:
