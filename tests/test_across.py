@@ -46,15 +46,15 @@ def test_doctor_says_the_path_and_the_shares(files):
     result = runner.invoke(cli, ["doctor", "--json", "--target", files["big"], "--draft", files["bpe"]])
     r = json.loads(result.output)
     assert r["pairing"]["path"] == "map" and r["pairing"]["map"]["probe_share"] > 0.9
-    assert r["compatible"] is False and result.exit_code == 1  # the engine does not run the map yet
+    assert r["compatible"] is True and result.exit_code == 0  # the engine runs it through the map
     text = runner.invoke(cli, ["doctor", "--target", files["big"], "--draft", files["bpe"]]).output
-    assert "draft -> target: INCOMPATIBLE: tokenizer types differ" in text
+    assert "draft -> target: compatible across tokenizers: tokenizer types differ" in text
     assert "across tokenizers: the vocabulary map (" in text and "shared pieces" in text
 
 
-def test_loading_a_pair_of_tokenizers_names_the_map_or_the_refusal(files):
-    with pytest.raises(VocabularyMismatchError, match=r"would draft through the vocabulary map \(\d+ shared pieces"):
-        Engine(target=files["big"], draft=files["bpe"], n_ctx=64)
+def test_loading_a_pair_of_tokenizers_takes_the_map_or_names_the_refusal(files):
+    with Engine(target=files["big"], draft=files["bpe"], n_ctx=64) as eng:
+        assert eng.across is not None and eng.n_vocab == eng.target.n_vocab
     with pytest.raises(VocabularyMismatchError, match="no byte-fallback tokens"):
         Engine(target=files["bpe"], draft=files["letters"], n_ctx=64)
 
@@ -70,7 +70,7 @@ def test_models_local_lists_drafts_across_tokenizers(files, tmp_path, monkeypatc
     assert [a["name"] for a in across] == ["acme/Bpe-GGUF/bpe.gguf"] and across[0]["problem"] is None
     assert across[0]["probe_share"] > 0.9 and by_name["tiny:big"]["drafts"] == []
     text = CliRunner().invoke(cli, ["models", "--local"]).output
-    assert "across tokenizers (not run by this version yet): acme/Bpe-GGUF/bpe.gguf (" in text
+    assert "across tokenizers: acme/Bpe-GGUF/bpe.gguf (" in text
 
 
 @pytest.mark.real

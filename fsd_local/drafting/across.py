@@ -27,7 +27,8 @@ class Across:
         self.extra = np.ascontiguousarray(vm.extra, np.int32)
         self.draft_of = vm.draft_of
         self.row = np.empty(target.n_vocab, np.float32)
-        prepare(self.row)  # -inf on the target's own tokens, written once; carry_row writes the shared ones
+        # -inf on the target's own tokens, written once; carry_row writes the shared ones
+        prepare(self.row)  # type: ignore[type-var]
         self.synced = 0  # target tokens of the current text known followed (a generation's start resets it)
         self.full = False  # the draft's context is full: this generation drafts no further
 
@@ -59,7 +60,7 @@ class Across:
 
     def carry(self, row: np.ndarray) -> np.ndarray:
         """The draft's row carried onto the target's vocabulary (valid until the next carry)."""
-        carry_row(row, self.shared_t, self.shared_d, self.extra, self.row)
+        carry_row(row, self.shared_t, self.shared_d, self.extra, self.row)  # type: ignore[type-var, call-arg]
         return self.row
 
     def draft_token(self, token: int) -> int:

@@ -140,10 +140,10 @@ class Proposer:
         """The draft model of another vocabulary: its cache brought to the text, its rows carried onto the
         target's ids, each proposed target token decoded as its own token of the same bytes."""
         d = a.draft
-        k = self.lengths.choose(MODEL, ctx.room, behind=len(ctx.seq) - a.followed)
+        k = self.lengths.choose(MODEL, ctx.room, behind=max(0, len(ctx.seq) - a.followed))
         n = 0
         if k > 0 and a.sync(ctx.seq):
-            picks = DraftPicks(ctx, self.n_vocab, min(k, a.room()))
+            picks = DraftPicks(ctx, self.n_vocab, min(k, a.room() + 1))  # the last draft is not decoded
             while (tok := picks.pick(a.carry(d.logits(1)[0]))) is not None and a.draft_token(tok) >= 0:
                 d.decode_one(a.draft_token(tok))
             n = picks.n
