@@ -108,8 +108,8 @@ class Engine:
             raise
         # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries); a draft
         # of another vocabulary proposes the target's tokens, so they work on the target's
-        shared = self.draft is not None and self.across is None
-        self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft and shared else self.target.n_vocab
+        one = self.draft is not None and self.across is None
+        self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if one and self.draft else self.target.n_vocab
         # the policy state (draft length, measured costs kept on disk per model and machine, budgets' gains)
         self._policy = Policy(CostStore.for_models(self.target, self.draft))
         self._proposer = Proposer(self.draft, self.n_vocab, self._policy.length, self.across)
