@@ -6,10 +6,14 @@ drafts for Gemma 3."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import scipy.stats as sps
 
 import support.tinymodels as tm
 from fsd_local import ConfigError, Engine, VocabularyMismatchError
+from fsd_local.llama.model import Model
+from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
 
 PROMPT = "the cab and a cab, the end. the ab and é! a € and ü ß the band"
@@ -54,9 +58,9 @@ def monkeypatch_module():
     mp.undo()
 
 
-def engine(pair, **kw) -> Engine:
+def engine(pair, n_ctx: int = 512, **kw) -> Engine:
     draft, target = pair
-    return Engine(target=target, draft=draft, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4, **kw)
+    return Engine(target=target, draft=draft, n_ctx=n_ctx, n_threads=1, draft_policy="fixed", draft_max=4, **kw)
 
 
 def check_follows(eng: Engine) -> None:
@@ -126,6 +130,36 @@ def test_sampled_sd_runs_on_the_targets_vocabulary(files):
         check_follows(eng)
 
 
+def test_sampled_sd_keeps_the_targets_distribution(files):
+    """The first token of sampled `sd` (a full round: drafted, judged, the residual drawn where rejected) against
+    the target's own softmax; the target's own tokens (q' = 0 there) are reached only through the residual."""
+    draft, target = files["spm"]
+    m = Model(ModelOptions(target, n_ctx=128, n_threads=1), "target")
+    try:
+        prompt = m.tokenize("the cab and")
+        m.decode(prompt, "last")
+        row = m.logits(1)[0].astype(np.float64)
+    finally:
+        m.close()
+    p = np.exp(row - row.max())
+    p /= p.sum()
+    n = 1500
+    counts = np.zeros(p.shape[0], np.int64)
+    with engine((draft, target), n_ctx=128) as eng:
+        a = eng.across
+        assert a is not None
+        for seed in range(n):
+            out = eng.generate(prompt, max_tokens=4, mode="sd", temperature=1.0, seed=seed, ignore_eos=True)
+            assert out.stats["drafted"] >= 1
+            counts[out.token_ids[0]] += 1
+        own = np.array([a.draft_token(t) < 0 for t in range(p.shape[0])])
+    expected = p * n
+    big = expected >= 5  # the rare tokens merged into one bin, so the chi-square approximation holds
+    obs, exp = np.append(counts[big], counts[~big].sum()), np.append(expected[big], expected[~big].sum())
+    assert sps.chisquare(obs, exp).pvalue > 1e-3
+    assert p[own].sum() > 0.05 and counts[own].sum() > 0
+
+
 def test_ar_ids_beyond_the_drafts_vocabulary_are_a_valid_next_prompt(files):
     """The target's vocabulary (293) is larger than the draft's (277): `ar` may emit any of its ids, and a next
     turn's prompt holding them is checked against the target's vocabulary."""
@@ -152,9 +186,6 @@ def test_bad_pairs_are_refused_in_one_line(files):
 
 
 def test_the_pairing_is_the_map(files):
-    from fsd_local.llama.model import Model
-    from fsd_local.llama.options import ModelOptions
-
     draft, target = files["spm"]
     d, t = (Model(ModelOptions(p, vocab_only=True), r) for p, r in ((draft, "draft"), (target, "target")))
     try:

@@ -10,7 +10,7 @@ import numpy as np
 
 from fsd_local.drafting.follow import TextFollower
 from fsd_local.errors import ContextOverflowError
-from fsd_local.kernels.carry import carry_row, prepare
+from fsd_local.kernels.carry import carried_argmax, carry_row, prepare
 from fsd_local.llama.model import Model
 from fsd_local.llama.vocab_map import VocabMap
 
@@ -26,6 +26,7 @@ class Across:
         self.shared_t, self.shared_d = vm.shared
         self.extra = np.ascontiguousarray(vm.extra, np.int32)
         self.draft_of = vm.draft_of
+        self.primary = vm.primary
         self.row = np.empty(target.n_vocab, np.float32)
         # -inf on the target's own tokens, written once; carry_row writes the shared ones
         prepare(self.row)  # type: ignore[type-var]
@@ -62,6 +63,10 @@ class Across:
         """The draft's row carried onto the target's vocabulary (valid until the next carry)."""
         carry_row(row, self.shared_t, self.shared_d, self.extra, self.row)  # type: ignore[type-var, call-arg]
         return self.row
+
+    def argmax(self, row: np.ndarray) -> int:
+        """The target token `carry` would rank first, without writing the carried row (-1: nothing shared)."""
+        return int(carried_argmax(row, self.primary, self.draft_of, self.extra))  # type: ignore[type-var, call-arg, call-overload]
 
     def draft_token(self, token: int) -> int:
         return int(self.draft_of[token])

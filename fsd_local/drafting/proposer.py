@@ -35,7 +35,8 @@ def rows_needed(ctx: RoundContext) -> bool:
 
 class DraftPicks:
     """One sequence's draws from the draft model in one round: `pick(row)` takes the model's row for the next
-    slot and returns the token to decode next (None: drafting stops); `n` drafts are in the buffers."""
+    slot and returns the token to decode next (None: drafting stops); `put(token)` drafts a greedy token without
+    a row where `bare` (nothing reads the row); `n` drafts are in the buffers."""
 
     __slots__ = ("chain", "copy", "drafts", "k", "n", "n_vocab", "p_min", "sampled", "us")
 
@@ -46,6 +47,11 @@ class DraftPicks:
         self.us = ctx.random.take(k)
         self.p_min = ctx.settings.draft_p_min
         self.sampled = (s.temperature, s.top_k, s.top_p, s.min_p)
+
+    @property
+    def bare(self) -> bool:
+        """Greedy, no row kept, no chain, no confidence floor: a draft is its row's argmax and nothing else."""
+        return not self.copy and self.sampled[0] <= 0 and self.p_min <= 0 and not self.chain.active
 
     def pick(self, row: np.ndarray) -> int | None:
         i, d = self.n, self.drafts
@@ -61,7 +67,13 @@ class DraftPicks:
             )
         if p_top < self.p_min:
             return None
+        return self.put(tok, p_tok)
+
+    def put(self, tok: int, p_tok: float = 1.0) -> int | None:
+        i, d = self.n, self.drafts
         d.tokens[i], d.prob[i], d.onehot[i] = tok, p_tok, 0
+        if self.bare:
+            d.kept_n[i] = -1
         self.n = i + 1
         if not self.chain.push(tok) or self.n == self.k:  # a complete grammar: only the reply's end may follow
             return None
@@ -144,7 +156,14 @@ class Proposer:
         n = 0
         if k > 0 and a.sync(ctx.seq):
             picks = DraftPicks(ctx, self.n_vocab, min(k, a.room() + 1))  # the last draft is not decoded
-            while (tok := picks.pick(a.carry(d.logits(1)[0]))) is not None and a.draft_token(tok) >= 0:
+            # greedy with nothing reading the row: the argmax of the carried row without writing it (the draft's
+            # row read once, not the target's vocabulary written and read)
+            bare = picks.bare
+            while True:
+                row = d.logits(1)[0]
+                tok = (None if (t := a.argmax(row)) < 0 else picks.put(t)) if bare else picks.pick(a.carry(row))
+                if tok is None or a.draft_token(tok) < 0:
+                    break
                 d.decode_one(a.draft_token(tok))
             n = picks.n
             if n and a.draft_token(int(ctx.buffers.drafts.tokens[n - 1])) < 0:
