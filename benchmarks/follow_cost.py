@@ -62,6 +62,36 @@ def first_tokens(model: Model, data: bytes, special: bool = False) -> list[int]:
     return list(buf[: max(n, 0)])
 
 
+def report(a, f: TextFollower, seq, draft: Model, own, sync_decode, draft_decode, decoded, redecoded, drafted):
+    """What the rounds measured, and tokenising the whole text instead."""
+    text = bytes(f.text)
+    t = perf_counter()
+    all_ids = f._tokenize(text)
+    full = perf_counter() - t
+    us = np.array(own) * 1e6
+    print(f"rounds {a.rounds} (k {a.k}, back {a.back}), context {len(seq)} target tokens, {len(draft.tokens)} draft")
+    print(
+        f"follower's own time per round: mean {us.mean():.0f} us, median {np.median(us):.0f}, p95 "
+        f"{np.percentile(us, 95):.0f} (tokenising the whole text instead: {full * 1e3:.1f} ms, {len(all_ids)} tokens)"
+    )
+    print(
+        f"tokens decoded per sync: mean {np.mean(decoded):.2f}, max {max(decoded)}; of them re-decoded (cached but "
+        f"changed): mean {np.mean(redecoded):.2f}, max {max(redecoded)}; far back {f.far_back}, misaligned "
+        f"{f.misaligned}"
+    )
+    total = sum(sync_decode) + sum(draft_decode)
+    n_decoded = sum(decoded) + sum(drafted)
+    print(
+        f"re-decoded tokens (the catch-up's extra work over one vocabulary's): {sum(redecoded)} = "
+        f"{sum(redecoded) / max(1, n_decoded):.1%} of the {n_decoded} tokens the draft decoded"
+    )
+    print(
+        f"sync decode {sum(sync_decode) * 1e3:.0f} ms = {sum(sync_decode) / total:.1%} of the draft's decode time "
+        f"(drafting {sum(draft_decode) * 1e3:.0f} ms); own time {sum(own) * 1e3:.1f} ms = "
+        f"{sum(own) / (total + sum(own)):.1%} of the draft's time"
+    )
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True)
@@ -118,32 +148,7 @@ def main(argv=None) -> None:
         # decoded again: cached tokens of the accepted text (the synced text and the accepted proposals) the sync
         # replaced; a rejected proposal's place is decoded anew with one vocabulary too
         redecoded.append(max(0, min(len(before), synced + n) - kept))
-    text = bytes(f.text)
-    t = perf_counter()
-    all_ids = f._tokenize(text)
-    full = perf_counter() - t
-    us = np.array(own) * 1e6
-    print(f"rounds {a.rounds} (k {a.k}, back {a.back}), context {len(seq)} target tokens, {len(draft.tokens)} draft")
-    print(
-        f"follower's own time per round: mean {us.mean():.0f} us, median {np.median(us):.0f}, p95 "
-        f"{np.percentile(us, 95):.0f} (tokenising the whole text instead: {full * 1e3:.1f} ms, {len(all_ids)} tokens)"
-    )
-    print(
-        f"tokens decoded per sync: mean {np.mean(decoded):.2f}, max {max(decoded)}; of them re-decoded (cached but "
-        f"changed): mean {np.mean(redecoded):.2f}, max {max(redecoded)}; far back {f.far_back}, misaligned "
-        f"{f.misaligned}"
-    )
-    total = sum(sync_decode) + sum(draft_decode)
-    n_decoded = sum(decoded) + sum(drafted)
-    print(
-        f"re-decoded tokens (the catch-up's extra work over one vocabulary's): {sum(redecoded)} = "
-        f"{sum(redecoded) / max(1, n_decoded):.1%} of the {n_decoded} tokens the draft decoded"
-    )
-    print(
-        f"sync decode {sum(sync_decode) * 1e3:.0f} ms = {sum(sync_decode) / total:.1%} of the draft's decode time "
-        f"(drafting {sum(draft_decode) * 1e3:.0f} ms); own time {sum(own) * 1e3:.1f} ms = "
-        f"{sum(own) / (total + sum(own)):.1%} of the draft's time"
-    )
+    report(a, f, seq, draft, own, sync_decode, draft_decode, decoded, redecoded, drafted)
     draft.close()
     target.close()
 

@@ -132,8 +132,9 @@ def test_sampled_sd_runs_on_the_targets_vocabulary(files):
 
 def test_sampled_sd_keeps_the_targets_distribution(files):
     """The first token of sampled `sd` (a full round: drafted, judged, the residual drawn where rejected) against
-    the target's own softmax; the target's own tokens (q' = 0 there) are reached only through the residual."""
-    draft, target = files["spm"]
+    the target's own softmax; the target's own tokens (q' = 0 there: the byte-fallback twins of its letters) are
+    reached only through the residual."""
+    draft, target = files["bpe"]
     m = Model(ModelOptions(target, n_ctx=128, n_threads=1), "target")
     try:
         prompt = m.tokenize("the cab and")
