@@ -40,6 +40,10 @@ class Policy:
         else:
             self.length.observe(p.source, p.n, step.accepted, p.seconds - p.catch_up, step.batch, step.seconds)
 
+    def observe_prompt(self, n_tokens: int, seconds: float) -> None:
+        """The draft model evaluated a prompt of n_tokens in one go: its batches price its tokens before it drafts."""
+        self.length.observe_catch_up(n_tokens, seconds)
+
     @property
     def plain_rate(self) -> float:
         """Tokens per second of a timed one-token target decode (0: none timed)."""

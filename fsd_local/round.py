@@ -55,6 +55,7 @@ def new_buffers(k: int, n_vocab: int, n_top: int = 0, logprobs: bool = True) -> 
         onehot=np.zeros(k, np.uint8),
         kept=np.empty((k, KEPT_MAX), np.int64),
         kept_n=np.full(k, -1, np.int64),
+        lossless=np.zeros(k, np.uint8),
     )
     return Buffers(drafts, round_out(k, n_top, logprobs), np.zeros(3, np.float32))
 
@@ -159,8 +160,14 @@ def judge(ctx: RoundContext, proposal: Proposal, rows: np.ndarray, batch: int, s
     `seconds`, the round's verification begun at perf_counter() t0)."""
     n, drafts, out = proposal.n, ctx.buffers.drafts, ctx.buffers.out
     tokens = drafts.tokens[:n].tolist()
+    end = ctx.ends_reply(tokens)
+    # only the lossless test may end a reply: a rescued end of generation (or stop string) would cut it where
+    # the target writes on (docs/design.md, "The acceptance rules")
+    drafts.lossless[:n] = 0
+    if end is not None:
+        drafts.lossless[end] = 1
     if ctx.budget.bound > 0.0 and ctx.sampling.temperature <= 0.0:  # a greedy round is decided whole: the
-        stop_at(ctx.budget, ctx.ends_reply(tokens))  # budget's cap also holds at a draft that would end the reply
+        stop_at(ctx.budget, end)  # budget's cap also holds at a draft that would end the reply
     ctx.chain.target_rows(rows, n)  # the same processing as the draft's rows had
     u = ctx.random.take(n + 1)
     accepted, nxt = accept_round(rows, drafts, n, ctx.n_vocab, ctx.rule, ctx.sampling, u, out, ctx.budget)

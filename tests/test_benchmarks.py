@@ -31,7 +31,14 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
         ),
         "budget_bound": (pair + TINY + ["--prompts", prompts, "--tokens", "6", "--budgets", "0.1"], "B 0.1, "),
         "carry_cost": (["--draft-vocab", "50", "--target-vocab", "80", "--repeats", "1"], "us a round of 4"),
-        "cold_auto": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--ks", "2", "--repeats", "1"], "auto "),
+        "cold_auto": (
+            pair
+            + TINY
+            + ["--prompts", "2", "--tokens", "4", "--ks", "2", "--repeats", "1", "--store", "empty"]
+            + ["--sampling", "chat", "--conversation", "--rules", "sd,budget@0.1"],
+            "auto ",
+        ),
+        "eos_rescue": (pair + TINY + ["--prompts", "2", "--tokens", "4", "--modes", "fsd:0.4"], "ended at an end of"),
         "follow_cost": (pair + TINY + ["--context", "40", "--rounds", "3", "--k", "2"], "re-decoded tokens"),
         "first_token": (pair + TINY + ["--repeats", "1", "--tokens", "2", "--empty-store"], "first request"),
         "chat_loops": (pair + TINY + ["--seeds", "1", "--only", "greedy", "--prompts", "1", "--max-tokens", "4"], "1 "),

@@ -142,8 +142,8 @@ def test_cold_start_is_sensible_and_respects_the_limit():
     free = CostModel(8, draft_cost_prior=0.0)
     assert free.choose_k() == 0 and free.k_histogram[0] == 1
     free.observe_verify(1, 10 * MS)
-    # then a guess that explores (the acceptance is read optimistically while it rests on the prior), neither a
-    # plain step nor k_max
+    # then a guess that explores (the acceptance is read optimistically while it rests on the prior; the batches
+    # follow the slope prior through the one timed size), neither a plain step nor k_max
     assert 1 <= free.choose_k() <= 6
     model = CostModel(8)
     model.observe_verify(1, 10 * MS)
@@ -173,7 +173,15 @@ def test_verify_cost_keeps_the_measured_tiles():
     assert v[1] == pytest.approx(10 * MS, rel=1e-6)
     assert v[5] == pytest.approx(20 * MS, rel=1e-6)
     assert v[3] == pytest.approx(15 * MS, rel=1e-6)  # unseen n between measured ones: interpolated
-    assert v[9] == pytest.approx(30 * MS, rel=1e-6)  # beyond: the fitted slope
+    # beyond: what the largest timed batch cost, until the size is timed itself (an optimism that each size loses
+    # when timed: the fitted line through a CPU target's steep start prices long drafts out before they are tried)
+    assert v[6] == v[9] == pytest.approx(20 * MS, rel=1e-6)
+    vc.observe(9, 24 * MS)
+    assert vc.curve(9)[7] == pytest.approx(22 * MS, rel=1e-3)  # now between two timed sizes
+    # ... except at whole tiles (multiples of 8), which may cost no more than the timed batch below until timed
+    assert vc.curve(9)[8] == pytest.approx(20 * MS, rel=1e-3)
+    vc.observe(8, 23 * MS)
+    assert vc.curve(9)[8] == pytest.approx(23 * MS, rel=1e-3)
     # a batch that costs less than a smaller one is kept as measured (CPU tiles), not smoothed away
     for _ in range(3):
         vc.observe(4, 12 * MS)

@@ -4,6 +4,8 @@ per source of drafts sharing the target's VerifyCost; probes and shadows bring `
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost
 
 # A source of drafts: (drafter, evidence class). The model drafter has one class; prompt lookup has one per match
@@ -18,6 +20,20 @@ CATCH_UP_PRIOR = 0.5  # a catch-up batch's seconds per token / a drafted token's
 PENDING_MAX = 2
 
 
+@dataclass
+class CostTable:
+    """Seconds a policy sees in place of the ones it measures (`DraftLength.prices`): verify[n] for a target
+    decode of n tokens (index 0 unused; beyond the table, its last entry), draft per drafted token, catch_up per
+    token the draft model evaluates after plain steps."""
+
+    verify: list[float]
+    draft: float
+    catch_up: float = 0.0
+
+    def v(self, n: int) -> float:
+        return self.verify[min(n, len(self.verify) - 1)]
+
+
 class DraftLength:
     def __init__(self) -> None:
         self.verify = VerifyCost(K_LIMIT + 1)
@@ -27,6 +43,9 @@ class DraftLength:
         self._catch_up_mean, self._catch_up_weight = 0.0, 0.0  # seconds per token the draft model catches up
         self.policy, self.k, self.k_min, self.k_max = "fixed", 4, 1, 4
         self._shadow: tuple[Source, list[int], int] | None = None  # (source, declined proposal, its position)
+        # recorded costs that replace every measured one: what a test of the policy in a real engine sets, so that
+        # what the policy decides hangs on the models' acceptance and these seconds, never on the host's load
+        self.prices: CostTable | None = None
 
     def start(self, settings) -> None:
         """A new generation: take its policy and bounds; forget acceptance evidence gathered under other rules."""
@@ -157,6 +176,8 @@ class DraftLength:
 
     def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
         """The draft model evaluated n_tokens it had missed (one batch) in `seconds`."""
+        if self.prices is not None:
+            seconds = n_tokens * self.prices.catch_up
         if n_tokens > 1 and seconds > 0:
             self._catch_up_weight = self._catch_up_weight * 0.8 + 1.0
             self._catch_up_mean += (seconds / n_tokens - self._catch_up_mean) / self._catch_up_weight
@@ -174,6 +195,8 @@ class DraftLength:
     ) -> None:
         """One round: what was drafted (by `source`) and accepted, what drafting cost, and the target's decode of
         `batch` tokens that verified it (or, with nothing drafted, that was a plain step)."""
+        if self.prices is not None:
+            verify_seconds, draft_seconds = self.prices.v(batch), n_drafted * self.prices.draft
         self.verify.observe(batch, verify_seconds)
         if source is None or not n_drafted:
             return

@@ -1,12 +1,13 @@
 """v(n), the seconds of one target decode of n tokens, learned online per batch size and used as measured
-(level x shape: the level follows the load, the shape each size's cost; docs/design.md, "The cost model of
-`auto`")."""
+(level x shape: the level follows the load, the shape each size's cost); a size not timed yet is priced
+optimistically until it is (docs/design.md, "The cost model of `auto`" and "The cold start")."""
 
 from __future__ import annotations
 
 import math
 
 VERIFY_SLOPE_PRIOR = 0.3
+TILE_ROWS = 8  # an untimed batch of whole tiles is priced as the timed batch below it (docstring)
 FORGET_WEIGHT = 0.01  # a batch size's evidence below this weight is dropped (its shape may no longer hold)
 
 
@@ -96,8 +97,9 @@ class VerifyCost:
         return 0 < n < len(self._weight) and self._weight[n] > 0.0
 
     def curve(self, n_hi: int) -> list[float]:
-        """Estimated seconds for n = 0..n_hi (index 0 unused): measured sizes as measured, linear between them,
-        the fitted line below the first and the last plus the line's slope beyond it."""
+        """Estimated seconds for n = 0..n_hi (index 0 unused): measured sizes as measured, linear between them
+        (at most the timed size below, for whole tiles), the fitted line below the first and, beyond the last, the
+        last measured mean (the prior's line after a plain step alone)."""
         if self._cache is not None and len(self._cache) > n_hi:
             return self._cache
         a, b = self.fit()
@@ -115,10 +117,13 @@ class VerifyCost:
             elif not known or n < known[0]:
                 out[n] = a + b * (n - 1)
             elif nxt == len(known):
-                out[n] = v[known[-1]] + b * (n - known[-1])
+                last = known[-1]
+                out[n] = v[last] if last > 1 else v[last] + b * (n - last)
             else:
                 hi = known[nxt]
                 out[n] = v[lo] + (n - lo) / (hi - lo) * (v[hi] - v[lo])
+                if n % TILE_ROWS == 0 and lo > 1:  # whole tiles: maybe no dearer than the batch below (docstring)
+                    out[n] = min(out[n], v[lo])
         self._cache = out
         return out
 

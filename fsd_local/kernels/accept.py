@@ -70,7 +70,8 @@ class Sampling(NamedTuple):
 class Drafts(NamedTuple):
     """A round's drafts: the draft's raw rows (copied only where the rule reads them), the tokens, each one's
     draft probability, the (max, cut-off, log-normaliser) of each processed draft row, whether a row is one-hot
-    (prompt lookup: no row), and where the draft sampled, each row's kept tokens (sorted; -1: not truncated)."""
+    (prompt lookup: no row), where the draft sampled, each row's kept tokens (sorted; -1: not truncated), and
+    which slots only the lossless test may accept (a token that would end the reply: round.py sets them)."""
 
     rows: np.ndarray
     tokens: np.ndarray
@@ -79,6 +80,7 @@ class Drafts(NamedTuple):
     onehot: np.ndarray
     kept: np.ndarray = np.zeros((0, 0), np.int64)
     kept_n: np.ndarray = np.zeros(0, np.int64)
+    lossless: np.ndarray = np.zeros(0, np.uint8)  # 1: only the lossless test may accept the slot (none stored: 0)
 
 
 NO_TOP_IDS = np.zeros((0, 0), np.int32)
@@ -184,7 +186,9 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
         for j in range(kept, accepted):
             out.reason[j], loss[j] = REJECTED, 0.0
         accepted = kept
-    nxt = _extra_token(P, draft, accepted, n_drafts, n, rule.mode, sampling, uniforms[n_drafts], out)
+    # a lossless-only slot's replacement is what sd's would be (fsd-paper's own draws from p~ itself)
+    mode = SD if accepted < n_drafts and lossless_only(draft, accepted) else rule.mode
+    nxt = _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, uniforms[n_drafts], out)
     _describe(P, draft.tokens, accepted, nxt, n, greedy, out, loss)
     end_round(budget, accepted + 1, n_drafts, accepted)
     return accepted, nxt
@@ -208,14 +212,15 @@ def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget)
     P(rescue)."""
     x, d, mode = P[i], draft.tokens[i], rule.mode
     greedy = sampling.temperature <= 0.0
-    lossy = mode != SD and budget.bound != 0.0 and (tau > 0.0 or mode == FSD_PAPER)  # B = 0 or tau = 0: sd
+    strict = lossless_only(draft, i)  # the slot is judged as sd judges it: the SD test alone
+    lossy = not strict and mode != SD and budget.bound != 0.0 and (tau > 0.0 or mode == FSD_PAPER)  # else: sd
     share = -1.0  # the share of the slot's rescues a sampled budget allows (-1: no budget decides)
     if not greedy:
         _row_stats(x, i, n, sampling, out)
         if lossy and budget.bound > 0.0:
             share = _open(P, draft, i, n_drafts, n, rule, sampling, tau, out, budget)
     u = uniforms[i]  # fsd-paper has no SD test: the uniform is free for the budget's share
-    if mode != FSD_PAPER:
+    if mode != FSD_PAPER or strict:
         if greedy:
             ok = out.top[i] == d
         else:  # accept with probability min(1, p~(d) / q~(d))
@@ -241,6 +246,12 @@ def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget)
         loss, rescued = _slot_loss(draft, i, x, n, rule, sampling, tau, out)
         budget.loss[i] = loss / rescued if rescued > 0.0 else 0.0  # (0: float32 and float64 disagree on p < q)
     return BY_FUZZY
+
+
+@njit(inline="always")
+def lossless_only(draft, i):
+    """Whether slot i may be accepted by the lossless SD test alone (Drafts.lossless; none stored: no)."""
+    return draft.lossless.shape[0] > i and draft.lossless[i] != 0
 
 
 @njit(cache=True)

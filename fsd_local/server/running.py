@@ -57,11 +57,8 @@ def serve(
 
 
 class BackgroundServer:
-    """The server in a thread of this process, for apps that embed it (and for tests).
-
-    with BackgroundServer(engine, port=0) as srv:   # port 0: a free port
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
-    """
+    """The server in a thread of this process, for apps that embed it and for tests:
+    `with BackgroundServer(engine, port=0) as srv:` serves at `srv.url` (port 0: a free port)."""
 
     def __init__(
         self,

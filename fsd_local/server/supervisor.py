@@ -64,11 +64,8 @@ class _Child:
 
 
 class Supervisor:
-    """A draft/target pair in a supervised child process, with the Engine surface the server uses.
-
-    with Supervisor(target=ModelOptions("big.gguf"), draft=ModelOptions("small.gguf"), tau=0.2) as sup:
-        print(sup.generate("Once upon a time", max_tokens=32).text)
-    """
+    """A draft/target pair in a supervised child process, with the Engine surface the server uses:
+    `with Supervisor(target=ModelOptions("big.gguf"), draft=..., tau=0.2) as sup:` then `sup.generate(prompt)`."""
 
     def __init__(
         self,
