@@ -158,7 +158,7 @@ def test_sampled_sd_keeps_the_targets_distribution(files):
     big = expected >= 5  # the rare tokens merged into one bin, so the chi-square approximation holds
     obs, exp = np.append(counts[big], counts[~big].sum()), np.append(expected[big], expected[~big].sum())
     assert sps.chisquare(obs, exp).pvalue > 1e-3
-    assert p[own].sum() > 0.05 and counts[own].sum() > 0
+    assert p[own].sum() > 0.01 and counts[own].sum() > 0  # the test reaches them: 2% of p here, ~30 draws
 
 
 def test_ar_ids_beyond_the_drafts_vocabulary_are_a_valid_next_prompt(files):
