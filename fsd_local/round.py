@@ -267,7 +267,10 @@ def plain_step(model: Model, ctx: RoundContext, decoder: str) -> Step:
     else:
         rows = model.logits(1)
         ctx.chain.target_rows(rows, 0)  # the same processing as every target row
-        tok, _ = emit_one(rows[0], model.n_vocab, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
+        # within the vocabulary the pair shares: a target with padding entries past the draft's never emits them,
+        # so every id of the text is one a next turn's prompt check accepts
+        n = min(model.n_vocab, ctx.n_vocab)
+        tok, _ = emit_one(rows[0], n, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
     ctx.chain.settle(0, tok)
     emitted = _emitted([int(tok)], out, 0, 0, ctx.logprobs)
     emitted.origins[0] = decoder
