@@ -12,20 +12,22 @@ from typing import TYPE_CHECKING, Any
 
 from fsd_local.chain import Chain
 from fsd_local.conversation import fit_conversation, reply_room
+from fsd_local.device_picks import plan as plan_picks
+from fsd_local.drafting.across import Across
 from fsd_local.drafting.calibration import CostStore
 from fsd_local.drafting.proposer import Proposer
-from fsd_local.errors import FSDError
+from fsd_local.errors import ConfigError, FSDError
 from fsd_local.generation import Generation
-from fsd_local.kernels.accept import warm_up
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.penalties import warm_up as warm_chain
+from fsd_local.kernels.warm import warm_up
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
 from fsd_local.policy import Policy
 from fsd_local.prompting import chat_ids, checked_ids, loaded_context
 from fsd_local.results import CancelToken, Completion, Piece, final_completion
-from fsd_local.round import Step, new_buffers, plain_step, verify
+from fsd_local.round import Proposal, Step, forced_run, new_buffers, plain_step, slots, verify
 from fsd_local.settings import Settings
 
 if TYPE_CHECKING:
@@ -40,6 +42,18 @@ def _options(model, n_ctx, n_threads, n_gpu_layers) -> ModelOptions:
     return ModelOptions(
         path=str(model), n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers
     )
+
+
+def _check_smaller(draft: Model, target: Model) -> None:
+    """A draft across tokenizers is a smaller model: a larger one costs more than the target it drafts for."""
+    import llama_cpp as lc
+
+    d, t = lc.llama_model_n_params(draft.model), lc.llama_model_n_params(target.model)
+    if d > t:
+        raise ConfigError(
+            f"draft {draft.path} ({d:,} parameters) is larger than target {target.path} ({t:,}): a draft must be "
+            "the smaller model; swap --draft and --target, or pick a smaller draft (`fsd-local models --local`)"
+        )
 
 
 class Engine:
@@ -72,6 +86,7 @@ class Engine:
     ):
         self.defaults = (settings or Settings()).with_(**setting_overrides)
         self.draft = None
+        self.across: Across | None = None  # a draft of another vocabulary (drafting/across.py)
         # before loading: close() (also called when loading fails) takes the lock
         self._lock = threading.RLock()
         self._cancel = CancelToken()
@@ -85,15 +100,20 @@ class Engine:
                     ),
                     "draft",
                 )
-                check_compatible(self.draft, self.target)
+                vm = check_compatible(self.draft, self.target).vocab_map
+                if vm is not None:
+                    _check_smaller(self.draft, self.target)
+                    self.across = Across(self.draft, self.target, vm)
         except BaseException:
             self.close()
             raise
-        # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries)
-        self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft else self.target.n_vocab
+        # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries); a draft
+        # of another vocabulary proposes the target's tokens, so they work on the target's
+        one = self.draft is not None and self.across is None
+        self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if one and self.draft else self.target.n_vocab
         # the policy state (draft length, measured costs kept on disk per model and machine, budgets' gains)
         self._policy = Policy(CostStore.for_models(self.target, self.draft))
-        self._proposer = Proposer(self.draft, self.n_vocab, self._policy.length)
+        self._proposer = Proposer(self.draft, self.n_vocab, self._policy.length, self.across)
         self._buffers_key: tuple | None = None  # the round buffers (owned here, lent to each call) fit these settings
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
         warm_chain()
@@ -142,6 +162,11 @@ class Engine:
             s = s.with_(**overrides)
         s.check_draft(self.draft is not None)
         s.check_vocab(self.n_vocab)
+        if self.across is not None and s.mode == "draft-only":
+            raise ConfigError(
+                "draft-only decodes the draft's own tokens, and this draft's vocabulary is not the target's; "
+                "use a speculative mode (sd, fsd, ...) or a draft of the target's tokenizer"
+            )
         return s
 
     def chat_template(self) -> ChatTemplate:
@@ -276,7 +301,11 @@ class Engine:
         and the policy's observation of it."""
         ctx = g.ctx
         if g.speculative:
-            step = verify(self.target, ctx, self._proposer.propose(ctx))
+            proposal: Proposal | None = self._proposer.propose(ctx)
+        else:  # ar verifies what a grammar forces as a batch of its own; draft-only decides with the draft
+            proposal = forced_run(ctx) if g.s.mode == "ar" else None
+        if proposal is not None:
+            step = verify(self.target, ctx, proposal)
         else:
             step = plain_step(g.models[0], ctx, "target" if g.s.mode == "ar" else "draft")
         t = perf_counter()
@@ -304,6 +333,8 @@ class Engine:
                 for m in g.models if not self._closed else ():  # close() from this thread while a stream was paused
                     m.forget_unknown_tail()  # whatever happened (Ctrl-C, errors), leave each cache a prefix of seq
                     m.keep_common_prefix(g.seq)
+                if self.across is not None and not self._closed:
+                    self.across.draft.forget_unknown_tail()  # its own ids: the follower trims it to the text
             self._policy.save()
 
     def _start(self, prompt, s: Settings, dropped: int) -> Generation:
@@ -313,18 +344,21 @@ class Engine:
         if s.needs_draft:  # the draft model runs (prompt lookup alone needs none)
             assert self.draft is not None, "stream() checked that this mode has its draft"
             models = [self.target, self.draft] if s.mode in SPECULATIVE_MODES else [self.draft]
+            if self.across is not None:  # its cache holds its own ids of the text: the follower keeps it
+                models = [self.target]
         else:
             models = [self.target]
         seq = self.prompt_tokens(prompt, models)
-        key = (s.draft_max, s.top_logprobs, s.logprobs)
+        key = (slots(s), s.top_logprobs, s.logprobs)
         if self._buffers_key != key:
-            self._buffers = new_buffers(s.draft_max, self.n_vocab, s.top_logprobs, s.logprobs)
+            self._buffers = new_buffers(slots(s), self.n_vocab, s.top_logprobs, s.logprobs)
             self._buffers_key = key
         chain = Chain(s, self.n_vocab, self.target).start(seq)  # penalties, bias, grammar
         budget = self._policy.start(s)
         g = Generation(s, seq, models, self.target, self.n_vocab, budget, self._buffers, chain, dropped)
+        plan_picks(g.ctx, self.target, self.draft)  # which picks llama.cpp's backend samplers make (device_picks.py)
         if g.speculative:
-            self._proposer.start(g.ctx)
+            self._proposer.start(g.ctx, target_rows=not self.target.sampler.active)
         return g
 
     def _prefill(self, g: Generation, cancel, cut: bool = False) -> None:
@@ -347,4 +381,6 @@ class Engine:
                 self._policy.observe_prompt(len(todo), perf_counter() - t)
             if m is g.models[0]:
                 g.stats.prompt_evaluated = len(todo) + 1
+        if self.across is not None and g.speculative and g.s.needs_draft:
+            self.across.sync(g.seq[:-1])  # the draft's own tokens of the prompt's text
         g.stats.prompt_seconds = perf_counter() - t0

@@ -18,6 +18,7 @@ from fsd_local.llama import backend
 from fsd_local.llama.bindings import clear_log, default_threads, init_backend, lc, recent_log
 from fsd_local.llama.cpu_features import repack_choice
 from fsd_local.llama.options import KV_TYPES, SPLIT_MODES, UNQUANTISED_KV, ModelOptions
+from fsd_local.llama.samplers import BackendSampler, wanted
 
 SEQ = 0
 
@@ -84,6 +85,26 @@ def _device_list(opts: ModelOptions):
     return (ctypes.c_void_p * (len(local) + 1))(*local, None)
 
 
+def _vocab_size(path: str) -> int | None:
+    """The size of the file's vocabulary, loaded alone (None: not even that loads)."""
+    mp = lc.llama_model_default_params()
+    mp.vocab_only = True
+    model = lc.llama_model_load_from_file(path.encode(), mp)
+    if not model:
+        return None
+    try:
+        return lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    finally:
+        lc.llama_model_free(model)
+
+
+def _no_tokenizer(role: str, path: str) -> str:
+    return (
+        f"{role} model {path} has no tokenizer (no token list in the GGUF): fsd-local needs the model's vocabulary; "
+        "convert it again with its tokenizer, or use a GGUF from the model's publisher"
+    )
+
+
 # llama_get_logits returning the address itself (llama-cpp-python's binding returns a float pointer to cast)
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
     ctypes.cast(lc.llama_get_logits, ctypes.c_void_p).value or 0
@@ -103,6 +124,9 @@ class Model:
         self._load_weights(opts, role)
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        if self.n_vocab <= 0:  # vocabulary-only, llama.cpp loads it, then aborts the process at the first tokenisation
+            self.close()
+            raise ModelLoadError(_no_tokenizer(role, opts.path))
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
         if opts.vocab_only:
@@ -121,6 +145,7 @@ class Model:
         # other build synchronises through llama_get_logits every time.
         self._host_only = not lc.llama_supports_gpu_offload() and not opts.rpc_servers
         self._view_rows = 0  # rows known to fit the buffer at _view_addr (0: read the address again)
+        self.sampler = BackendSampler(self.ctx, SEQ, self._device_sampling)  # llama/samplers.py
 
     def _load_weights(self, opts: ModelOptions, role: str) -> None:
         mp = lc.llama_model_default_params()
@@ -142,6 +167,8 @@ class Model:
         clear_log()
         self.model = lc.llama_model_load_from_file(opts.path.encode(), mp)
         if not self.model:
+            if not opts.vocab_only and _vocab_size(opts.path) == 0:  # its embeddings cannot fit no vocabulary
+                raise ModelLoadError(_no_tokenizer(role, opts.path))
             raise ModelLoadError(
                 f"llama.cpp could not load {role} model {opts.path} (corrupt, truncated, or an architecture "
                 f"this llama.cpp build does not know): {recent_log() or 'no details logged'}"
@@ -163,6 +190,9 @@ class Model:
         cp.n_threads = opts.n_threads or default_threads()
         cp.n_threads_batch = opts.n_threads_batch or cp.n_threads
         cp.no_perf = True
+        self._device_sampling = wanted(opts.n_gpu_layers, bool(opts.rpc_servers), self.n_layer)
+        if self._device_sampling:  # a backend sampler picks a token for every output row: a verify batch's too
+            cp.n_outputs_max_per_seq = opts.n_batch
         if opts.flash_attn is not None:
             cp.flash_attn_type = (
                 lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -400,6 +430,7 @@ class Model:
         if self.ctx:
             lc.llama_free(self.ctx)
             self.ctx = None
+            self.sampler.close()  # after the context that held it
         if self.model:
             lc.llama_model_free(self.model)
             self.model = None
