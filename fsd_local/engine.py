@@ -369,12 +369,14 @@ class Engine:
             if cut:
                 m.reuse_after_cut(g.seq)
             todo = g.seq[m.keep_common_prefix(g.seq) : -1]
+            if m is self.draft and g.speculative and not self._policy.draft_follows_prompt():
+                continue  # plain steps win from the start: the draft catches up if a round drafts (drafting/length.py)
             t = perf_counter()
             for i in range(0, len(todo), m.n_batch):
                 if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
                     break
                 m.decode(todo[i : i + m.n_batch], logits="none")
-            if m is self.draft and g.s.mode in SPECULATIVE_MODES:  # a batch it runs anyway prices its tokens
+            if m is self.draft and g.speculative:  # a batch it runs anyway prices its tokens
                 m.synchronize()
                 self._policy.observe_prompt(len(todo), perf_counter() - t)
             if m is g.models[0]:

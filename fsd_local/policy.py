@@ -45,6 +45,10 @@ class Policy:
         """The draft model evaluated a prompt of n_tokens in one go: its batches price its tokens before it drafts."""
         self.length.observe_catch_up(n_tokens, seconds)
 
+    def draft_follows_prompt(self) -> bool:
+        """Whether the draft model evaluates a new prompt at once (DraftLength.follows_prompt)."""
+        return self.length.follows_prompt(("model", 0))
+
     @property
     def plain_rate(self) -> float:
         """Tokens per second of a timed one-token target decode (0: none timed)."""

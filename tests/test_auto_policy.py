@@ -296,6 +296,25 @@ def test_a_fresh_engine_settles_on_plain_steps_when_the_draft_is_never_accepted(
     assert sum(again.stats["k_histogram"][1:]) <= 2, again.stats["k_histogram"]
 
 
+# the costly pair's target steps with a draft token at 0.7 of one (the Q4_1 demo's ratio): no acceptance pays
+DEAR = Costs(COSTLY.verify, draft=0.7 * COSTLY.verify[1], catch_up=0.35 * COSTLY.verify[1])
+
+
+def test_where_plain_steps_win_the_draft_model_does_not_evaluate_the_next_prompt(costly_pair, tmp_path, monkeypatch):
+    """From an empty store the first reply's draft evaluates its prompt (that batch prices its tokens) and the
+    policy takes plain steps; from then on a new prompt is text the draft skipped, so a reply where plain decoding
+    wins runs the target alone, as `ar` does (issue 37: each new chat's draft prompt cost auto ~10% on Q4_1)."""
+    with costly_engine(costly_pair, tmp_path, monkeypatch) as eng:
+        eng.policy.length.prices = DEAR
+        first = eng.generate("the cat sat", max_tokens=24, mode="sd")
+        assert len(eng.draft.tokens) >= first.prompt_tokens - 1 and sum(first.stats["k_histogram"][1:]) == 0
+        spent, held = eng.draft.decode_seconds, list(eng.draft.tokens)
+        again = eng.generate("a dog ran far away", max_tokens=24, mode="sd")
+        assert sum(again.stats["k_histogram"][1:]) == 0, again.stats["k_histogram"]
+        assert eng.draft.decode_seconds == spent and eng.draft.tokens == held[: len(eng.draft.tokens)]
+        assert again.token_ids == eng.generate("a dog ran far away", max_tokens=24, mode="ar").token_ids
+
+
 def recorded(rule: str) -> list[list[bool]]:
     """Teacher-forced traces of the wide demo pair on 10 chat prompts (benchmarks/record_traces.py): sd accepts
     where the draft's greedy pick is the target's (0.73-0.91 per prompt), fsd js 0.2 also where js <= 0.2 (0.98+)."""

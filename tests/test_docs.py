@@ -13,7 +13,7 @@ from fsd_local.cli import reference
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 README_MAX_LINES = 300
-DEMO = 'pip install -e ".[demo]" && fsd-local chat --tau 0.3'
+DEMO = 'pip install -e ".[demo]" && fsd-local chat --demo wide --quality-budget 0.15'
 TESTS = 'pip install -e ".[test]" && python -m pytest'
 
 

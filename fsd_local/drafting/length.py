@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost
+from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost, best_k
 
 # A source of drafts: (drafter, evidence class). The model drafter has one class; prompt lookup has one per match
 # length bucket (ngram.match_class), because how far the text agrees before the match predicts acceptance far
@@ -124,6 +124,17 @@ class DraftLength:
         # every switch (once caught up, a round that drafts again has only its own tokens to evaluate)
         catch_up = self.catch_up_seconds(behind, cm) if behind > PENDING_MAX else 0.0
         return cm.choose_k(max(0, limit), start_seconds=catch_up)
+
+    def follows_prompt(self, source: Source) -> bool:
+        """Whether the drafter should evaluate a new prompt before the first round: not where `auto` knows what
+        its tokens and the target's steps cost and no k pays at the current evidence with it current (then the
+        prompt is text it skipped: a round that drafts catches up first, at a price `choose` counts)."""
+        if self.policy != "auto" or source not in self.costs or not self.verify.measured_at(1):
+            return True
+        cm = self.cost(source)  # at this generation's k_max
+        if not cm.draft_measured and cm.draft_cost_hint <= 0:
+            return True  # the prompt's batch is what prices the draft's tokens
+        return best_k(cm.rates()) > 0
 
     def probe(self, source: Source, behind: int, scorable: int, horizon: int) -> bool:
         """After plain steps: whether to catch the drafter up on the `behind` tokens it skipped now, scoring the

@@ -234,7 +234,11 @@ class Proposer:
         scored = self._scorable(ctx.seq)
         first = scored[0] - base - 1 if scored else len(todo) - 1  # output rows from the first scored position
         t = perf_counter()
-        d.decode(todo, f"from:{first}")
+        if len(todo) > d.n_batch:  # a skipped prompt: the rows must come from one batch (Model.decode)
+            d.decode(todo[:first], "none")
+            d.decode(todo[first:], "from:0")
+        else:
+            d.decode(todo, f"from:{first}")
         d.synchronize()
         seconds = perf_counter() - t
         self.lengths.observe_catch_up(len(todo), seconds)
