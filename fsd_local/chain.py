@@ -1,21 +1,6 @@
-"""The logit-processing chain: logit bias, repetition penalties and a grammar's mask, applied identically to the
-draft's and the target's rows before any acceptance test (llama.cpp's order: bias, then penalties; the mask
-last, so a banned token stays at -inf).
-
-Every row is processed as if the drafts before it had been accepted: row j of a round (the draft's row for d_j,
-the target's row j) sees the accepted text plus d_1..d_{j-1}, both for the penalties' window and for the
-grammar's state. So the SD test, the divergences and the replacement all read the same processed rows, and
-tau = 0 is exactly the target's processed distribution. A rejected draft penalises nothing: `settle` drops the
-round's drafts and only the emitted text stays.
-
-The chain keeps its own copy of the accepted text (`start` with the prompt, `settle` with what each round
-emitted) and the penalties' window over it incrementally (kernels/penalties.py `Window`): penalising a row
-costs the tokens in the window, never a copy of the text. A chain with nothing to do (the default settings)
-has `active` False and every hook returns at once.
-
-Under a grammar with `jump_forward`, `force` pushes the tokens the grammar forces as drafts of the round: the
-target verifies them like any draft, and a mismatch rolls them back like any rejected draft (`settle`).
-"""
+"""The logit-processing chain: logit bias, repetition penalties, then a grammar's mask, applied alike to the
+draft's and the target's rows of a round, each row as if the drafts before it had been accepted
+(docs/design.md, "The chain, and what tau = 0 guarantees")."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Constrained output (a JSON schema or a GBNF grammar) through llguidance's token masks.
-
-Why llguidance: it works on token masks computed from llama.cpp's own vocabulary (one bit per token, ~60 us per
-mask on SmolLM2's 49,152 tokens), compiles JSON schemas and llama.cpp's GBNF (through its GBNF -> Lark
-converter) to one grammar engine, and rolls back consumed tokens, which speculative decoding needs: the matcher
-advances through a round's drafts and rolls back the rejected ones. (outlines-core has no GBNF; llama.cpp's
-grammar sampler through llama-cpp-python cannot roll back, so every draft position would need a copy.)
-
-A `Constraint` follows the accepted text of one generation: `mask(depth)` is the mask after the first `depth`
-tokens pushed this round (masks are computed once per state and shared by the draft's and the target's rows),
-`push` advances through a draft, `settle` keeps the accepted drafts and the emitted token. `forced` reads the
-tokens the grammar alone decides from the current state (docs/design.md, "Forced tokens").
-"""
+"""Constrained output (a JSON schema or a GBNF grammar) through llguidance's token masks: a `Constraint` follows one
+generation's accepted text (`mask(depth)`, `push`, `settle`), and `forced` gives the tokens the grammar alone
+decides (docs/design.md, "Forced tokens"; why llguidance: "Tool calls")."""
 
 from __future__ import annotations
 

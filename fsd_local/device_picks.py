@@ -1,16 +1,5 @@
-"""Which of a generation's picks llama.cpp's backend samplers make (llama/samplers.py): those the round reads
-nothing of but the token, where the model samples on its device (samplers.wanted: a GPU build's default).
-
-- ar and draft-only: every round is one model's plain step; greedy or a draw at the temperature on the device.
-- a speculative greedy round of the lossless rule (sd, or a lossy mode at tau 0): the target's argmax of every
-  row is the whole round (kernels/emit.py `accept_tops`), and its plain steps are argmaxes too; the draft's greedy
-  picks wherever the kernel reads no draft row (drafting/proposer.py `rows_needed`).
-
-Everything else reads rows on the host: a sampled SD test (p~ and q~ at the drafted token, the residual on a
-rejection: kernels/dense.py), a divergence or a target rule's rescue, log-probabilities, and the chain's
-penalties, bias and grammar (chain.py), whose processing the device's chain does not repeat. A generation's
-choice is made once, at its start: attaching a sampler rebuilds the decode graph.
-"""
+"""Which of a generation's picks llama.cpp's backend samplers make (llama/samplers.py): those of which the round
+reads nothing but the token, decided once at the generation's start (docs/design.md, "Where the time goes")."""
 
 from __future__ import annotations
 

@@ -57,12 +57,8 @@ def _check_smaller(draft: Model, target: Model) -> None:
 
 
 class Engine:
-    """A loaded draft/target pair. Calls are serialised by a lock; settings may change on every call.
-
-    with Engine(target="big.gguf", draft="small.gguf", tau=0.3) as eng:
-        out = eng.generate("Once upon a time", max_tokens=64)
-        print(out.text, out.stats["acceptance_rate"])
-    """
+    """A loaded draft/target pair: `Engine(target=..., draft=..., tau=0.3)`, then `generate`, `chat`, `stream`.
+    Calls are serialised by a lock; settings may change on every call."""
 
     target: Model  # set once loaded: a failed load raises before anyone can see the Engine
     draft: Model | None
@@ -193,10 +189,9 @@ class Engine:
         settings: Settings | None = None,
         **overrides: Any,
     ) -> Completion:
-        """Reply to a list of {'role', 'content'} messages. Earlier turns stay in both KV caches, so the next
-        call only evaluates what is new. When the conversation and room for the reply (max_tokens, at most half
-        the context) do not fit, the oldest turns are left out (never the system message, never the newest
-        message; conversation.py): `dropped_messages` says how many."""
+        """Reply to a list of {'role', 'content'} messages; earlier turns stay in both KV caches. When the conversation
+        and room for the reply do not fit the context, the oldest turns are left out (conversation.py):
+        `dropped_messages` says how many."""
         return final_completion(self.chat_stream(messages, cancel=cancel, settings=settings, **overrides))
 
     def chat_stream(

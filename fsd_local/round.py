@@ -122,9 +122,8 @@ class RoundContext:
 
 
 class Proposal(NamedTuple):
-    """What drafting wrote into the context's draft buffers: n drafts by `source` (a drafter and its evidence
-    class; None when no drafter proposed any), the k chosen, drafting's wall seconds and, of those, the seconds
-    spent catching the draft model up, the skipped positions that catch-up scored, and which of the n slots the
+    """What drafting wrote into the context's draft buffers: n drafts by `source` (None: no drafter proposed), the
+    k chosen, drafting's and catch-up's wall seconds, how many positions catch-up scored, and which slots the
     grammar forced (None: none)."""
 
     n: int

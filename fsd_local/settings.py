@@ -1,10 +1,6 @@
-"""Generation settings, declared once.
-
-Each field of `Settings` carries its type, default, range, help text and where it is exposed: a command-line
-flag (cli/options.py generates the click options), a field of the HTTP API (server/openai_schema.py generates
-the request model), a chat slash command (cli/chat.py generates the commands and their help). A new setting is
-one entry here. A `Settings` object is validated once, when it is made, and the engine takes it as it is.
-"""
+"""Generation settings, declared once: each `Settings` field carries its type, default, range, help and where it is
+exposed (CLI flag: cli/options.py, HTTP field: server/openai_schema.py, chat slash command: cli/chat.py).
+A `Settings` is validated once, when it is made."""
 
 from __future__ import annotations
 

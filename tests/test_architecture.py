@@ -212,6 +212,22 @@ def test_nothing_is_squeezed_past_the_formatter():
     assert not found, f"formatter escapes: {found}"
 
 
+MAX_DOCSTRING_LINES = 3
+
+
+def test_docstrings_stay_short():
+    """A docstring says in 1-3 lines what is true of the code; the why goes in docs/design.md, figures in
+    docs/measurements."""
+    long = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=True)
+                if doc and (n := len(doc.splitlines())) > MAX_DOCSTRING_LINES:
+                    long.append(f"{p.relative_to(ROOT)}: {getattr(node, 'name', '(module)')}: {n} lines")
+    assert not long, f"docstrings over {MAX_DOCSTRING_LINES} lines:\n" + "\n".join(long)
+
+
 def _spans(path: Path):
     rel = str(path.relative_to(ROOT))
     return [((rel, name), span) for name, span in _long_functions(path).items()]

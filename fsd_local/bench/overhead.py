@@ -1,14 +1,6 @@
-"""`fsd-local bench --overhead`: what the loop itself costs per round and per draft token, for a pair and settings.
+"""`fsd-local bench --overhead`: the loop's own time per round and per draft token, for a pair and settings.
 
-The loop's own time is measured from outside the kernels that matter: wall time minus the time inside llama.cpp's
-decode calls (each Model counts its own, llama/model.py), split by phase (Stats.phases): drafting (the draft
-model's picks, row copies and bookkeeping between its decodes), verifying (the acceptance kernel and the round's
-record), the policy's bookkeeping, and the work after every round (the text, both caches cut back, the stream).
-The same time is also taken from outside the loop: each `Engine.generate` call's wall time minus the time inside
-llama.cpp's decode and synchronize calls (the call's set-up and completion included), best of the repeats.
-On a CPU target a round takes 40-150 ms and this is noise; on a GPU a round takes 10-20 ms and every
-millisecond here comes straight off the speed-up: this is the number to read on a GPU machine.
-"""
+Wall time minus the time inside llama.cpp's calls, by phase and per call (docs/design.md, "Where the time goes")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The body of `fsd-local bench` (registered in cli/main.py): which measurement a run makes, and those it makes in
-place of its sweep (cli/bench.py), one function per flag: --kernels (bench/kernels.py), --overhead
-(bench/overhead.py), --costs (bench/costs.py), --serve (bench/serve.py). Each takes every option of the command,
-as a dict."""
+"""The body of `fsd-local bench`: the sweep (cli/bench.py) or, one function per flag, --kernels, --overhead,
+--costs, --serve (bench/*.py), each given every option of the command as a dict."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """`fsd-local chat`: a conversation over a loaded Engine, with settings that change live (slash commands).
 
-The session keeps the messages; the engine keeps both KV caches and reuses their longest common prefix with
-each new prompt, so turn n only evaluates turn n's new text. Output rules: standard output carries only the
-assistant's words (pipes stay clean); banners, summaries and command feedback go to standard error.
-"""
+Standard output carries only the assistant's words; banners, summaries and command feedback go to standard error."""
 
 from __future__ import annotations
 

@@ -95,10 +95,8 @@ def generate(prompt, as_json, **kwargs):
 )
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def doctor(target, draft, pair, n_ctx, as_json):
-    """What this installation runs on: llama-cpp-python and llama.cpp versions, compiled-in backends (CPU, CUDA,
-    Metal, Vulkan...), devices and free memory, GPU offload, RPC, threads. With model files: architecture, size,
-    quantisation, layers, vocabulary, chat template, whether the draft can draft for the target, and the
-    automatic GPU placement. Exit code 1 when the draft and target are incompatible."""
+    """What this installation runs on (llama.cpp, backends, devices, memory) and, given model files, what they are
+    and whether the draft can draft for the target. Exit code 1 when they are incompatible."""
     from fsd_local.llama.doctor import render, report
 
     if pair or target:  # a pair, or names from `fsd-local models --local`, to files
@@ -153,12 +151,9 @@ def doctor(target, draft, pair, n_ctx, as_json):
     "FSD_LOCAL_HOSTS). Loopback names and the --host address always work; others are refused against DNS rebinding",
 )
 def serve(host, port, api_key, max_queue, model_name, in_process, allow_origins, allow_hosts, **kwargs):
-    """An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,
-    /metrics), Ollama's API on the same port (/api/chat, /api/generate, /api/tags, /api/show, /api/ps,
-    /api/version) and a chat page at / (tokens coloured by origin, tau on a slider). The generation options are
-    the defaults; requests override them, including fsd-local's own (tau, mode, divergence, draft_max...) as extra
-    body fields or Ollama options. One pair answers whatever `model` a request names. The models run in a child
-    process that is restarted if it crashes (the request it was running fails). docs/server.md has the details."""
+    """An OpenAI-compatible HTTP server, Ollama's API on the same port and a chat page at /. The options are
+    defaults that requests override; one pair answers whatever `model` a request names; the models run in a child
+    process restarted if it crashes. docs/server.md has the details."""
     run_server, Supervisor = _server_part("running").serve, _server_part("supervisor").Supervisor
     security = _server_part("security")
     origins = [*allow_origins, *security.env_list(security.ORIGINS_ENV)]
@@ -237,12 +232,9 @@ Examples:
     help="chat in the browser instead: serve the chat page (and the OpenAI API) on a free loopback port and open it",
 )
 def chat(system, color, as_json, web, **kwargs):
-    """Chat with a draft/target pair, using the target's own chat template. Replies stream as tokens are
-    accepted; earlier turns stay in both KV caches and are not evaluated again. After each reply a summary
-    line shows tokens/s, acceptance rate, tokens per round and the share rescued by tau (fuzzy). Slash
-    commands change settings live: /tau 0.2, /mode sd, /divergence kl, /temp 0.7, /stats, /reset, /help,
-    /quit. Ctrl-C stops a reply, Ctrl-D leaves. When standard input is not a terminal, each line is one
-    message and replies are plain text. --web: the same conversation on a page, tau on a slider."""
+    """Chat with a draft/target pair in the target's chat template; earlier turns stay in both KV caches. Slash
+    commands change settings live (/help lists them); Ctrl-C stops a reply, Ctrl-D leaves; without a terminal,
+    each input line is one message. --web: the same conversation on a page, tau on a slider."""
     from fsd_local.cli.chat import ChatSession, run_chat
 
     settings = pop_settings(kwargs)
@@ -266,10 +258,9 @@ def chat(system, color, as_json, web, **kwargs):
     "llama.cpp's cache), with what can draft for what",
 )
 def models(as_json, local):
-    """List the curated draft/target pairs of models.toml and which of their files are already in the local
-    Hugging Face cache (FSD_LOCAL_MODELS=FILE reads your own models.toml instead). --local: every GGUF model
-    found on this disk, its name for --target/--draft, architecture, size, quantisation, vocabulary and the
-    models that can draft for it (docs/models.md)."""
+    """List the curated pairs of models.toml and which of their files are in the local Hugging Face cache
+    (FSD_LOCAL_MODELS=FILE: your own models.toml). --local: every GGUF model on this disk, its name for
+    --target/--draft, what it is and which models can draft for it (docs/models.md)."""
     import dataclasses
 
     from fsd_local.pairs.registry import format_pairs, load_registry
@@ -323,11 +314,9 @@ Examples:
 @model_options
 @bench_options.bench_options
 def bench(**kwargs):
-    """Measure the speed / quality trade-off of a pair: every combination of modes, divergences, taus, draft
-    lengths and temperatures on the same prompts and seeds, interleaved, with the ar and sd baselines. Reports
-    tokens/s, speed-ups, acceptance, target log-prob, agreement with the target's greedy output and task accuracy
-    (JSON Lines prompts with answers). Instead: --kernels times the divergence kernels against NumPy, --overhead
-    the loop's own time, --costs one decode of each batch size on both models, --serve the server under load."""
+    """Measure a pair's speed / quality trade-off over modes, divergences, taus, draft lengths and temperatures on the
+    same prompts and seeds, with the ar and sd baselines. Instead: --kernels the kernels against NumPy, --overhead the
+    loop's own time, --costs one decode of each batch size on both models, --serve the server under load."""
     bench_modes.bench_command(**kwargs)
 
 
@@ -335,10 +324,9 @@ def bench(**kwargs):
 @model_options
 @calibrate_cli.calibrate_options
 def calibrate(**kwargs):
-    """Find tau for a budget on your prompts: the largest tau whose agreement with the target's greedy output
-    (--min-agreement) or target log-prob drop per token vs sd (--max-logprob-drop) stays within budget, or the
-    smallest tau reaching an acceptance rate (--target-acceptance). Bisection over [0, --tau-max], assuming
-    quality falls and acceptance rises with tau; prints every tau tried and the speed at the answer."""
+    """Find tau for a budget on your prompts by bisection over [0, --tau-max]: the largest tau within
+    --min-agreement or --max-logprob-drop, or the smallest reaching --target-acceptance. Prints every tau
+    tried and the speed at the answer."""
     calibrate_cli.calibrate_command(**kwargs)
 
 

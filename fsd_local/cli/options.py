@@ -1,8 +1,5 @@
 """What the commands share: the model options, the generation options (generated from fsd_local.settings),
-loading a pair, and the one-line summary after a reply.
-
-Nothing here imports Numba or llama.cpp at module level: `fsd-local --help` and `fsd-local models` stay fast.
-"""
+loading a pair, and the one-line summary after a reply. Nothing here imports Numba or llama.cpp at module level."""
 
 from __future__ import annotations
 
@@ -69,10 +66,8 @@ def _read_text(ctx, param, value: str | None) -> str | None:
 
 
 def _setting_option(f, chat: bool = False, unset: bool = False) -> Callable:
-    """The click option of one Settings field (with `fsd-local chat`'s default if `chat`; with `unset`, no default:
-    None when not given, for a command that applies only what the user gave). Numbers are parsed by click and
-    range-checked by Settings (one validation, one message for CLI, API and chat alike); integers also get click's
-    range so --help shows it."""
+    """The click option of one Settings field (with `fsd-local chat`'s default if `chat`; with `unset`, no default).
+    Settings validates the value; integers also get click's range, so --help shows it."""
     s, kind = spec(f), field_type(f)
     cli = s.cli
     assert cli is not None, f"setting {f.name} has no command-line flag"

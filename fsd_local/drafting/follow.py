@@ -56,9 +56,7 @@ class Renderer:
 
 class TextFollower:
     """Keeps `ids`, the draft's tokens of the text the target's tokens render to, and brings the draft's cache
-    to them (`sync`). The target's BOS renders as nothing: the draft starts with its own BOS where it adds one.
-    A tokenizer that writes a space before the text (SentencePiece's add_space_prefix) reads ' ' + text, and a
-    tail it tokenises again starts at a space (the space it writes)."""
+    to them (`sync`); the target's BOS renders as nothing, and a space-prefixing tokenizer reads ' ' + text."""
 
     def __init__(self, draft: Model, target: Model, back: int = BACK):
         self.draft, self.target = draft, target

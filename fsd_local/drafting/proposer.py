@@ -34,9 +34,8 @@ def rows_needed(ctx: RoundContext) -> bool:
 
 
 class DraftPicks:
-    """One sequence's draws from the draft model in one round: `pick(row)` takes the model's row for slot `n`
-    (`picked(token)`: its backend sampler's token; `put(token)`: a greedy token where `bare`, no row read) and returns
-    the token drafted there (None: none); `n` slots are in the buffers (`made` by the model, the rest forced);
+    """One sequence's draws from the draft model in one round: `pick(row)` / `picked(token)` / `put(token)` return
+    the token drafted at slot `n` (None: none); `n` slots are in the buffers (`made` by the model, the rest forced);
     `done`: no further draft may follow."""
 
     __slots__ = ("chain", "copy", "done", "drafts", "k", "made", "n", "n_vocab", "p_min", "sampled", "us")

@@ -87,11 +87,9 @@ class Sampling(NamedTuple):
 
 
 class Drafts(NamedTuple):
-    """A round's drafts: the draft's raw rows (copied only where the rule reads them), the tokens, each one's
-    draft probability, the (max, cut-off, log-normaliser) of each processed draft row, whether a row is one-hot
-    (ONE_HOT: prompt lookup, no row; FORCED: the grammar's, judged exactly), where the draft sampled, each row's
-    kept tokens (sorted; -1: not truncated), and which slots only the lossless test may accept (a token that would
-    end the reply: round.py sets them)."""
+    """A round's drafts: the raw rows (copied only where the rule reads them), the tokens, their draft probabilities,
+    each processed row's (max, cutoff, log-normaliser), one-hot rows (ONE_HOT, FORCED), kept tokens, the untruncated
+    pick's scratch, and which slots only the lossless test may accept."""
 
     rows: np.ndarray
     tokens: np.ndarray
@@ -109,10 +107,8 @@ NO_TOP_LOGPROB = np.zeros((0, 0))
 
 
 class RoundOut(NamedTuple):
-    """What accept_round writes, allocated once (`round_out`): why each slot was accepted, its divergence (NaN:
-    not computed), each emitted token's log-probability and top alternatives where asked, its gap to the
-    target's top token; then the kernel's scratch (log-partitions, maxima, argmaxes, kept tokens, and an
-    untruncated sampled round's block summaries, row stats and pass scratch: kernels/dense.py)."""
+    """What accept_round writes, allocated once (`round_out`): each slot's reason and divergence, each emitted
+    token's log-probability, top alternatives and gap to the target's top token, then the kernel's scratch."""
 
     reason: np.ndarray  # REJECTED, BY_SD or BY_FUZZY per slot
     divergence: np.ndarray  # NaN: not computed; the target's rules (rules.py): the smallest tau that rescues

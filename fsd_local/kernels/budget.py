@@ -1,50 +1,6 @@
-"""The quality budget (docs/design.md, "The quality budget"), jitted.
-
-B is nats of target log-probability given up per emitted token, averaged over the reply. The loss of an emitted
-token is known when the acceptance rule looks at it:
-
-- greedy: log p(target's top token) - log p(emitted) = max x - x[t] on the target's raw logit row x (softmax at
-  temperature 1): 0 for every token the target would choose itself;
-- sampled: a slot costs only where the rule may rescue there (SD-accepted tokens, replacements and bonus tokens
-  are drawn as `sd` would draw them). Such a slot emits from r, a mix of the draft's and the target's processed
-  distributions, instead of the target's p~; what that gives up is the target's log-probability the slot's token
-  loses in expectation, E_{t~p~}[log p(t)] - E_{t~r}[log p(t)] with p the raw softmax at temperature 1 (clamped
-  at 0: a rescue never earns budget). That is the greedy loss's own definition carried over: greedy, p~ is the
-  target's top token and r the emitted one. (The KL(r || p~) charged before is infinite wherever r reaches a
-  token that truncation - top-k, top-p, min-p - removed from p~, which under chat's sampling is most rescues.)
-  Under a budget the slot is charged that expected loss itself, decided before its SD test: no lumps. Without
-  one nothing is decided, and whether fsd's rule would rescue at a slot whose SD test passed is not known
-  without its divergence, a pass over both rows: there a rescue is charged the slot's loss over P(rescue at this
-  slot), which has the same expectation and costs nothing where no rescue happens. Every lossy run measures it,
-  with a budget or without, so taus and budgets compare on one axis.
-
-The hard cap: the reply's loss stays <= B x its tokens at every point where the reply can end. Only slots where
-the rule may rescue add loss. Sampled, a slot may rescue only as far as the running loss, with the slot's charge,
-stays <= B x (tokens so far, this one included): where the slot's whole loss does not fit, the budget allows a
-share of its rescues (the rescue taken with that probability, on a uniform independent of the token drawn), so the
-slot emits from (1 - share) p~ + share r and costs share x its loss, exactly what is left (`open_share`). So
-every prefix of every reply keeps its budget. Greedy, a round is decided whole (`plan_round`): nothing of it is
-shown before, and the reply can end only at a round's end, where the engine's loop stops (cancellation,
-max_tokens, a full context), or at a draft that ends it (end of generation, or a stop string completing in its
-text: the engine marks it, `stop_at`). So a rescue may be paid for by the tokens of its own round that follow it,
-and the round keeps the longest run of the drafts the rule accepts whose loss fits at each of those points. Every
-reply keeps its budget, cut by a stop string, cancellation or max_tokens too. (Sampled stays slot by slot: a
-decision that looked at the drafts after a slot would depend on the token drawn there, and the slot would no
-longer emit from r, nor its expected charge be its loss.)
-
-Where the budget is spent: a rescue is worth taking when its loss c buys enough tokens. Greedy, what a stretch of
-the round buys is known exactly: the tokens between where the round would end without it and where it ends with it.
-Sampled, a rescue at slot i of a round of n drafts buys 1 + a + ... + a^(n-1-i) tokens in expectation (the rest of
-the drafts, each accepted with the reply's measured rate a, or the bonus token). Either is taken only when
-c <= g x B x (the tokens it buys), c the loss of one rescue (sampled: the slot's loss over P(rescue)). The mode
-keeps its rule, at the threshold g x (the mode's starting threshold). The one controlled number g moves after
-each round, multiplicatively up when the unspent budget (B x tokens - loss) is above a reserve, down when below,
-so the budget is spent at its rate. The reserve is RESERVE_TOKENS tokens' worth, or sampled, where a slot is
-charged its whole loss at once, one typical slot charge of the reply if that is more: below it, a single charge
-would turn the controller down for rounds on end and the threshold with it. A first reply starts g at 1, or
-sampled at max(1, B / B_REF); the g a pair and budget settle on is kept for the next reply of the same kind
-(`Budgets`).
-"""
+"""The quality budget B, nats of target log-probability given up per emitted token, jitted: each token's loss,
+the hard cap at every point where the reply can end (`open_share`, `plan_round`), and the controlled gain g
+(docs/design.md, "The quality budget")."""
 
 import math
 from typing import NamedTuple
@@ -209,14 +165,9 @@ def sampled_loss(
     q_logits,
     m_q,
 ):
-    """(loss, P(rescue)) of a slot where the rule may rescue, sampling (module docstring): the target
-    log-probability the slot gives up, E_{t~p~}[log p(t)] - E_{t~r}[log p(t)] (p the target's raw softmax at
-    temperature 1, p~ its processed distribution, r what the rule emits from at this slot), clamped at 0, and the
-    probability that the slot's token is a rescue. x, y: the target's and the draft's raw rows, lx = row_lse(x)
-    (the divergence rules may pass any constant: p~ and r each sum to 1, so lx cancels from the loss); p_stats,
-    q_stats: (max, cutoff, log-normaliser) of p~ and q~; a one-hot draft row (prompt lookup) is q~ = the drafted
-    token d. tokens[:m]: every token where p~ or q~ has mass, sorted (m < 0: all n); the draft's logits are read
-    through sampling.q_at (its row y, or its kept tokens q_kept[:m_q] and their logits)."""
+    """(loss, P(rescue)) of a slot where the rule may rescue, sampling: E_{t~p~}[log p(t)] - E_{t~r}[log p(t)]
+    clamped at 0 (p the target's raw softmax, r what the rule emits from), and the chance the token is a rescue.
+    Rows and stats as in kernels/accept.py; tokens[:m] every token where p~ or q~ has mass (m < 0: all n)."""
     inv_t = 1.0 / temperature
     pmx, pcut, plz = float(p_stats[0]), float(p_stats[1]), float(p_stats[2])
     qmx, qcut, qlz = float(q_stats[0]), float(q_stats[1]), float(q_stats[2])
@@ -278,11 +229,9 @@ def rescue_value(budget, slot, n_drafts):
 
 @njit(cache=True)
 def open_share(budget, loss, rescued, slot, n_drafts):
-    """Sampled decoding, slot by slot, before the slot's SD test: the share of its rescues the budget allows, with
-    that share of the slot's loss charged (budget.state[LOSS]). loss, rescued: the slot's sampled_loss. 0 where a
-    rescue is not worth its price (loss / rescued, what one rescue gives up, above g x B x the tokens it buys) or
-    its loss is NaN; else all of them, or as many as the hard cap leaves room for. A slot with a share below 1 is
-    counted refused (REFUSED), by the cap alone (CAPPED) where it was worth its price."""
+    """Sampled, before the slot's SD test: the share of its rescues the budget allows (0, 1, or what the hard cap
+    leaves room for), with that share of the slot's loss charged. A share below 1 counts REFUSED, and CAPPED too
+    where the rescue was worth its price."""
     s, b = budget.state, budget.bound
     if not rescued > 0.0:  # the rule rescues nothing here
         return 0.0
@@ -304,13 +253,9 @@ def open_share(budget, loss, rescued, slot, n_drafts):
 
 @njit(cache=True)
 def plan_round(budget, reason, rescue, n_ok):
-    """Greedy decoding, the whole round at once. The rule would accept the first n_ok drafts; those with reason[j] ==
-    rescue are rescues, and budget.loss[j] holds what each costs. Returns m, how many to accept (the round then emits
-    m + 1 tokens: the target's own token at slot m, or the bonus token). Nothing of a round is shown before it is
-    decided, so a rescue may be paid for by the tokens of the same round that follow it: m is the longest prefix that
-    keeps the reply within B x its tokens at every point where it can end (the round's end, and the draft STOP_AT
-    that ends the reply, if any), taking each further stretch only when its loss is worth the tokens it adds (<= g x
-    B per token). Charges the loss; counts a refusal when m < n_ok."""
+    """Greedy, the whole round: of the n_ok drafts the rule accepts, returns m, the longest prefix whose loss keeps the
+    reply within B x its tokens wherever it can end and whose rescues are worth their tokens. Charges the loss;
+    counts a refusal when m < n_ok."""
     s, b, costs = budget.state, budget.bound, budget.loss
     base, tokens, stop = s[LOSS], s[TOKENS], s[STOP_AT]
     at_stop = base  # the reply's loss if it ends at draft `stop` (used when stop < n_ok; plain drafts cost 0)

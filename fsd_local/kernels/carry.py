@@ -1,8 +1,6 @@
-"""A draft's row carried onto the target's vocabulary (drafting across tokenizers, llama/vocab_map.py): as logits,
-the draft's logit on every token both vocabularies share and -inf on the target's own tokens, so that softmax of
-the carried row is q', the draft's distribution on the shared tokens renormalised. Several draft tokens carried
-to one target token (`extra`) add their probabilities there. The -inf entries are written once per buffer
-(`prepare`); each row then writes only the shared ones."""
+"""A draft's row carried onto the target's vocabulary as logits (drafting across tokenizers, llama/vocab_map.py):
+the draft's logit on every shared token, several carried to one adding up (`extra`), -inf on the target's own
+tokens, written once per buffer (`prepare`)."""
 
 import math
 
@@ -40,9 +38,7 @@ def _add_logs(a, b):
 @kernel
 def carry_row(row, shared_t, shared_d, extra, out):
     """The draft row `row` carried onto the target's vocabulary in `out`: out[shared_t[j]] = row[shared_d[j]],
-    then for each (t, d) of extra, out[t] = log(exp(out[t]) + exp(row[d])). Every other entry of out is left as
-    it is, -inf since `prepare`: the target's own tokens (a scatter of the shared entries costs a copy of the
-    draft's row, where writing the whole target row would cost a gather over it)."""
+    then out[t] = log(exp(out[t]) + exp(row[d])) for each (t, d) of extra; every other entry is left as it is."""
     _scatter(row, shared_t, shared_d, out)
     for j in range(extra.shape[0]):
         t, d = extra[j, 0], extra[j, 1]

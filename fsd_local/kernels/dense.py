@@ -1,18 +1,6 @@
-"""Untruncated sampled rows (a temperature alone, the OpenAI API's default): every row read once, on every core.
-
-A processed distribution with nothing truncated, p~ = softmax(x / T) over the whole vocabulary, is kept as the
-row's block summary (`summarise`, `summarise_rows`): for each of its blocks of `block_size(n)` entries, the block's
-max mb and S = sum exp((x - mb) / T), and where asked S1 = sum exp(x - mb), the raw softmax's (temperature 1: the
-divergences and the log-probabilities). Each block is summed while it sits in L1, so the row is read from memory
-once. `combine` turns the summary into sampling.py's triple (max M, cutoff -inf, log-normaliser lz), the raw
-log-partition, and the blocks' masses relative to M (stored over S), from which `draw` picks a token reading about
-1,100 entries of the row: a block by the masses, a sub-block of SUB entries by their sums, an entry. A row with a
-NaN, or no finite max, is left to sampling.py's plain functions (`combine` says so), which define what such rows do.
-
-The rest of an untruncated round is one vectorised pass over the target's and the draft's rows each, split over
-the cores: the residual of a rejected slot (`residual_blocks` then `residual_draw`), and the loss of a rescue
-(`dense_loss`: budget.sampled_loss's definition, summed per entry as (p~ - r) log p so that nothing cancels).
-"""
+"""Untruncated sampled rows (a temperature alone): a row's block summary built in one read on every core, draws
+from it, and the round's residual draw and rescue loss in one pass over both rows
+(docs/design.md, "Where the time goes")."""
 
 import math
 
@@ -287,10 +275,9 @@ def _residual_parts(x, y, n, inv_t, px, py, masses):
 
 @njit(cache=True)
 def residual_draw(x, y, n, temperature, px, py, u, masses):
-    """Draw from norm(max(p~ - q~, 0)) (the SD replacement) over two untruncated rows, px / py their float32 (M,
-    cutoff, lz); masses: a scratch of SUMMARY_BLOCKS floats. One pass over both rows (on every core) for each
-    block's residual mass, then the block, its run of SUB entries, the entry. None (-1) where the residual has
-    no mass (p~ == q~ up to rounding): the caller draws from p~."""
+    """Draw from norm(max(p~ - q~, 0)) (the SD replacement) over two untruncated rows, px / py their float32
+    (M, cutoff, lz), in one pass on every core; masses: a scratch of SUMMARY_BLOCKS floats. -1 where the
+    residual has no mass: the caller draws from p~."""
     inv_t = np.float32(1.0 / temperature)
     size = block_size(n)
     nb = (n + size - 1) // size
@@ -328,10 +315,8 @@ def residual_draw(x, y, n, temperature, px, py, u, masses):
 
 @kernel
 def _loss_terms(x, y, lo, hi, inv_t, mxp, lzp, mxq, lzq, hx, lox, floor):
-    """The sums dense_loss combines, over [lo, hi), float32: (rescued, rejected, residual, S1, S2, masked), with
-    p~, q~ the processed probabilities, a = log p (raw), R = x > -inf and x >= floor (the rule rescues the token):
-    rescued / rejected = sum (q~ - p~)+ where R / not R, residual = sum (p~ - q~)+, S1 = sum (p~ - q~)+ a,
-    S2 = sum over R of -(q~ - p~)+ a, masked = the mass q~ puts on tokens the target masks."""
+    """The sums dense_loss combines over [lo, hi), float32: (rescued, rejected, residual, S1, S2, masked) for
+    p~, q~ the processed probabilities, a = log p (raw) and R the tokens the rule rescues (x > -inf, x >= floor)."""
     wide()
     xb, yb = x[lo:hi], y[lo:hi]
     zero = np.float32(0.0)
@@ -390,13 +375,9 @@ def _one_hot_terms(p, q, a, floor_ok):
 
 @njit(cache=True)
 def dense_loss(mode, x, lx, y, n, temperature, px, py, floor, sums, onehot, d):
-    """budget.sampled_loss over two untruncated rows in one pass (on every core): (loss, P(rescue)). The rule
-    rescues a token t where x_t > -inf and x_t >= floor (budget.rescue_floor); lx: the target's raw
-    log-partition, or any shift where the rule reads none (it cancels); px, py: float32 (M, cutoff, lz) of p~ and
-    q~, or with `onehot` q~ is token d alone (prompt lookup: y is not read); sums: a (PARTS, 6) float64 scratch.
-    With r what the slot emits from, loss = sum (p~ - r) log p, which is (1 - rejected / residual) S1 + S2
-    (_loss_terms): r = q~ where the rule rescues, p~ where it cannot, and q~ plus the rejected mass spread as the
-    residual elsewhere; fsd-paper emits q~ itself."""
+    """budget.sampled_loss over two untruncated rows in one pass on every core: (loss, P(rescue)), with
+    loss = (1 - rejected / residual) S1 + S2 (_loss_terms); floor: budget.rescue_floor; with `onehot` q~ is token
+    d alone; sums: a (PARTS, 6) float64 scratch."""
     inv_t = np.float32(1.0 / temperature)
     hx = np.float32(lx)
     lox = np.float32(lx - float(hx))

@@ -1,16 +1,6 @@
-"""Divergences between the target's and the draft's next-token distributions (docs/design.md, "Divergences").
-
-Every kernel takes raw logit rows x (target) and y (draft) with their log-partition values, so a row's
-log-softmax is `x - lse` and no per-entry log is needed except one in the JS forms. Everything per entry is
-float32 (see fastmath.py for what kept LLVM from full-width vectors): a log-partition arrives split into a
-float32 high part and a small float32 low part, so `(x - hi) - lo` keeps the float64 value's accuracy, and
-the difference of the two rows' log-probabilities is formed from exactly such differences.
-Loops are written with `vexp`/`log_mid` and branch-free selects so LLVM vectorises them; sums are float32 over
-blocks of rows.BLOCK entries (SIMD partial sums), added in float64.
-Robustness: -inf entries (masked tokens) contribute exactly what the float64 reference gives (0, or +inf for
-kl/rkl/paper-js where only the other row masks a token). NaN or +inf anywhere makes the row's log-sum-exp
-NaN, `divergence` returns NaN for it, and the acceptance rule treats NaN as "reject".
-"""
+"""Divergences between the target's and the draft's next-token distributions from raw logit rows and their
+log-partitions, float32 per entry with a split (hi, lo) log-partition; NaN or +inf anywhere gives NaN, which
+the acceptance rule rejects (docs/design.md, "Divergences")."""
 
 import math
 

@@ -69,9 +69,8 @@ def cached_lse(x, n, i, out):
 @njit(cache=True)
 def accept_tops(drafts, n_drafts, out, budget):
     """A greedy round of the lossless rule from the target's argmax of each row in out.top[:n_drafts + 1] (picked
-    on the device by llama.cpp's backend samplers: no row came to the host): the drafts up to the first that is not
-    its row's argmax, then that argmax. Each emitted token is its row's argmax: gap and loss 0. Returns
-    (n_accepted, next_token), as accept_round."""
+    on the device): the drafts up to the first that is not its row's argmax, then that argmax; gap and loss 0.
+    Returns (n_accepted, next_token), as accept_round."""
     accepted = 0
     for i in range(n_drafts):
         out.divergence[i] = np.nan

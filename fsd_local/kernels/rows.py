@@ -102,10 +102,8 @@ def _block_max(x, lo, hi):
 
 @njit(cache=True)
 def max_argmax(x, n):
-    """(max, index of its first occurrence) of x[:n] in one pass at memory speed: the maximum of every block of
-    ARGMAX_BLOCK entries (vectorised), the first block holding the largest, and a scan of that block alone. A row
-    with a positive NaN has max NaN, and the index the plain scalar rule gives (the first entry no later one
-    exceeds)."""
+    """(max, index of its first occurrence) of x[:n] in one pass: each ARGMAX_BLOCK block's max (vectorised), then a
+    scan of the first block holding the largest. With a positive NaN: max NaN and the plain scalar rule's index."""
     best, where = INT32_MIN, 0
     for lo in range(0, n, ARGMAX_BLOCK):
         m = _block_max(x, lo, min(lo + ARGMAX_BLOCK, n))

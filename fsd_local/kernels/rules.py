@@ -1,21 +1,6 @@
-"""The lossy acceptance rules beyond FSD's divergence threshold (docs/design.md, "The acceptance rules"), jitted,
-and `rescue`, every lossy mode's decision at a slot (the divergence rules' and these).
-Each one only rescues a draft token d that the lossless SD test rejected, and each reads the target's distribution
-at that slot, p = softmax of the raw logit row x at temperature 1 (as the divergences do, so a rule acts the same at
-every sampling temperature), given lx = row_lse(x):
-
-- `typical` (Medusa): m = min(eps, a exp(-H(p))); rescue iff p(d) > 1 - tau (1 - m)  (tau = 1: Medusa's rule)
-- `cascade` (SpecCascades' token rule): rescue iff p(d) >= (1 - tau) max p
-- `relaxed` (TensorRT-LLM): rescue iff d is among the target's top k and p(d) >= max p - tau
-- `fsd-entropy`: FSD's divergence test with the threshold scaled by the target's uncertainty,
-  D <= tau (1 - exp(-H(p))): 1 - 1/perplexity, 0 where the target is sure, towards 1 where it is unsure.
-
-Every function returns (rescued, critical tau): the smallest tau at which the rule rescues d (for fsd that is the
-divergence itself), which the acceptance kernel records in place of the divergence. A token whose target logit is
--inf (masked: p(d) = 0) is never rescued, whatever tau (critical tau +inf); NaN input never rescues (critical tau
-NaN). Each rule costs O(1) after row_lse, plus one vectorised pass: the entropy (typical, fsd-entropy), the row max
-(cascade, relaxed) and the rank count (relaxed).
-"""
+"""The target-only lossy rules (typical, cascade, relaxed) and fsd-entropy, jitted, and `rescue`, every lossy
+mode's decision at a slot. Each returns (rescued, critical tau); a masked or NaN token is never rescued
+(docs/design.md, "The acceptance rules")."""
 
 import math
 
@@ -85,10 +70,8 @@ def target_only(mode):
 
 @njit(cache=True)
 def rescue(rule, x, lx, y, onehot, d, n, tau):
-    """(rescued, value) of a lossy rule at a slot whose SD test failed (fsd-paper: at every slot): draft token d,
-    target row x with log-partition lx, draft row y (one-hot on d for prompt lookup). value is the divergence
-    compared with tau, or for the target-only rules (above) the smallest tau that rescues d. NaN never
-    rescues."""
+    """(rescued, value) of a lossy rule at a slot whose SD test failed (fsd-paper: every slot): value is the
+    divergence compared with tau, or for the target-only rules the smallest tau that rescues d. NaN never rescues."""
     mode = rule.mode
     if target_only(mode):  # the target's distribution alone
         return target_rule(mode, x, lx, d, n, tau, rule.typical_eps, rule.typical_alpha, rule.relaxed_k)

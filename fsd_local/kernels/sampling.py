@@ -1,12 +1,5 @@
-"""Processed sampling distributions: temperature, then top-k, top-p, min-p (the reference code's order).
-
-A processed distribution is kept as three numbers over the raw logit row x:
-    mx      the row's max logit
-    cutoff  the lowest logit still allowed (-inf when nothing is truncated)
-    lz      log of the kept mass  Z = sum_{x_i >= cutoff} exp((x_i - mx) / T)
-so p~_i = exp((x_i - mx)/T - lz) for x_i >= cutoff, else 0. Every filter reduces to one cutoff, and no
-row is ever copied or sorted whole: top-k / top-p sort only the candidates near the top.
-"""
+"""Processed sampling distributions: temperature, then top-k, top-p, min-p, each kept as (mx, cutoff, lz) over
+the raw row x, p~_i = exp((x_i - mx) / T - lz) for x_i >= cutoff, else 0; no row is copied or sorted whole."""
 
 import math
 
@@ -305,11 +298,9 @@ def _residual_at(xv, yv, inv_t, px, py, onehot, is_d):
 
 @njit(cache=True)
 def residual_kept(x, y, n, temperature, px, py, kept, m, u, onehot, d, q_kept, q_logits, m_q):
-    """Draw from norm(max(p~ - q~, 0)) (the SD replacement) where p~'s kept tokens are kept[:m]: the residual
-    is 0 wherever p~ is. q~ is read from the draft's logits (`q_at`: its row y, or its kept tokens where the row
-    was not kept, m_q >= 0) and its (mx, cutoff, lz) py, or with `onehot` it is the drafted token d alone (prompt
-    lookup: nothing of q is read; the residual is p~ without d). m < 0: every token of the rows, in vectorised
-    passes where q's row is there. Falls back to p~ when the residual has no mass."""
+    """Draw from norm(max(p~ - q~, 0)) (the SD replacement) over p~'s kept tokens kept[:m] (m < 0: every token),
+    q~ read through `q_at` or, with `onehot`, the drafted token d alone. Falls back to p~ when the residual has
+    no mass."""
     if m < 0:
         if onehot:  # p~ without d: the inverse CDF of p~ at a point that skips d's interval
             p_d = prob(x, d, temperature, px[0], px[1], px[2])
@@ -344,10 +335,9 @@ def residual_kept(x, y, n, temperature, px, py, kept, m, u, onehot, d, q_kept, q
 
 @njit(cache=True)
 def pick_kept(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top, summary):
-    """`pick` with the fast paths: one token from row x (argmax when greedy, at memory speed; with nothing
-    truncated, a draw from the row's block summary, kernels/dense.py, built in one pass on every core into the
-    scratch `summary`), writing (mx, cutoff, lz) to out_stats and the kept tokens to kept; returns (token, p~(token),
-    p~ of the most likely token, how many tokens are kept: -1 when not truncated, or greedy)."""
+    """`pick` with the fast paths (greedy: an argmax at memory speed; untruncated: a draw from the block summary):
+    writes (mx, cutoff, lz) to out_stats and the kept tokens to kept; returns (token, p~(token), p~ of the most
+    likely token, how many tokens are kept: -1 when not truncated, or greedy)."""
     if temperature <= 0.0:
         mx, t = max_argmax_wide(x, n)
         return _greedy_pick(x, n, mx, t, want_top, out_stats)
@@ -381,10 +371,8 @@ def _pick_dense(x, n, temperature, u, out_stats, summary, y, copy):
 
 @njit(cache=True)
 def pick_kept_copy(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top, y, summary):
-    """pick_kept of row x, leaving a copy of x[:n] in y[:n] (a draft's row that the acceptance kernel reads after
-    the draft's next decode has overwritten llama.cpp's buffer): greedy, the argmax pass copies the row, and
-    with nothing truncated the summary's (one read of it, not two); otherwise the row is copied first and then
-    read from the copy, warm."""
+    """pick_kept of row x, leaving a copy of x[:n] in y[:n] (a draft's row the acceptance kernel reads after the
+    draft's next decode): greedy and untruncated, the one read of the row copies it; otherwise it is copied first."""
     if temperature <= 0.0:
         mx, t = copy_max_argmax(x, n, y)
         return _greedy_pick(y, n, mx, t, want_top, out_stats)

@@ -27,12 +27,9 @@ def _p_of(x, t, n, sampling, summary):
 
 @njit(cache=True)
 def score_slots(P, p_idx, Q, q_idx, n, rule, sampling, tau, us, q_stats, kept, summary, out):
-    """Teacher-forced scoring of a drafter on text it did not draft (drafting/proposer.py `catch_up`): out[i] = 1
-    where the rule, at threshold tau, would accept the draft's own pick from row Q[q_idx[i]] at a slot whose
-    target row is P[p_idx[i]], else 0. The pick is the draft's (argmax, or a draw with us[i, 0]), the SD test
-    that of accept_round (us[i, 1]), then the rescue. Given the text before each slot, that is the chance the
-    round would have had there; a budget's refusals are not modelled (its threshold is). kept and summary: the
-    picks' scratch (sampling.pick_kept)."""
+    """Teacher-forced scoring of a drafter on text it did not draft (proposer.py `catch_up`): out[i] = 1 where the
+    rule at tau would accept the draft's own pick from row Q[q_idx[i]] against target row P[p_idx[i]] (pick with
+    us[i, 0], SD test with us[i, 1], then the rescue), else 0. A budget's refusals are not modelled."""
     temperature, top_k, top_p, min_p = sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
     greedy = temperature <= 0.0
     for i in range(p_idx.shape[0]):

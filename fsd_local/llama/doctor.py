@@ -1,8 +1,5 @@
 """`fsd-local doctor`: what this installation runs on and what given GGUF files are, as a dict and as text.
-
-Model files are read from their headers (gguf_info) and, for the draft/target check, loaded vocabulary-only:
-no weights are read, so doctor is quick even for models larger than memory.
-"""
+Models are read from their headers and, for the draft/target check, loaded vocabulary-only (no weights)."""
 
 from __future__ import annotations
 

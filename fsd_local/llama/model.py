@@ -1,8 +1,6 @@
 """One GGUF model through llama-cpp-python's low-level API: its own model, context, batch and one KV sequence.
-
-The Python list `tokens` always mirrors what the KV cache holds (positions 0..len-1), so the engine can
-rewind by position (`truncate`) and reuse the longest common prefix across calls (`keep_common_prefix`).
-"""
+The list `tokens` mirrors what the KV cache holds, so the engine rewinds by position (`truncate`) and
+reuses the longest common prefix (`keep_common_prefix`)."""
 
 from __future__ import annotations
 
@@ -69,10 +67,8 @@ def _check_options(opts: ModelOptions, role: str) -> None:
 
 
 def _device_list(opts: ModelOptions):
-    """None = llama.cpp's default device choice. Registered RPC servers are process-wide devices, so once any
-    model added some, every other model gets an explicit list of the local devices (NULL-terminated). A model
-    with rpc_servers gets its own servers' devices first (llama.cpp's order: fewer transfers), then the local
-    ones, always explicitly: libllama's device registry need not be the one the servers were registered in."""
+    """None = llama.cpp's default device choice; once any model registered RPC servers, an explicit NULL-terminated
+    list: a model's own servers' devices first, then the local ones (docs/design.md, "llama.cpp underneath")."""
     if opts.rpc_servers:
         endpoints = backend.add_rpc_servers(opts.rpc_servers)
         if opts.vocab_only:
@@ -306,11 +302,9 @@ class Model:
         return i
 
     def reuse_after_cut(self, seq, min_reuse: int = 8) -> int:
-        """When seq is the cached text with a span cut out after their common prefix (a conversation that
-        dropped its oldest turns), remove that span from the cache and shift what follows back, so it need
-        not be evaluated again. Returns how many cached tokens now match seq (then keep_common_prefix trims
-        the rest). Nothing changes when less than `min_reuse` tokens would be saved or the cache cannot shift.
-        An approximation (the kept entries were computed with the span present), hence opt-in: context_shift."""
+        """Where seq is the cached text with a span cut out after their common prefix, remove that span and shift what
+        follows back; returns how many cached tokens now match seq. Nothing changes when less than `min_reuse`
+        tokens would be saved or the cache cannot shift. Approximate, hence opt-in (context_shift)."""
         toks = np.asarray(self.tokens, dtype=np.int64)
         want = np.asarray(seq[:-1], dtype=np.int64)
         n = min(len(toks), len(want))

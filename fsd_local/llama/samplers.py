@@ -1,15 +1,6 @@
-"""llama.cpp's backend samplers (its backend sampling API): a sampler chain in a model's decode graph, so that where
-the model runs on a GPU the token is picked on the device and its logit row need not come to the host.
-
-A model's `BackendSampler` attaches, for one generation at a time, greedy (an argmax) or a temperature then a
-seeded draw to its sequence, and reads each output row's token. It is used only where the round reads nothing
-else of the row (kernels/accept.py needs the rows for a sampled SD test, a divergence, log-probabilities, the
-chain's penalties, bias and grammar): the draft's greedy picks where the rule reads no draft row, the target's
-verification of a greedy lossless round (its argmax of every row), and the plain steps of ar and draft-only.
-Whether it is on is decided per model by where the model runs (`wanted`): on a GPU by default; on the CPU not
-(measured there: +0.7 ms per one-token decode, against a host pick of ~0.05 ms). FSD_LOCAL_BACKEND_SAMPLING=on
-or off overrides the choice (tests force it on a CPU build to check it against the host path).
-"""
+"""llama.cpp's backend samplers: greedy, or a temperature then a seeded draw, in a model's decode graph, so the
+token is picked on the device. `wanted` decides per model (on a GPU by default; FSD_LOCAL_BACKEND_SAMPLING=on|off
+overrides); docs/design.md, "Where the time goes", says where they are used."""
 
 from __future__ import annotations
 

@@ -155,10 +155,8 @@ def check_compatible(draft, target) -> Pairing:
 # ------------------------------------------------------------------ the same checks on GGUF headers
 @dataclass(frozen=True)
 class HeaderVocab:
-    """What compatibility_problem compares, read from a GGUF header (gguf_info.read(path, vocab=True)) without
-    loading the model. The token list is kept as digests of its prefixes tokens[FIRST_CHECKED_TOKEN:k] for the
-    last MAX_SIZE_DIFFERENCE + 1 lengths k (from `first` to n_vocab): enough to compare two lists whose lengths
-    differ by the padding the loaded check allows, in a few kilobytes that can be cached."""
+    """What compatibility_problem compares, read from a GGUF header without loading the model: the token list as
+    digests of its prefixes for the last MAX_SIZE_DIFFERENCE + 1 lengths, a few kilobytes that can be cached."""
 
     tokenizer: str | None  # tokenizer.ggml.model: llama (SPM), gpt2 (BPE), ...
     n_vocab: int

@@ -138,9 +138,7 @@ def read_table(model) -> VocabTable:
 
 def _writes_every_byte(pieces: np.ndarray, offsets: np.ndarray, kind: np.ndarray, tokenizer: str) -> bool:
     """Whether llama.cpp can tokenise any text with this vocabulary: a SentencePiece one needs its 256
-    byte-fallback tokens (without one for a byte it meets, llama.cpp aborts the process); byte-level BPE leaves
-    out a byte it has no token for (SmolLM2 has none for 0x04, for instance) and the others write their unknown
-    token, which the text follower survives (drafting/follow.py)."""
+    byte-fallback tokens (llama.cpp aborts on a byte it has none for); other kinds skip or write unknown tokens."""
     if tokenizer != "llama":
         return True
     one = (np.diff(offsets) == 1) & (kind == BYTE)

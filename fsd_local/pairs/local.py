@@ -1,9 +1,5 @@
-"""The GGUF models already on this disk (Ollama, the Hugging Face cache, LM Studio, llama.cpp's cache: stores.py),
-described from their headers (architecture, size, quantisation, vocabulary) and which of them can draft for which.
-
-`list_local_models()` is the library entry point (`fsd-local models --local`, name resolution, the automatic
-draft choice; a server's model list can reuse it). Headers are read once and cached (header_index.py).
-"""
+"""The GGUF models already on this disk (stores.py), described from their headers (cached: header_index.py),
+and which of them can draft for which. `list_local_models()` is the library entry point."""
 
 from __future__ import annotations
 
