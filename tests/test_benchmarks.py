@@ -20,6 +20,10 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
     pair = ["--target", target, "--draft", draft]
     return {
         "auto_goals": (pair + TINY + ["--prompts", prompts, "--tokens", "4", "--fixed", "2", "--k-max", "3"], "auto "),
+        "batch_costs": (
+            ["--target", target] + TINY + ["--rows", "3", "--seqs", "1,2", "--context", "8", "--passes", "1"],
+            "rows | one-seq ctx",
+        ),
         "cache_refill": (
             pair + TINY + ["--repeats", "2", "--tokens", "4", "--prompts", "1", "--light-vocab", "400"],
             "own us/round",
