@@ -12,6 +12,7 @@ one sequence (what the engine pays today) for the cost of the machinery alone.
 from __future__ import annotations
 
 import argparse
+import json
 from time import perf_counter
 
 from fsd_local.llama.model import Model, ModelOptions
@@ -77,6 +78,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128, help="tokens each sequence holds before the timed decodes")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", help="also write the seconds as JSON (benchmarks/batch_policy.py reads it)")
     a = ap.parse_args()
     path = a.target or str(demo_pair(precision=a.demo)[a.role == "target"])
     seqs = [int(s) for s in a.seqs.split(",")]
@@ -87,6 +89,12 @@ def main() -> None:
         alone = time_batches(single, [(n, 1) for n in range(1, a.rows + 1)], single.tokenize("a")[-1], a.passes)
     finally:
         single.close()
+    record = {
+        "path": path,
+        "threads": a.threads,
+        "context": a.context,
+        "one-seq": [[n, t] for (n, _), t in alone.items()],
+    }
     for unified in (True, False):
         m = load(path, max(seqs), unified, a)
         try:
@@ -94,12 +102,16 @@ def main() -> None:
         finally:
             m.close()
         layout = "unified" if unified else "per-slot"
-        print(f"\n{layout} KV, {max(seqs)} sequences; ms per decode (x one row of one sequence on a one-sequence context)")
+        record[layout] = [[n, s, t] for (n, s), t in got.items()]
+        print(f"\n{layout} KV, {max(seqs)} sequences; ms per decode (x one row of one sequence, one-sequence context)")
         print("rows | one-seq ctx | " + " | ".join(f"{s} seq" for s in seqs))
         one = alone[(1, 1)]
         for n in range(1, a.rows + 1):
             cells = [f"{got[(n, s)] * 1e3:7.1f} ({got[(n, s)] / one:4.2f}x)" if s <= n else " " * 15 for s in seqs]
             print(f"{n:4d} | {alone[(n, 1)] * 1e3:7.1f} ({alone[(n, 1)] / one:4.2f}x) | " + " | ".join(cells))
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(record, fh)
 
 
 if __name__ == "__main__":
