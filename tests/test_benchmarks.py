@@ -24,6 +24,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             ["--target", target] + TINY + ["--rows", "3", "--seqs", "1,2", "--context", "8", "--passes", "1"],
             "rows | one-seq ctx",
         ),
+        "batch_policy": (["--gpu", "--seeds", "1", "--tokens", "8"], "best fixed k"),
         "cache_refill": (
             pair + TINY + ["--repeats", "2", "--tokens", "4", "--prompts", "1", "--light-vocab", "400"],
             "own us/round",
