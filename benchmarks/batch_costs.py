@@ -62,9 +62,9 @@ def load(path: str, n_seq: int, unified: bool, a) -> Model:
     m = Model(opts, a.role)
     text = (m.tokenize(TEXT) * (a.context // 40 + 1))[: a.context]
     batch = SeqBatch(m)
-    for seq in range(n_seq):
+    for seq in range(n_seq):  # one sequence a decode: n_seq prompts may not fit one batch
         batch.add(seq, text, "none")
-    batch.decode()
+        batch.decode()
     return m
 
 
