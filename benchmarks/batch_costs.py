@@ -7,12 +7,14 @@ one sequence (what the engine pays today) for the cost of the machinery alone.
 
     python benchmarks/batch_costs.py --demo f16 [--role target|draft] [--rows 16] [--seqs 1,2,4] [--threads 2]
     python benchmarks/batch_costs.py --target PATH ...
+    python benchmarks/batch_costs.py --demo f16 --idle 60    # one request alone: the machinery's own cost
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from time import perf_counter
 
 from fsd_local.llama.model import Model, ModelOptions
@@ -56,13 +58,41 @@ def time_batches(m: Model, sizes: list[tuple[int, int]], token: int, passes: int
     return best
 
 
-def load(path: str, n_seq: int, unified: bool, a) -> Model:
+def idle(path: str, a) -> None:
+    """One request alone: a one-row decode of sequence 0 on a context of one sequence and on contexts of
+    max(--seqs) sequences whose others are empty, interleaved --idle times; the median of each."""
+    n = max(int(s) for s in a.seqs.split(","))
+    models = {
+        "one-sequence context": load(path, 1, False, a),
+        f"{n} sequences, unified": load(path, n, True, a, only=1),
+        f"{n} sequences, per-slot": load(path, n, False, a, only=1),
+    }
+    token = models["one-sequence context"].tokenize("a")[-1]
+    times: dict[str, list[float]] = {name: [] for name in models}
+    try:
+        for _ in range(a.idle):
+            for name, m in models.items():
+                t = perf_counter()
+                m.decode([token])
+                m.synchronize()
+                times[name].append(perf_counter() - t)
+                m.truncate(a.context)
+    finally:
+        for m in models.values():
+            m.close()
+    base = statistics.median(times["one-sequence context"])
+    print(f"{path}: one row of one request, median of {a.idle} interleaved")
+    for name, ts in times.items():
+        print(f"{name:26s} {statistics.median(ts) * 1e3:7.2f} ms  ({statistics.median(ts) / base:.3f}x)")
+
+
+def load(path: str, n_seq: int, unified: bool, a, only: int | None = None) -> Model:
     n_ctx = n_seq * (a.context + a.rows + 8) if not unified else n_seq * (a.context + a.rows) + 8
     opts = ModelOptions(path, n_ctx=n_ctx, n_threads=a.threads, n_seq=n_seq, kv_unified=unified, n_batch=512)
     m = Model(opts, a.role)
     text = (m.tokenize(TEXT) * (a.context // 40 + 1))[: a.context]
     batch = SeqBatch(m)
-    for seq in range(n_seq):  # one sequence a decode: n_seq prompts may not fit one batch
+    for seq in range(only or n_seq):  # one sequence a decode: n_seq prompts may not fit one batch
         batch.add(seq, text, "none")
         batch.decode()
     return m
@@ -79,8 +109,12 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="also write the seconds as JSON (benchmarks/batch_policy.py reads it)")
+    ap.add_argument("--idle", type=int, default=0, help="instead: one request alone on each context, N times")
     a = ap.parse_args()
     path = a.target or str(demo_pair(precision=a.demo)[a.role == "target"])
+    if a.idle:
+        idle(path, a)
+        return
     seqs = [int(s) for s in a.seqs.split(",")]
     sizes = [(n, s) for n in range(1, a.rows + 1) for s in seqs if s <= n]
     print(f"{path}, {a.threads} threads, {a.context} tokens of context a sequence, fastest of {a.passes}")

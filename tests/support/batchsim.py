@@ -26,10 +26,12 @@ class BatchCosts:
 
 
 def extend(curve: list[float], n: int) -> list[float]:
-    """The curve to index n, continued past its end with its last step's slope."""
+    """The curve (index 0 unused) to index n, continued past its end along the line from its first size to its
+    last (a measured curve's last step is mostly noise and tiles; it can even fall)."""
     out = list(curve)
+    slope = max(0.0, (out[-1] - out[1]) / (len(out) - 2)) if len(out) > 2 else out[-1]
     while len(out) <= n:
-        out.append(out[-1] + (out[-1] - out[-2]))
+        out.append(out[-1] + slope)
     return out
 
 
