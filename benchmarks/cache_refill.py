@@ -23,12 +23,12 @@ from time import perf_counter
 
 import numpy as np
 
-from fsd_local.drafting.proposer import new_drafts
 from fsd_local.kernels.accept import accept_round, round_out, rule_of, sampling_of
 from fsd_local.kernels.budget import new_budget
 from fsd_local.kernels.sampling import KEPT_MAX, pick_kept
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
+from fsd_local.round import new_buffers
 from fsd_local.settings import Settings
 
 TEXT = "The history of the city begins in the early middle ages, when a small market grew up beside the river"
@@ -50,7 +50,7 @@ def cold_and_warm(path: str, threads: int, repeats: int) -> dict[str, tuple[floa
         m.decode(seq, "last")
         s = Settings(mode="sd", draft_max=4)
         rule, samp, out, budget = rule_of(s), sampling_of(s), round_out(4, 0, False), new_budget(None, 4)
-        drafts, us = new_drafts(4, nv), np.zeros(5)
+        drafts, us = new_buffers(4, nv).drafts, np.zeros(5)
         stats, kept = np.zeros(3, np.float32), np.empty(KEPT_MAX, np.int64)
         pieces = {  # name: (rows the decode before it outputs, the work)
             "pick (1 row)": (1, lambda rows: pick_kept(rows[0], nv, 0.0, 0, 1.0, 0.0, 0.5, stats, kept, False)),

@@ -1,8 +1,6 @@
 """fsd-local: Fuzzy Speculative Decoding for local GGUF models (llama.cpp through llama-cpp-python).
-
-The public names are loaded on first use, so that `import fsd_local.cli` (and `fsd-local --help`) does not load
-Numba or llama.cpp.
-"""
+The public names load on first use, so `import fsd_local.cli` (and `fsd-local --help`) loads neither Numba nor
+llama.cpp."""
 
 from __future__ import annotations
 

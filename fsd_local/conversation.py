@@ -1,18 +1,6 @@
-"""Fitting a conversation into the context window: drop the oldest turns, never the system message, never the
-newest message.
-
-A turn is a user message and the replies after it, dropped together so that the conversation still alternates
-as chat templates expect. When a conversation outgrows the context, turns are dropped until a quarter of the
-context is free besides the room for the reply, so that the next few turns fit again as they are: their
-prompts then extend what both KV caches hold and only the new text is evaluated. The turn that drops
-re-evaluates what it keeps (exact: the caches hold what a fresh evaluation of the shortened conversation gives)
-unless the settings' `context_shift` cuts the dropped span out of the caches instead (Model.reuse_after_cut:
-nothing is evaluated again, but the kept entries were computed with the dropped turns present, as llama.cpp's
-context shift does).
-
-A caller that sends the whole history every time (an API client) gets the same cut as the previous call while
-it still fits: among the cuts that fit, the one whose tokens the caches already hold is preferred.
-"""
+"""Fitting a conversation into the context window: whole turns dropped oldest first, never the system message or the
+newest message, preferring a cut the caches already hold (`fit_conversation`); and a prompt continued from the
+cached tokens where they spell the same bytes (`splice_cached`). Why: docs/design.md, "The KV-cache contract"."""
 
 from __future__ import annotations
 
@@ -38,13 +26,9 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def splice_cached(ids: list[int], cached: Sequence[int], piece: Callable[[int], bytes]) -> list[int]:
-    """The prompt `ids` with the cached tokens in place of another split of the same text. A sampled reply is often
-    not the tokenizer's own split of its text (" Par" + "is" where the tokenizer writes " Paris"): rendered back
-    into the next turn's prompt and tokenized again, it would differ from what both caches hold from its first
-    such token on, and everything after would be evaluated again. Where the cached tokens past the common
-    prefix render to exactly the bytes of the prompt's next tokens, ending on a token boundary of the prompt,
-    the prompt continues from the cached tokens (the text is the same, byte for byte). Special tokens render as
-    nothing, so a span holding one is never matched."""
+    """The prompt `ids` with the cached tokens in place of another split of the same bytes: where the cached tokens past
+    the common prefix render to exactly the bytes of the prompt's next tokens, up to a token boundary of the prompt.
+    A span holding a special token (which renders as nothing) is never matched."""
     p = _common(ids, cached)
     if p == len(cached) or p == len(ids):
         return ids
@@ -67,10 +51,9 @@ def fit_conversation(
     room: int,
     cached: Sequence[int] = (),
 ) -> tuple[list[int], int]:
-    """(token ids, number of messages dropped after the system message): the rendered conversation leaving
-    `room` tokens free in a context of n_ctx. `cached`: what the target's KV cache holds (prefers a cut it
-    already holds). When even the system message and the newest message leave less room, they are kept as they
-    are and the reply gets what is left; when they do not fit at all, ContextOverflowError."""
+    """(token ids, messages dropped after the system message): the conversation rendered with `room` tokens free in
+    n_ctx, turns dropped (once any must go) until a quarter of n_ctx is free besides `room`, preferring a cut `cached`
+    holds. The system and newest messages stay even with less room; ContextOverflowError when they exceed n_ctx."""
     msgs = list(messages)
     first = 1 if msgs and msgs[0].get("role") == "system" else 0
     starts = [first] + [i for i in range(first + 1, len(msgs)) if msgs[i].get("role") == "user"]

@@ -1,38 +1,31 @@
-"""The FSD loop: prompt -> tokens -> rounds -> stream (docs/design.md, "One round").
-
-A round is a proposal in and emitted tokens out (round.py): the drafters propose up to k tokens (drafting/), the
-target scores [pending, d_1..d_n] in ONE decode (pending: what the text holds past the target's cache, normally
-the last emitted token) and `accept_round` keeps the longest acceptable prefix and picks one more token; a plain
-step (ar, draft-only, or auto's k = 0 through the same verify) emits one token. After every round each model's
-KV cache is cut back to its longest common prefix with the accepted text (generation.py), so every model's cache
-is always a prefix of it, and the next round, the next call and the next chat turn only evaluate what is new.
-`_run` is the loop: `_generation` makes the call's state, `_prefill` the caches, `_speculative` or `_plain` one
-round, `Generation.advance` the rest; its `finally` leaves the caches a prefix of the text whatever ends it.
-"""
+"""The FSD engine: a loaded draft/target pair and its loop (`_run`): a `generation`, then `round` after round
+(round.py; each observed by the policy, policy.py) and `Generation.advance` after each (docs/design.md)."""
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from fsd_local.chain import Chain
-from fsd_local.conversation import fit_conversation, reply_room, splice_cached
-from fsd_local.drafting.calibration import CostStore, measure_costs
-from fsd_local.drafting.proposer import Proposer, new_drafts
+from fsd_local.conversation import fit_conversation, reply_room
+from fsd_local.drafting.calibration import CostStore
+from fsd_local.drafting.proposer import Proposer
 from fsd_local.errors import FSDError
 from fsd_local.generation import Generation
-from fsd_local.kernels.accept import round_out, warm_up
-from fsd_local.kernels.budget import Budgets
+from fsd_local.kernels.accept import warm_up
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
-from fsd_local.results import CancelToken, Completion, Piece, check_prompt_ids, final_completion
-from fsd_local.round import Step, plain_step, verify
+from fsd_local.policy import Policy
+from fsd_local.prompting import chat_ids, checked_ids, loaded_context
+from fsd_local.results import CancelToken, Completion, Piece, final_completion
+from fsd_local.round import Step, new_buffers, plain_step, verify
 from fsd_local.settings import Settings
 
 if TYPE_CHECKING:
@@ -63,6 +56,7 @@ class Engine:
     state = "ok"
     reason: str | None = None
     last_start_seconds = 0.0
+    model_process = None  # the models run in this process
 
     def __init__(
         self,
@@ -97,12 +91,10 @@ class Engine:
             raise
         # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries)
         self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft else self.target.n_vocab
-        self._proposer = Proposer(self.draft, self.n_vocab)
-        self._lengths = self._proposer.lengths
-        self._budgets = Budgets()  # the thresholds a quality budget settled on, for the next reply
+        # the policy state (draft length, measured costs kept on disk per model and machine, budgets' gains)
+        self._policy = Policy(CostStore.for_models(self.target, self.draft))
+        self._proposer = Proposer(self.draft, self.n_vocab, self._policy.length)
         self._buffers_key: tuple | None = None  # the round buffers (owned here, lent to each call) fit these settings
-        self._costs = CostStore.for_engine(self)  # the machine's measured costs, kept on disk per model and machine
-        self._costs.load(self)
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
         warm_chain()
 
@@ -160,17 +152,13 @@ class Engine:
         return ChatTemplate.of(self.target)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """Token ids of a conversation rendered with the target's chat template, ready for the reply."""
-        from fsd_local.llama.chat_template import ChatTemplate
-
+        """Token ids of a conversation ready for the reply, as prompting.py says for every EngineLike."""
         self._check_open()
-        if getattr(self, "_template", None) is None:
-            self._template = ChatTemplate.from_model(self.target)
-        text = self._template.render(messages, add_generation_prompt=True)
-        bos = self._template.bos_token
-        # the template may write BOS itself; never add a second one
-        ids = self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
-        return splice_cached(ids, list(self.target.tokens), self.target.piece)  # a sampled reply's own split
+        return chat_ids(self, messages)
+
+    def cached_tokens(self) -> list[int]:
+        """What the target's KV cache holds."""
+        return list(self.target.tokens)
 
     def chat(
         self,
@@ -195,15 +183,20 @@ class Engine:
         **overrides: Any,
     ) -> Generator[Piece, None, None]:
         s = self._settings(settings, overrides)
-        n_ctx = min(m.n_ctx for m in self._models())
+        n_ctx = loaded_context(self)
         room = reply_room(s.max_tokens, n_ctx)
-        tokens, dropped = fit_conversation(self.chat_prompt, messages, n_ctx, room, self.target.tokens)
+        tokens, dropped = fit_conversation(self.chat_prompt, messages, n_ctx, room, self.cached_tokens())
         return self._run(tokens, s, cancel, dropped)
+
+    @property
+    def policy(self) -> Policy:
+        """The policy state this engine keeps across calls (policy.py): draft length, measured costs, budgets."""
+        return self._policy
 
     def policy_state(self) -> dict:
         """A copy of what this engine learned about acceptance under each setting (the `auto` policy's evidence,
         the quality budget's settled gains); `set_policy_state` puts it back. Measured costs are not part of it."""
-        return {"lengths": self._lengths.evidence(), "budgets": self._budgets.copy()}
+        return self._policy.evidence()
 
     def measure_costs(self, k_max: int) -> float:
         """Time every target batch size 1..k_max + 1 and the draft model's token and catch-up not measured yet
@@ -213,17 +206,15 @@ class Engine:
             self._check_open()
             self.reset()
             token = self.target.bos if self.target.bos >= 0 else 0
-            seconds = measure_costs(self._lengths, self.target, self.draft, k_max + 1, token)
+            seconds = self._policy.measure(self.target, self.draft, k_max + 1, token)
             self.reset()
-            self._costs.save(self)
             return seconds
 
     def set_policy_state(self, state: dict | None) -> None:
         """Put back a `policy_state` copy, or with None forget all of it, as a freshly loaded engine (the measured
         costs of the machine stay): what a benchmark gives each configuration."""
         with self._lock:
-            self._lengths.restore(None if state is None else state["lengths"])
-            self._budgets = Budgets() if state is None else state["budgets"].copy()
+            self._policy.restore(state)
 
     def cancel(self) -> None:
         """Stop the generation that is running now (if any) at its next round."""
@@ -260,57 +251,62 @@ class Engine:
         return [m for m in (self.target, self.draft) if m is not None]
 
     def prompt_tokens(self, prompt: str | Sequence[int], models: Sequence[Model] | None = None) -> list[int]:
-        """The prompt as token ids, checked once for every caller (the loop, the server): ids inside the
-        vocabulary, not empty, and short enough for the context of every model that will read it."""
+        """The prompt as token ids, checked once for every caller (the loop, the server) as prompting.py says;
+        `models`: only these read it (their contexts bound it)."""
         self._check_open()
-        tokens = self.target.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        n_ctx = min(m.n_ctx for m in (models or self._models()))
-        return check_prompt_ids(tokens, self.n_vocab, n_ctx)
+        return checked_ids(self, prompt, min(m.n_ctx for m in models) if models else None)
 
     def _run(self, prompt, s: Settings, cancel, dropped: int = 0) -> Generator[Piece, None, None]:
         with self._lock:
-            g = self._generation(prompt, s, dropped)
-            step = self._speculative if s.mode in SPECULATIVE_MODES else self._plain
-            finish = None
-            try:
-                self._prefill(g, cancel, cut=dropped > 0 and s.context_shift)
+            with self._generation(prompt, s, cancel, dropped) as g:
                 clock = g.stats.start_clock(self.target, self.draft)
+                finish = None
                 while finish is None and (finish := g.stop_reason(self._cancel, cancel)) is None:
-                    done = step(g)
+                    step = self.round(g)  # drafted and verified, or a plain step; the policy learns from it
                     t = perf_counter()
-                    finish, piece = g.advance(done)  # everything that follows a round
+                    finish, piece = g.advance(step)  # the text, the caches, the statistics, the stream
                     clock.tick(perf_counter() - t)
                     if piece is not None:
                         yield piece
+            tail = g.text.flush()  # before the completion takes the text
+            yield Piece(tail, [], [], g.completion(finish, self._policy.plain_rate))
+
+    def round(self, g: Generation) -> Step:
+        """One round of `g`, its speculative mode's drafts verified in one target decode (else a plain step),
+        and the policy's observation of it."""
+        ctx = g.ctx
+        if g.speculative:
+            step = verify(self.target, ctx, self._proposer.propose(ctx))
+        else:
+            step = plain_step(g.models[0], ctx, "target" if g.s.mode == "ar" else "draft")
+        t = perf_counter()
+        if g.speculative:
+            self._proposer.observe(ctx, step)  # a plain step's target row, for the draft model's catch-up
+        self._policy.observe(step)  # the draft length and the measured costs
+        g.stats.add_phase("policy", perf_counter() - t)
+        return step
+
+    def generation(
+        self, prompt: str | Sequence[int], *, settings: Settings | None = None, cancel=None, **overrides: Any
+    ) -> AbstractContextManager[Generation]:
+        """A generation of `prompt`, its caches filled, under the engine's lock: drive it with `round` and
+        `Generation.advance`. Leaving it, however, cuts every cache back to a prefix of the text."""
+        return self._generation(prompt, self._settings(settings, overrides), cancel)
+
+    @contextmanager
+    def _generation(self, prompt, s: Settings, cancel, dropped: int = 0) -> Iterator[Generation]:
+        with self._lock:
+            g = self._start(prompt, s, dropped)
+            try:
+                self._prefill(g, cancel, cut=dropped > 0 and s.context_shift)
+                yield g
             finally:
                 for m in g.models if not self._closed else ():  # close() from this thread while a stream was paused
                     m.forget_unknown_tail()  # whatever happened (Ctrl-C, errors), leave each cache a prefix of seq
                     m.keep_common_prefix(g.seq)
-            self._costs.save(self)
-            tail = g.text.flush()  # before the completion takes the text
-            yield Piece(tail, [], [], g.completion(finish, self._lengths.plain_tokens_per_second_est))
+            self._policy.save()
 
-    def _speculative(self, g: Generation) -> Step:
-        """Draft, verify, and let the policy learn from the round (each phase timed: Stats.phases)."""
-        t0 = perf_counter()
-        proposal = self._proposer.propose(g, self._drafts)
-        t1 = perf_counter()
-        step = verify(self.target, g, proposal)
-        t2 = perf_counter()
-        self._proposer.observe(g, step)
-        g.stats.add_phases(t1 - t0, t2 - t1, perf_counter() - t2)
-        return step
-
-    def _plain(self, g: Generation) -> Step:
-        """The baselines: a plain step of the target (ar) or of the draft (draft-only)."""
-        if g.s.mode == "ar":
-            step = plain_step(self.target, g, "target")
-            self._lengths.observe(None, 0, 0, 0.0, step.batch, step.seconds)  # the machine's plain rate
-            return step
-        assert self.draft is not None, "draft-only has its draft (Settings.check_draft)"
-        return plain_step(self.draft, g, "draft")
-
-    def _generation(self, prompt, s: Settings, dropped: int) -> Generation:
+    def _start(self, prompt, s: Settings, dropped: int) -> Generation:
         """A call's state, its buffers sized for its settings (reused across calls while they fit)."""
         self._check_open()
         self._cancel.clear()
@@ -322,14 +318,13 @@ class Engine:
         seq = self.prompt_tokens(prompt, models)
         key = (s.draft_max, s.top_logprobs, s.logprobs)
         if self._buffers_key != key:
-            self._drafts = new_drafts(s.draft_max, self.n_vocab)
-            self._out = round_out(s.draft_max, s.top_logprobs, s.logprobs)
+            self._buffers = new_buffers(s.draft_max, self.n_vocab, s.top_logprobs, s.logprobs)
             self._buffers_key = key
         chain = Chain(s, self.n_vocab, self.target).start(seq)  # penalties, bias, grammar
-        budget = self._budgets.start(s, s.draft_max)
-        g = Generation(s, seq, models, self.target, self.n_vocab, budget, self._out, chain, dropped)
-        if s.mode in SPECULATIVE_MODES:
-            self._proposer.start(g)
+        budget = self._policy.start(s)
+        g = Generation(s, seq, models, self.target, self.n_vocab, budget, self._buffers, chain, dropped)
+        if g.speculative:
+            self._proposer.start(g.ctx)
         return g
 
     def _prefill(self, g: Generation, cancel, cut: bool = False) -> None:
@@ -340,10 +335,14 @@ class Engine:
             if cut:
                 m.reuse_after_cut(g.seq)
             todo = g.seq[m.keep_common_prefix(g.seq) : -1]
+            t = perf_counter()
             for i in range(0, len(todo), m.n_batch):
                 if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
                     break
                 m.decode(todo[i : i + m.n_batch], logits="none")
+            if m is self.draft and g.s.mode in SPECULATIVE_MODES:  # a batch it runs anyway prices its tokens
+                m.synchronize()
+                self._policy.observe_prompt(len(todo), perf_counter() - t)
             if m is g.models[0]:
                 g.stats.prompt_evaluated = len(todo) + 1
         g.stats.prompt_seconds = perf_counter() - t0

@@ -1,15 +1,10 @@
-"""`EngineLike`: what serving a pair needs of it, which an in-process `Engine` (engine.py) and a `Supervisor`
-running one in a child process (server/supervisor.py) both provide. The server is written against this protocol,
-so it reads `state` and `reason` of either without asking which it has; mypy checks that both satisfy it
-(server/supervisor.py).
-
-`state` is "ok" while generations can run (an Engine always), "starting" or "restarting" while a model process
-loads, and "failed" once the supervisor has given up; `reason` says why when it is not "ok", and
-`last_start_seconds` is how long the last model process took to load (0 for an Engine).
-"""
+"""`EngineLike`: what serving a pair needs of it, provided by an in-process `Engine` (engine.py) and by a `Supervisor`
+running one in a child process (server/supervisor.py), under one prompt contract (prompting.py). The server is
+written against it and never asks which it has; mypy checks that both satisfy it."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,6 +24,22 @@ class LoadedModel(Protocol):
     def n_ctx(self) -> int: ...
 
 
+class ModelProcess(Protocol):
+    """The supervised model process, as /health and /metrics report it."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+    @property
+    def deaths(self) -> Counter[str]: ...
+
+    @property
+    def last_start_seconds(self) -> float: ...
+
+
 class EngineLike(Protocol):
     @property
     def defaults(self) -> Settings: ...
@@ -40,16 +51,34 @@ class EngineLike(Protocol):
     def draft(self) -> LoadedModel | None: ...
 
     @property
-    def n_vocab(self) -> int: ...
+    def n_vocab(self) -> int:
+        """The vocabulary both models share (the smaller size: the draft and target may differ by padding)."""
+        ...
 
     @property
-    def state(self) -> str: ...
+    def state(self) -> str:
+        """Whether generations can run: "ok" (an Engine always), "starting" or "restarting" while a model process
+        loads, "failed" once the supervisor has given up."""
+        ...
 
     @property
-    def reason(self) -> str | None: ...
+    def reason(self) -> str | None:
+        """Why the state is not "ok"."""
+        ...
 
     @property
-    def last_start_seconds(self) -> float: ...
+    def last_start_seconds(self) -> float:
+        """How long the last model process took to load (0 for an Engine)."""
+        ...
+
+    @property
+    def model_process(self) -> ModelProcess | None:
+        """The model process the pair runs in (None: this process)."""
+        ...
+
+    def cached_tokens(self) -> Sequence[int]:
+        """What the target's KV cache holds (as far as known: a Supervisor learns it when a generation ends)."""
+        ...
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
 

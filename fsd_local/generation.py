@@ -1,12 +1,5 @@
-"""One call's state and the loop's bookkeeping around each round (engine.py runs the loop).
-
-A `Generation` holds what one call owns: its settings and their kernel forms (Rule, Sampling), the accepted text,
-the models it runs, the logit chain, the quality budget, the statistics, the random stream and the text released
-so far; the engine lends it the round buffers. `advance` takes a round's `Step` (round.py) and does everything
-that follows a round, in one place: the text grows, both caches are cut back to it, the statistics and the
-released text move on, and it says whether the reply ended (end of generation, a stop string, a complete
-grammar) and what piece to stream.
-"""
+"""One call's state around its rounds: the accepted text, the models it runs, its `RoundContext`, statistics and
+released text; `advance` does everything after a round (engine.py runs the loop)."""
 
 from __future__ import annotations
 
@@ -14,56 +7,47 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from fsd_local.chain import Chain
-from fsd_local.kernels.accept import RoundOut, Rule, Sampling, rule_of, sampling_of
 from fsd_local.kernels.budget import Budget
+from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.results import Completion, Emitted, Piece, length_detail
+from fsd_local.round import Buffers, RoundContext, Step
 from fsd_local.settings import Settings
 from fsd_local.stats import Stats
 from fsd_local.stream import TextStream
 
 if TYPE_CHECKING:
     from fsd_local.llama.model import Model
-    from fsd_local.round import Step
 
 
 @dataclass
 class Generation:
+    """One call: its settings, the accepted text, the models it runs, the context its rounds read and move on,
+    its statistics and the text released so far."""
+
     s: Settings
     seq: list[int]  # the accepted text: prompt, then every emitted token
     models: list[Model]  # the models this call runs (models[0] decides: the target, or the draft for draft-only)
     target: Model
     n_vocab: int
     budget: Budget
-    out: RoundOut  # the engine's round buffers
+    buffers: Buffers  # the engine's, lent for this call
     chain: Chain
     dropped: int = 0  # chat: the oldest messages left out to fit the context
-    rule: Rule = field(init=False)
-    sampling: Sampling = field(init=False)
+    ctx: RoundContext = field(init=False)
     stats: Stats = field(init=False)
     text: TextStream = field(init=False)
     reply: Emitted = field(default_factory=Emitted)  # the tokens shown so far, with their origins
-    want_logprobs: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        self.rule, self.sampling = rule_of(self.s), sampling_of(self.s)  # the kernels' view, once per call
+        self.ctx = RoundContext.start(
+            self.s, self.seq, self.n_vocab, self.chain, self.budget, self.buffers, self.ends_reply
+        )
         self.stats = Stats(prompt_tokens=len(self.seq))
-        self.stats.budget = self.budget
         self.text = TextStream(self.s.stop)
-        self.want_logprobs = self.out.logprob.shape[0] > 0
         self.n_ctx = min(m.n_ctx for m in self.models)
-        self.rng = np.random.default_rng(self.s.seed)
-        self.row_stats = np.zeros(3, np.float32)  # a plain step's processed-row stats (scratch)
-        self._uniforms = np.zeros(len(self.out.gap))
-
-    def uniforms(self, n: int) -> np.ndarray:
-        """n pre-drawn uniforms for the kernel (zeros when greedy: never read)."""
-        u = self._uniforms[:n]
-        if self.sampling.temperature > 0:
-            self.rng.random(out=u)
-        return u
+        self.speculative = self.s.mode in SPECULATIVE_MODES
+        self.ctx.room = self.room
 
     def ends_reply(self, drafts: Sequence[int]) -> int | None:
         """The first of these drafts that would end the reply if emitted: end of generation or a stop string."""
@@ -82,7 +66,7 @@ class Generation:
 
     @property
     def room(self) -> int:
-        """How many drafts this round may propose: tokens still wanted after one, and context left."""
+        """How many drafts the next round may propose: tokens still wanted after one, and context left."""
         return min(self.s.max_tokens - self.stats.tokens - 1, self.n_ctx - len(self.seq))
 
     def advance(self, step: Step) -> tuple[str | None, Piece | None]:
@@ -97,6 +81,7 @@ class Generation:
         self.stats.record(step, shown + 1 if finish else len(new))
         start = len(self.seq)
         self.seq.extend(new)
+        self.ctx.room = self.room
         for m in self.models:  # trim: each cache keeps its longest common prefix with the accepted text
             m.keep_common_prefix(self.seq, start - 1)
         emitted = step.emitted if shown == len(new) else step.emitted.head(shown)
@@ -115,7 +100,7 @@ class Generation:
             text=self.text.text,
             token_ids=self.reply.tokens,
             finish_reason=finish,
-            stats=st.to_dict(),
+            stats=st.to_dict(self.budget),
             settings=s.to_dict(),
             prompt_tokens=st.prompt_tokens,
             origins=self.reply.origins,

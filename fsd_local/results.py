@@ -12,11 +12,9 @@ from fsd_local.errors import ConfigError, ContextOverflowError
 
 @dataclass
 class Piece:
-    """A streamed chunk: the text released now and the tokens that produced it, with their origins
-    ('sd' = draft token that passed the SD test, 'fuzzy' = draft token rescued by tau, 'target' = the
-    target's own token, 'draft' = draft-only baseline), the number of tokens the round drafted, and per token
-    (divergence, log-probability gap) when tau rescued it, else None (the server streams them: docs/chat.md,
-    `fsd_delta`)."""
+    """A streamed chunk: the text released now, the tokens that produced it with their origins ('sd', 'fuzzy', 'target',
+    'draft'), log-probabilities where asked, the tokens the round drafted, (divergence, log-probability gap) per token
+    tau rescued (else None), and on the final piece the Completion."""
 
     text: str
     token_ids: list[int]

@@ -1,42 +1,118 @@
-"""One round of the loop: a proposal in, the emitted tokens out, each half with its own seconds (docs/design.md,
-"One round").
-
-A round is drafting (drafting/proposer.py returns a `Proposal`), then `verify`: the target scores [pending, d_1..d_n]
-in ONE decode, the chain processes its rows as the draft's were, and `accept_round` keeps the longest acceptable
-prefix and picks one more token. `plain_step` is the round of the baselines (ar, draft-only): one token from one
-model. Both return a `Step`, and neither touches anything the engine's loop owns (the text, the caches beyond
-their own decode, the statistics, the policy): the loop does that with what the Step says (generation.py).
-"""
+"""One round of one sequence: its `RoundContext` in, a `Proposal` verified in one target decode, a `Step` out
+(docs/design.md, "One round"). A batch of sequences calls the pieces: `target_input`, its own decode, `judge`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from fsd_local.kernels.accept import BY_FUZZY, Drafts, RoundOut, accept_round
-from fsd_local.kernels.budget import stop_at
+from fsd_local.chain import Chain
+from fsd_local.kernels.accept import (
+    BY_FUZZY,
+    Drafts,
+    RoundOut,
+    Rule,
+    Sampling,
+    accept_round,
+    round_out,
+    rule_of,
+    sampling_of,
+)
+from fsd_local.kernels.budget import Budget, stop_at
 from fsd_local.kernels.emit import emit_one
+from fsd_local.kernels.sampling import KEPT_MAX
 from fsd_local.results import Emitted
+from fsd_local.settings import Settings
 
 if TYPE_CHECKING:
-    from fsd_local.drafting.length import Source
-    from fsd_local.generation import Generation
     from fsd_local.llama.model import Model
 
 ORIGINS = ("target", "sd", "fuzzy")  # why each emitted token is there, by the kernel's reason code
+NO_LOSS = np.zeros(0)
+
+
+class Buffers(NamedTuple):
+    """A round's arrays, made once for a draft length and reused: the drafts the kernel reads, what it writes,
+    and a plain step's row statistics."""
+
+    drafts: Drafts
+    out: RoundOut
+    row_stats: np.ndarray
+
+
+def new_buffers(k: int, n_vocab: int, n_top: int = 0, logprobs: bool = True) -> Buffers:
+    """Buffers for up to k drafts over n_vocab tokens, reporting n_top alternatives and (logprobs) each emitted
+    token's log-probability."""
+    drafts = Drafts(
+        rows=np.empty((k, n_vocab), np.float32),
+        tokens=np.empty(k, np.int32),
+        prob=np.empty(k),
+        stats=np.zeros((k + 1, 3), np.float32),
+        onehot=np.zeros(k, np.uint8),
+        kept=np.empty((k, KEPT_MAX), np.int64),
+        kept_n=np.full(k, -1, np.int64),
+        lossless=np.zeros(k, np.uint8),
+    )
+    return Buffers(drafts, round_out(k, n_top, logprobs), np.zeros(3, np.float32))
+
+
+class Uniforms:
+    """A sequence's random stream: the uniforms each draw of a round reads (zeros when greedy: never read)."""
+
+    def __init__(self, seed: int | None, size: int, sampled: bool) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.sampled = sampled
+        self._buf = np.zeros(size)
+
+    def take(self, n: int) -> np.ndarray:
+        """n uniforms, valid until the next take."""
+        u = self._buf[:n]
+        if self.sampled:
+            self.rng.random(out=u)
+        return u
+
+    def pairs(self, n: int) -> np.ndarray:
+        """(n, 2) uniforms: a scored slot's SD test and rescue."""
+        return self.rng.random((n, 2)) if self.sampled else np.zeros((n, 2))
+
+
+@dataclass(eq=False)
+class RoundContext:
+    """What a round reads of one sequence and the state it moves on (chain, budget, random stream, buffers).
+    Its owner keeps `seq` (the accepted text) and `room` (drafts this round may propose) current."""
+
+    settings: Settings
+    seq: Sequence[int]
+    n_vocab: int  # the vocabulary the rule works on (shared by both models)
+    rule: Rule
+    sampling: Sampling
+    chain: Chain
+    budget: Budget
+    buffers: Buffers
+    random: Uniforms
+    logprobs: bool  # the request asked for each emitted token's log-probability
+    ends_reply: Callable[[Sequence[int]], int | None]  # the first of these drafts that would end the reply
+    room: int = 0
+
+    @classmethod
+    def start(cls, s: Settings, seq, n_vocab: int, chain: Chain, budget: Budget, buffers: Buffers, ends_reply):
+        sampling = sampling_of(s)
+        uniforms = Uniforms(s.seed, len(buffers.out.gap), sampling.temperature > 0)
+        logprobs = buffers.out.logprob.shape[0] > 0
+        return cls(s, seq, n_vocab, rule_of(s), sampling, chain, budget, buffers, uniforms, logprobs, ends_reply)
 
 
 class Proposal(NamedTuple):
-    """What drafting produced: `n` drafts in the round buffers `drafts` (the kernel's Drafts), who proposed them
-    (a Source of drafting/length.py, None when nothing was drafted), the k the policy chose, the seconds drafting
-    took (wall time: what the policy prices), of those the seconds spent catching up on skipped text (a probe's
-    price, not the drafts'), and how many skipped positions that catch-up scored."""
+    """What drafting wrote into the context's draft buffers: n drafts by `source` (a drafter and its evidence
+    class; None when nothing was drafted), the k chosen, drafting's wall seconds and, of those, the seconds
+    spent catching the draft model up, and the skipped positions that catch-up scored."""
 
     n: int
-    drafts: Drafts
-    source: Source | None
+    source: tuple[str, int] | None
     k: int
     seconds: float
     catch_up: float = 0.0
@@ -44,59 +120,94 @@ class Proposal(NamedTuple):
 
 
 class Step(NamedTuple):
-    """What a round did: the tokens it emitted (with their origins, log-probabilities, rescues), how many drafts
-    were accepted, the batch the deciding model decoded and its seconds, that model's logit rows and the kernel's
-    RoundOut (valid until that model's next decode), and the proposal verified (None for a plain step)."""
+    """What a round did: the emitted tokens (origins, log-probabilities, rescues), the drafts accepted, each
+    emitted token's loss, the batch decoded, its seconds and the round's wall seconds, the deciding model's rows
+    and the kernel's output (valid until that model's next decode), and the proposal (None: a plain step)."""
 
     emitted: Emitted
     accepted: int
+    loss: np.ndarray
     batch: int
     seconds: float
+    wall: float
     rows: np.ndarray
     out: RoundOut
     proposal: Proposal | None = None
+    decoder: str = "target"  # the model that decided: the target, or the draft (draft-only)
 
 
-def verify(target: Model, g: Generation, proposal: Proposal) -> Step:
-    """Score the proposal in one target decode and apply the acceptance rule."""
-    n = proposal.n
-    pending = g.seq[len(target.tokens) :]
-    drafts = proposal.drafts.tokens[:n].tolist()
-    if g.budget.bound > 0.0 and g.sampling.temperature <= 0.0:  # where a greedy round is decided whole, the
-        stop_at(g.budget, g.ends_reply(drafts))  # budget's cap also holds at a draft that would end the reply
+class TargetInput(NamedTuple):
+    """What one sequence adds to a target decode: the pending text, then the drafts, from position `pos`;
+    its rows are those from tokens[first_row] on (the last pending token's, then each draft's)."""
+
+    tokens: list[int]
+    pos: int
+    first_row: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.tokens) - self.first_row
+
+
+def target_input(ctx: RoundContext, cached: int, proposal: Proposal) -> TargetInput:
+    """The target's input for this proposal, its cache holding the first `cached` tokens of the text."""
+    pending = list(ctx.seq[cached:])
+    return TargetInput(pending + ctx.buffers.drafts.tokens[: proposal.n].tolist(), cached, len(pending) - 1)
+
+
+def judge(ctx: RoundContext, proposal: Proposal, rows: np.ndarray, batch: int, seconds: float, t0: float) -> Step:
+    """The acceptance rule on the target's rows for this proposal (decoded in a batch of `batch` tokens in
+    `seconds`, the round's verification begun at perf_counter() t0)."""
+    n, drafts, out = proposal.n, ctx.buffers.drafts, ctx.buffers.out
+    tokens = drafts.tokens[:n].tolist()
+    end = ctx.ends_reply(tokens)
+    # only the lossless test may end a reply: a rescued end of generation (or stop string) would cut it where
+    # the target writes on (docs/design.md, "The acceptance rules")
+    drafts.lossless[:n] = 0
+    if end is not None:
+        drafts.lossless[end] = 1
+    if ctx.budget.bound > 0.0 and ctx.sampling.temperature <= 0.0:  # a greedy round is decided whole: the
+        stop_at(ctx.budget, end)  # budget's cap also holds at a draft that would end the reply
+    ctx.chain.target_rows(rows, n)  # the same processing as the draft's rows had
+    u = ctx.random.take(n + 1)
+    accepted, nxt = accept_round(rows, drafts, n, ctx.n_vocab, ctx.rule, ctx.sampling, u, out, ctx.budget)
+    ctx.chain.settle(accepted, nxt)
+    emitted = _emitted(tokens[:accepted] + [int(nxt)], out, accepted, n, ctx.logprobs)
+    loss = ctx.budget.loss[: accepted + 1]
+    return Step(emitted, accepted, loss, batch, seconds, perf_counter() - t0, rows, out, proposal)
+
+
+def verify(target: Model, ctx: RoundContext, proposal: Proposal) -> Step:
+    """One sequence's verification: the proposal decoded by the target alone, then judged."""
+    t0 = perf_counter()
+    part = target_input(ctx, len(target.tokens), proposal)
     t = perf_counter()
-    target.decode(pending + drafts, f"from:{len(pending) - 1}")
+    target.decode(part.tokens, f"from:{part.first_row}")
     target.synchronize()
     seconds = perf_counter() - t
-    rows = target.logits(n + 1)
-    g.chain.target_rows(rows, n)  # the same processing as the draft's rows had
-    accepted, nxt = accept_round(
-        rows, proposal.drafts, n, g.n_vocab, g.rule, g.sampling, g.uniforms(n + 1), g.out, g.budget
-    )
-    g.chain.settle(accepted, nxt)
-    emitted = _emitted(drafts[:accepted] + [int(nxt)], g.out, accepted, n, g.want_logprobs)
-    return Step(emitted, accepted, len(pending) + n, seconds, rows, g.out, proposal)
+    return judge(ctx, proposal, target.logits(part.rows), len(part.tokens), seconds, t0)
 
 
-def plain_step(model: Model, g: Generation, origin: str) -> Step:
+def plain_step(model: Model, ctx: RoundContext, decoder: str) -> Step:
     """The baselines: one token from one model (the target for ar, the draft for draft-only)."""
-    todo = g.seq[len(model.tokens) :]
+    t0 = perf_counter()
+    todo = list(ctx.seq[len(model.tokens) :])
     t = perf_counter()
     model.decode(todo, "last")
     model.synchronize()
     seconds = perf_counter() - t
-    rows = model.logits(1)
-    g.chain.target_rows(rows, 0)  # the same processing as every target row
-    tok, _ = emit_one(rows[0], model.n_vocab, g.sampling, g.uniforms(1)[0], g.row_stats, g.out)
-    g.chain.settle(0, tok)
-    emitted = _emitted([int(tok)], g.out, 0, 0, g.want_logprobs)
-    emitted.origins[0] = origin
-    return Step(emitted, 0, len(todo), seconds, rows, g.out)
+    rows, out = model.logits(1), ctx.buffers.out
+    ctx.chain.target_rows(rows, 0)  # the same processing as every target row
+    tok, _ = emit_one(rows[0], model.n_vocab, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
+    ctx.chain.settle(0, tok)
+    emitted = _emitted([int(tok)], out, 0, 0, ctx.logprobs)
+    emitted.origins[0] = decoder
+    return Step(emitted, 0, NO_LOSS, len(todo), seconds, perf_counter() - t0, rows, out, None, decoder)
 
 
 def _emitted(tokens: list[int], out: RoundOut, accepted: int, n_drafts: int, logprobs: bool) -> Emitted:
-    """The round's tokens with what rides along: origins from the kernel's reasons, log-probabilities and top
-    alternatives where asked, and (divergence, gap) for each rescued token."""
+    """The round's tokens with their origins, log-probabilities and top alternatives where asked, and
+    (divergence, gap) for each rescued token."""
     reasons = out.reason[:accepted].tolist()
     origins = [ORIGINS[r] for r in reasons] + ["target"]
     rescues: list[tuple[float, float] | None] = [None] * len(tokens)

@@ -1,17 +1,6 @@
-"""Bounds on what a json_schema reply may write where the schema itself sets none (docs/server.md, "JSON output
-is bounded"), so that a reply cannot run away: a small model writing digits, or a string it forgot to close,
-would otherwise go on until max_tokens and hand back text that is not JSON.
-
-- integers: at most 16 digits (|n| <= 10^16 - 1), as llama.cpp's own schema converter bounds them;
-- numbers: the same magnitude and at most 10 decimals, written without an exponent (1e-10 is the finest step
-  llguidance compiles; a bounded number is written as digits);
-- strings: at most STRING_MAX characters unless the schema gives maxLength;
-- whitespace: none between tokens (constrain.JSON_OPTIONS).
-
-A bound the schema gives itself is kept (a tighter one wins); only what it leaves open is closed. Keys an
-object's schema does not describe (allowed by default in JSON Schema) get the same bounds on their values.
-Arrays and the number of keys are bounded by max_tokens alone (give maxItems / maxProperties).
-"""
+"""Bounds on what a json_schema reply may write where the schema sets none (docs/server.md, "JSON output is
+bounded"): integers of at most 16 digits, numbers as large with at most 10 decimals, strings of at most STRING_MAX
+characters; a bound the schema gives is kept, and values under keys it does not describe get the same bounds."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any
 
 import numpy as np
 
@@ -38,15 +37,13 @@ class Stats:
     loss_sum: float = 0.0  # target log-probability given up (kernels/budget.py), over the emitted tokens
     not_chosen: int = 0  # rescued tokens with a positive loss (or NaN): the target would not have chosen them
     loss_unknown: bool = False  # a rescue whose loss is NaN (a NaN row): loss_sum is then unknown
-    budget: Any = None  # the reply's kernels.budget.Budget (its bound is < 0 when there is no budget)
     # wall seconds of each phase of the speculative rounds (drafting, verifying, the policy's bookkeeping) and of
     # the loop's work after every round (advance): with the seconds inside each model, the loop's own time
     phases: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     verify_by_batch: dict = field(default_factory=dict)  # target batch size n -> [decodes, seconds] (the oracle's)
 
-    def add_phases(self, draft: float, verify: float, policy: float) -> None:
-        ph = self.phases
-        ph["draft"], ph["verify"], ph["policy"] = ph["draft"] + draft, ph["verify"] + verify, ph["policy"] + policy
+    def add_phase(self, phase: str, seconds: float) -> None:
+        self.phases[phase] += seconds
 
     def start_clock(self, target, draft) -> _Clock:
         """Time the loop from now: wall seconds, and those inside each model's decodes (their own counters)."""
@@ -64,15 +61,13 @@ class Stats:
         self.k_histogram[k] += 1
 
     def record(self, step, kept: int) -> None:
-        """One round (round.py `Step`): the target's decode by batch size, and for a verified proposal what was
-        drafted, accepted and why, the divergences computed, and the log-probabilities and losses of the first
-        `kept` emitted tokens, those of the reply (a round may accept drafts after the token that ends it).
-        (The seconds inside each model are read off the models' own counters: Generation.advance.)"""
+        """One round (round.py `Step`) of which the first `kept` emitted tokens are the reply's (a round may
+        accept drafts after the token that ends it)."""
         p, out = step.proposal, step.out
         if p is None:  # a plain step: ar (the target decided) or draft-only
             self.rounds += 1
             self.tokens += 1
-            if step.emitted.origins[0] == "draft":
+            if step.decoder == "draft":
                 return
             self.target_calls += 1
             self.record_verify(step.batch, step.seconds)
@@ -83,8 +78,9 @@ class Stats:
         self.record_verify(step.batch, step.seconds)
         self.record_k(p.k)
         self.probed += p.probed
-        losses = self.budget.loss if self.budget is not None else np.zeros(step.accepted + 1)
-        self.record_round(p.n, out.reason, out.divergence, out.logprob, min(step.accepted + 1, kept), losses)
+        ph = self.phases
+        ph["draft"], ph["verify"] = ph["draft"] + p.seconds, ph["verify"] + step.wall
+        self.record_round(p.n, out.reason, out.divergence, out.logprob, min(step.accepted + 1, kept), step.loss)
 
     def record_round(self, n_drafts, reasons, divs, logprobs, emitted, losses):
         """One round: reasons/divs are the kernel's per-slot arrays, logprobs (empty: not computed) and losses
@@ -125,11 +121,10 @@ class Stats:
     def accepted(self) -> int:
         return self.accepted_sd + self.accepted_fuzzy
 
-    def budget_dict(self) -> dict:
+    def budget_dict(self, b=None) -> dict:
         """The budget B (None: none), the loss spent per token, the share of tokens the target would not have
-        chosen, and how the budget's threshold moved (None without a budget)."""
+        chosen, and how the budget `b` (a kernels.budget.Budget) moved its threshold (None without a budget)."""
         n = self.tokens
-        b = self.budget
         on = b is not None and b.bound >= 0.0
         st = b.state if on else None
         rounds = st[ROUNDS] if st is not None else 0.0
@@ -150,7 +145,8 @@ class Stats:
             "rescues_capped": int(st[CAPPED]) if st is not None else 0,
         }
 
-    def to_dict(self) -> dict:
+    def to_dict(self, budget=None) -> dict:
+        """Plain numbers; `budget`: the reply's kernels.budget.Budget, if it ran under one."""
         other = max(0.0, self.seconds_total - self.seconds_draft - self.seconds_target)
         divs = np.asarray(self.divergences, dtype=np.float64)
         finite = divs[np.isfinite(divs)]
@@ -186,7 +182,7 @@ class Stats:
             "prompt_evaluated": self.prompt_evaluated,
             "prompt_seconds": self.prompt_seconds,
             "tokens_per_second": self.tokens / self.seconds_total if self.seconds_total > 0 else 0.0,
-            **self.budget_dict(),
+            **self.budget_dict(budget),
         }
 
 

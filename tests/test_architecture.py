@@ -5,25 +5,27 @@ The layers, bottom to top (LAYERS below; a package is placed whole, a module by 
 which comes first):
 
 0. foundation: the package root (its version; the public names are loaded by name on first use), errors, paths,
-   setting_spec, schema_bounds, constrain, stats, stream, results, conversation, engine_like, and kernels/names.py
-   (the kernels' named tuples' fields and constants, Numba-free: what stats reads the budget state by)
+   setting_spec, schema_bounds, constrain, stats, stream, results, conversation, engine_like, prompting, and
+   kernels/names.py (the kernels' named tuples' fields and constants, Numba-free: what stats reads the budget
+   state by)
 1. kernels/ (Numba), llama/ (llama.cpp through its C API)
 2. settings, tools/
-3. drafting/, pairs/, chain, round
+3. drafting/, pairs/, chain, round, policy
 4. the engine: engine, generation
 5. bench/, server/
 6. cli/
 
 A module may import from its own layer and the layers below it, never from a layer above, and no chain of imports
-may come back to where it started. Every import counts, those inside functions too, with one exception: an import
-under `if TYPE_CHECKING:` may name a type of any layer. It never runs, so it adds no dependency at run time and no
-load order, and it lets a lower module annotate what a higher one hands it (drafting/proposer.py and round.py are
-given the engine's Generation, drafting/calibration.py the Engine) without a protocol for every such object.
+may come back to where it started. Every import counts, those inside functions too. An import under
+`if TYPE_CHECKING:` never runs, so it may name a type of a higher layer (the server's protocol names the result
+types), but it still counts for cycles: a lower module annotated with a higher one's type is a module that cannot
+be read, tested or swapped without it.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -55,11 +57,12 @@ LAYERS = (  # bottom first: names under fsd_local (a package stands for every mo
         "results",
         "conversation",
         "engine_like",
+        "prompting",
         "kernels.names",
     ),
     ("kernels", "llama"),
     ("settings", "tools"),
-    ("drafting", "pairs", "chain", "round"),
+    ("drafting", "pairs", "chain", "round", "policy"),
     ("engine", "generation"),
     ("bench", "server"),
     ("cli",),
@@ -85,13 +88,13 @@ def _is_type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _imports(path: Path, modules: set[str]) -> dict[str, int]:
-    """The modules of the package that `path` imports at run time (at module level or inside functions, not under
-    TYPE_CHECKING), each with the line of its first import."""
+def _imports(path: Path, modules: set[str], typing: bool = False) -> dict[str, int]:
+    """The modules of the package that `path` imports at run time (at module level or inside functions; with
+    `typing`, under TYPE_CHECKING too), each with the line of its first import."""
     out: dict[str, int] = {}
 
     def visit(node: ast.AST) -> None:
-        if _is_type_checking(node):
+        if _is_type_checking(node) and not typing:
             for child in getattr(node, "orelse", []):
                 visit(child)
             return
@@ -112,9 +115,9 @@ def _imports(path: Path, modules: set[str]) -> dict[str, int]:
     return {m: line for m, line in out.items() if m in modules}
 
 
-def _graph() -> dict[str, dict[str, int]]:
+def _graph(typing: bool = False) -> dict[str, dict[str, int]]:
     files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {m: {n: line for n, line in _imports(p, set(files)).items() if n != m} for m, p in files.items()}
+    return {m: {n: line for n, line in _imports(p, set(files), typing).items() if n != m} for m, p in files.items()}
 
 
 def test_every_module_has_a_layer():
@@ -142,7 +145,8 @@ def test_imports_point_down_the_layers():
 
 
 def test_no_import_cycles():
-    graph = _graph()
+    """Type-only imports included (the module docstring)."""
+    graph = _graph(typing=True)
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
     cycles = []
 
@@ -213,16 +217,29 @@ def _spans(path: Path):
     return [((rel, name), span) for name, span in _long_functions(path).items()]
 
 
-def test_help_and_models_load_neither_numba_nor_llama_cpp():
-    code = (
-        "import sys; from click.testing import CliRunner; from fsd_local.cli import cli\n"
-        "for args in (['--help'], ['models'], ['chat', '--help'], ['generate', '--help']):\n"
-        "    r = CliRunner().invoke(cli, args); assert r.exit_code == 0, r.output\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'numba', 'llama_cpp', 'llvmlite', 'fastapi'}))"
-    )
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter has loaded once it has run `code`."""
+    code += "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", out.stdout
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def test_help_and_models_load_neither_numba_nor_llama_cpp():
+    loaded = _modules_after(
+        "from click.testing import CliRunner; from fsd_local.cli import cli\n"
+        "for args in (['--help'], ['models'], ['chat', '--help'], ['generate', '--help']):\n"
+        "    r = CliRunner().invoke(cli, args); assert r.exit_code == 0, r.output"
+    )
+    assert not {m.split(".")[0] for m in loaded} & {"numba", "llama_cpp", "llvmlite", "fastapi"}
+
+
+def test_the_servers_http_process_loads_neither_numba_nor_the_engine():
+    """`fsd-local serve` runs the models in a child (server/child.py): the HTTP process tokenises with llama.cpp's
+    vocabulary but never loads the engine, its kernels or Numba."""
+    loaded = _modules_after("import fsd_local.server.app, fsd_local.server.running")
+    assert not {m.split(".")[0] for m in loaded} & {"numba", "llvmlite"}
+    assert "fsd_local.engine" not in loaded and "fsd_local.server.app" in loaded
 
 
 def test_every_setting_is_declared_with_help_and_exposed_where_it_says():

@@ -25,6 +25,15 @@ WIDE_AMD = Costs([v * MS for v in interpolated(WIDE_AMD_MS)], draft=5.2 * MS, ca
 F16 = Costs([0] + [0.040 * (1 + 0.06 * (n - 1)) for n in range(1, 18)], draft=0.008, catch_up=0.003)
 # the Q4_1 demo: the draft costs more than half a target step, so no acceptance makes drafting pay
 Q4_1 = Costs([0] + [0.0092 * (1 + 0.9 * (n - 1)) for n in range(1, 18)], draft=0.0052, catch_up=0.003)
+# every size 1..17 timed on this AMD host for issue 37 (`fsd-local bench --costs --demo D --sizes 1,...,17`, 2
+# threads, the fastest of 3): the wide target (its tiles: 8 and 12 cost what 7 and 11 do) and the Q4_1 demo target,
+# whose draft costs 0.7 of a target step (no acceptance makes drafting pay); draft and catch-up per token
+WIDE_17_MS = [46.5, 98.1, 108.5, 123.6, 184.4, 197.8, 190.6, 186.7, 256.7, 261.1, 296.3, 266.6, 350.6, 361.2, 315.1]
+WIDE_17 = Costs([0.0] + [ms * MS for ms in WIDE_17_MS + [327.9, 371.6]], draft=9.9 * MS, catch_up=5.2 * MS)
+Q4_1_17_MS = [12.6, 21.8, 26.9, 31.2, 40.4, 46.8, 51.0, 54.8, 63.6, 69.7, 76.6, 77.7, 88.8, 96.2, 98.3, 102.5, 102.7]
+Q4_1_17 = Costs([0.0] + [ms * MS for ms in Q4_1_17_MS], draft=8.75 * MS, catch_up=4.7 * MS)
+# the costly pair below (an F16 target of 8 layers, width 512; a tiny draft), 2 threads, the fastest of 5 decodes
+COSTLY_MS, COSTLY_DRAFT_MS, COSTLY_CATCH_UP_MS = [2.45, 5.26, 5.79, 6.16, 6.45, 6.92, 7.95, 8.38, 8.81], 0.085, 0.0225
 
 
 @pytest.mark.parametrize("unlucky", [2, 3, 6])
@@ -235,7 +244,7 @@ def test_settings_seen_before_get_their_evidence_back():
 
 @pytest.fixture(scope="module")
 def costly_pair(tmp_path_factory):
-    """(draft, target) with the cost ratio of a real pair: a tiny draft and a memory-bound F16 target of 34M
+    """(draft, target) with the cost ratio of a real pair: a tiny draft and an F16 target of 34M
     parameters (8 layers, width 512) over the same vocabulary, unrelated weights (sd accepts almost nothing)."""
     import numpy as np
 
@@ -246,14 +255,28 @@ def costly_pair(tmp_path_factory):
     return str(write_tiny_gguf(d / "draft.gguf", seed=1)), str(target)
 
 
-def test_a_fresh_engine_finds_what_a_rule_that_accepts_everything_buys(costly_pair):
+# the seconds the costly pair's policy sees (DraftLength.prices) instead of the ones it measures, so that what it
+# decides hangs on the models' acceptance alone, never on the host's load (COSTLY_MS: timed once on the AMD host)
+COSTLY = Costs([0.0] + [ms * MS for ms in COSTLY_MS], draft=COSTLY_DRAFT_MS * MS, catch_up=COSTLY_CATCH_UP_MS * MS)
+
+
+def costly_engine(costly_pair, tmp_path, monkeypatch):
+    """A freshly loaded engine of the costly pair on a machine that never ran it (an empty cost store of its own),
+    its policy priced with COSTLY."""
+    from fsd_local import Engine
+
+    monkeypatch.setenv("FSD_LOCAL_COSTS", str(tmp_path / "costs.json"))
+    d, t = costly_pair
+    eng = Engine(target=t, draft=d, n_ctx=512, n_threads=2)
+    eng.policy.length.prices = COSTLY
+    return eng
+
+
+def test_a_fresh_engine_finds_what_a_rule_that_accepts_everything_buys(costly_pair, tmp_path, monkeypatch):
     """The issue's case on real models: a freshly loaded engine, fsd with a js tau above ln 2 (every draft is
     accepted), the default auto policy. Its prior is sd's, at which plain steps may win; the first plain steps
     are scored when the draft catches up, and it drafts long within a few rounds."""
-    from fsd_local import Engine
-
-    d, t = costly_pair
-    with Engine(target=t, draft=d, n_ctx=512, n_threads=2) as eng:
+    with costly_engine(costly_pair, tmp_path, monkeypatch) as eng:
         out = eng.generate("the cat sat", max_tokens=48, mode="fsd", tau=0.7, draft_max=8)
     hist, st = out.stats["k_histogram"], out.stats
     assert st["acceptance_rate"] == 1.0 and st["fuzzy_share"] > 0.9
@@ -261,20 +284,16 @@ def test_a_fresh_engine_finds_what_a_rule_that_accepts_everything_buys(costly_pa
     assert st["probed"] <= 6
 
 
-def test_a_fresh_engine_settles_on_plain_steps_when_the_draft_is_never_accepted(costly_pair):
-    from fsd_local import Engine
-
-    d, t = costly_pair
-    with Engine(target=t, draft=d, n_ctx=512, n_threads=2) as eng:
+def test_a_fresh_engine_settles_on_plain_steps_when_the_draft_is_never_accepted(costly_pair, tmp_path, monkeypatch):
+    """sd on a pair that accepts ~0.1 (unrelated weights) over a memory-bound target: it measures the draft in a
+    few rounds, then decodes plainly, and what it learned stays for the next reply."""
+    with costly_engine(costly_pair, tmp_path, monkeypatch) as eng:
         out = eng.generate("the cat sat", max_tokens=48, mode="sd")
-        again = eng.generate("a dog ran", max_tokens=48, mode="sd")  # what it learned stays for the next reply
+        again = eng.generate("a dog ran", max_tokens=48, mode="sd")
     hist = out.stats["k_histogram"]
-    assert out.stats["acceptance_rate"] < 0.2 or out.stats["drafted"] == 0
-    # it measured the draft, then decoded mostly plainly. The pair accepts ~0.1 by coincidence and its target is
-    # memory-bound (3 tokens verify in ~1.1x one), so a short draft is near break-even: on a quiet host 1-2 rounds
-    # of 47 draft, on a loaded one the live-timed costs move and CI has seen up to 15 (hist [32, 0, 10, ...])
-    assert hist[0] >= 2 * sum(hist[1:]) and out.stats["drafted"] > 0, hist
-    assert sum(again.stats["k_histogram"][1:]) <= 8, again.stats["k_histogram"]
+    assert out.stats["acceptance_rate"] < 0.2 and out.stats["drafted"] > 0, out.stats
+    assert sum(hist[1:]) <= 4 and hist[0] >= 40, hist  # a few drafting rounds of 47, then plain steps
+    assert sum(again.stats["k_histogram"][1:]) <= 2, again.stats["k_histogram"]
 
 
 def recorded(rule: str) -> list[list[bool]]:
@@ -298,3 +317,28 @@ def test_auto_on_recorded_traces_of_the_wide_pair(rule, costs):
     best = max(fixed, key=lambda k: rate(fixed[k]))
     assert rate(auto) >= 0.97 * rate(fixed[best]), (rate(auto), best, rate(fixed[best]))
     assert auto[0].rate >= 0.9 * fixed[best][0].rate, (auto[0].ks, best)
+
+
+@pytest.mark.parametrize("rule", ["sd", "fsd"])
+def test_a_fresh_engine_without_stored_costs_on_recorded_traces_of_the_wide_pair(rule):
+    """Issue 37's goals from an EMPTY cost store (a new install: nothing timed, the draft's cost read off the
+    prompt it evaluates), on the pair's own traces and the wide target's measured costs: over the session auto
+    reaches >= 0.97 of the best of ar and every fixed k, and fsd's first reply >= 0.9 of the best's first reply
+    (it times the batches it needs as it goes: sd's first reply pays more for that, its best being ar)."""
+    traces = [t for t in recorded(rule) if len(t) >= 84]
+    for start in (0, 2):
+        auto, fixed = session(traces[start : start + 6], WIDE_17, 64, stored=False, prompt=40)
+        best = max(fixed, key=lambda k: rate(fixed[k]))
+        assert rate(auto) >= 0.97 * rate(fixed[best]), (rate(auto), best, rate(fixed[best]))
+        if rule == "fsd":
+            assert auto[0].rate >= 0.9 * fixed[best][0].rate, (auto[0].ks, best)
+            assert max(auto[0].ks) >= 12, auto[0].ks  # long drafts in the first reply
+
+
+@pytest.mark.parametrize("a", [0.3, 0.9, 0.99])
+def test_where_plain_decoding_wins_a_fresh_engine_never_drafts(a):
+    """The Q4_1 demo target: its draft costs 0.7 of a target step, so no acceptance makes drafting pay. From an
+    empty store the draft's prompt prices it, and the policy takes plain steps from the first round on: auto
+    costs nothing against ar (issue 37: 0.81x before)."""
+    auto, fixed = session([trace(a, 200, seed) for seed in range(3)], Q4_1_17, 64, stored=False, prompt=40)
+    assert all(k == 0 for r in auto for k in r.ks) and not any(r.probed for r in auto)

@@ -34,7 +34,14 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             "loss per rescue",
         ),
         "budget_bound": (pair + TINY + ["--prompts", prompts, "--tokens", "6", "--budgets", "0.1"], "B 0.1, "),
-        "cold_auto": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--ks", "2", "--repeats", "1"], "auto "),
+        "cold_auto": (
+            pair
+            + TINY
+            + ["--prompts", "2", "--tokens", "4", "--ks", "2", "--repeats", "1", "--store", "empty"]
+            + ["--sampling", "chat", "--conversation", "--rules", "sd,budget@0.1"],
+            "auto ",
+        ),
+        "eos_rescue": (pair + TINY + ["--prompts", "2", "--tokens", "4", "--modes", "fsd:0.4"], "ended at an end of"),
         "first_token": (pair + TINY + ["--repeats", "1", "--tokens", "2", "--empty-store"], "first request"),
         "chat_loops": (pair + TINY + ["--seeds", "1", "--only", "greedy", "--prompts", "1", "--max-tokens", "4"], "1 "),
         "json_overhead": (pair + TINY + ["--repeats", "1", "--people", "1", "--max-tokens", "6"], "json ms/tok"),
@@ -47,6 +54,8 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             + ["--modes", "fsd", "--prompts", "1", "--k", "2", "--taus", "fsd=0.2"],
             "frontier at temperature 0",
         ),
+        "onehot_speed": (["--n", "4096", "--repeats", "2"], "one-hot divergences, n=4096"),
+        "policy_cost": (["--k-max", "4", "--rounds", "5"], "us a round (k_max 4"),
         "serve_overhead": (pair + TINY + ["--repeats", "1", "--max-tokens", "4", "--restarts", "1"], "restart_seconds"),
     }[name]
 

@@ -284,8 +284,8 @@ def test_the_engine_tells_the_budget_which_draft_ends_the_reply(tiny_engine):
     assert 0 < first < len(words) - 1
 
     def ends(stop, ignore_eos, drafts):  # what a generation with these settings says before a round
-        g = eng._generation(eng.tokenize("x"), eng.defaults.with_(stop=stop, ignore_eos=ignore_eos), 0)
-        return g.ends_reply(drafts)
+        with eng.generation(eng.tokenize("x"), stop=stop, ignore_eos=ignore_eos) as g:
+            return g.ctx.ends_reply(drafts)
 
     assert ends(("cat",), False, words) == first
     assert ends((), False, words) is None
@@ -425,7 +425,8 @@ def test_chat_budget_command_and_summary_line(tiny_engine):
     from fsd_local.cli.chat import ChatSession, parse_command
     from fsd_local.cli.options import summary_line
 
-    session = ChatSession(tiny_engine, Settings(max_tokens=12))
+    # a fixed draft length: whether `auto` drafts hangs on live timing, and a run that never drafts spends nothing
+    session = ChatSession(tiny_engine, Settings(max_tokens=12, draft_policy="fixed", draft_max=4))
     assert session.apply(parse_command("/budget 0.2")) == "budget = 0.2"
     for _ in session.reply("hello"):
         pass
@@ -437,6 +438,11 @@ def test_chat_budget_command_and_summary_line(tiny_engine):
     assert session.settings.quality_budget is None
     assert session.apply(parse_command("/budget 0.1")) == "budget = 0.1" and session.settings.tau == 0.0
     assert session.apply(parse_command("/budget off")) == "budget = None"
+    assert session.apply(parse_command("/tau 2")) == "tau = 2.0"  # js <= ln 2: every draft is kept
+    for _ in session.reply("hello again"):  # a tau run's line says the loss it spent too
+        pass
+    st = session.last.stats
+    assert st["loss_per_token"] > 0 and f"loss {st['loss_per_token']:.3f} nats/token" in summary_line(st, "stop")
 
 
 def test_server_field(tiny_engine):

@@ -282,7 +282,7 @@ def test_a_sampled_replys_own_tokens_are_reused_by_the_next_turn(tiny_engine):
     else:
         pytest.skip("no sampled reply with a split of its own in 20 seeds")
     nxt = [*msgs, {"role": "assistant", "content": first.text}, {"role": "user", "content": "and the owl?"}]
-    canonical = eng.target.tokenize(eng._template.render(nxt, add_generation_prompt=True), add_special=True)
+    canonical = eng.target.tokenize(eng.chat_template().render(nxt, add_generation_prompt=True), add_special=True)
     spliced = eng.chat_prompt(nxt)
     assert spliced != canonical and eng.detokenize(spliced) == eng.detokenize(canonical)
     second = eng.chat(nxt, max_tokens=4, mode="sd")

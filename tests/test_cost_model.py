@@ -4,7 +4,6 @@ position, the k it picks) and DraftLength (drafting/length.py: one cost model pe
 from __future__ import annotations
 
 import random
-from time import perf_counter
 
 import pytest
 
@@ -143,8 +142,8 @@ def test_cold_start_is_sensible_and_respects_the_limit():
     free = CostModel(8, draft_cost_prior=0.0)
     assert free.choose_k() == 0 and free.k_histogram[0] == 1
     free.observe_verify(1, 10 * MS)
-    # then a guess that explores (the acceptance is read optimistically while it rests on the prior), neither a
-    # plain step nor k_max
+    # then a guess that explores (the acceptance is read optimistically while it rests on the prior; the batches
+    # follow the slope prior through the one timed size), neither a plain step nor k_max
     assert 1 <= free.choose_k() <= 6
     model = CostModel(8)
     model.observe_verify(1, 10 * MS)
@@ -174,7 +173,15 @@ def test_verify_cost_keeps_the_measured_tiles():
     assert v[1] == pytest.approx(10 * MS, rel=1e-6)
     assert v[5] == pytest.approx(20 * MS, rel=1e-6)
     assert v[3] == pytest.approx(15 * MS, rel=1e-6)  # unseen n between measured ones: interpolated
-    assert v[9] == pytest.approx(30 * MS, rel=1e-6)  # beyond: the fitted slope
+    # beyond: what the largest timed batch cost, until the size is timed itself (an optimism that each size loses
+    # when timed: the fitted line through a CPU target's steep start prices long drafts out before they are tried)
+    assert v[6] == v[9] == pytest.approx(20 * MS, rel=1e-6)
+    vc.observe(9, 24 * MS)
+    assert vc.curve(9)[7] == pytest.approx(22 * MS, rel=1e-3)  # now between two timed sizes
+    # ... except at whole tiles (multiples of 8), which may cost no more than the timed batch below until timed
+    assert vc.curve(9)[8] == pytest.approx(20 * MS, rel=1e-3)
+    vc.observe(8, 23 * MS)
+    assert vc.curve(9)[8] == pytest.approx(23 * MS, rel=1e-3)
     # a batch that costs less than a smaller one is kept as measured (CPU tiles), not smoothed away
     for _ in range(3):
         vc.observe(4, 12 * MS)
@@ -337,19 +344,6 @@ def test_histogram_and_summary():
     json.dumps(s)
     assert len(s["verify_seconds_est"]) == 6 and len(s["acceptance_est"]) == 5
     assert s["plain_tokens_per_second_est"] == (1 / f16_verify(1) if 0 in chosen else 0.0)
-
-
-def test_choose_k_is_cheap(capsys):
-    cm = CostModel(16, draft_cost_prior=0.0)
-    simulate(cm, 20, f16_verify, 0.0, 0.8)
-    t = perf_counter()
-    for _ in range(200):
-        cm.choose_k()
-        cm.observe_verify(5, 26 * MS)
-        cm.observe_acceptance(4, 2)
-    per = (perf_counter() - t) / 200
-    with capsys.disabled():
-        print(f"\ncost model: choose_k + observations {per * 1e6:.1f} us a round (k_max 16)")
 
 
 # recorded: one decode of a batch of n tokens on the padded 1.4 GB Q8_0 target (`--demo wide`, docs/models.md),

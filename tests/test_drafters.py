@@ -46,7 +46,7 @@ def test_auto_learns_lookup_acceptance_per_match_class(target_only):
     match class (drafting/ngram.py `match_class`), apart from the short matches at the start."""
     prompt = "one two three four five six seven eight nine ten " * 6
     out = target_only.generate(prompt, mode="sd", drafter="ngram", draft_policy="auto", max_tokens=40)
-    classes = {c for (drafter, c) in target_only._proposer.lengths.costs if drafter == "ngram"}
+    classes = {c for (drafter, c) in target_only.policy_state()["lengths"]["costs"] if drafter == "ngram"}
     assert max(classes) >= 4, classes
     assert out.token_ids == target_only.generate(prompt, mode="ar", max_tokens=40).token_ids
 

@@ -138,16 +138,16 @@ def test_the_copying_pick_is_the_pick(recorded, gemma_rows, t, top_k, top_p, min
             assert list(kept2[: ref[3]]) == list(kept[: ref[3]])
 
 
-def _reference_round(P, Q, drafts, mode, div, tau):
+def _reference_round(P, Q, drafts, mode, div, tau, lossless=()):
     """Greedy, float64, straight from docs/design.md, "The acceptance rules": the SD test (the draft is the
-    target's argmax), then the rule."""
+    target's argmax), then the rule; at a `lossless` slot (a token that would end the reply) the SD test alone."""
     from support.reference_rules import critical_tau
 
     for i, d in enumerate(drafts):
         x, y = P[i].astype(np.float64), Q[i].astype(np.float64)
-        if mode != "fsd-paper" and d == int(np.argmax(x)):
+        if (mode != "fsd-paper" or i in lossless) and d == int(np.argmax(x)):
             continue
-        if mode == "sd" or tau == 0 and mode != "fsd-paper":
+        if mode == "sd" or i in lossless or tau == 0 and mode != "fsd-paper":
             return i, int(np.argmax(x))
         if mode in ("fsd", "fsd-paper", "fsd-entropy"):
             dv = ref_divergence(div, x, y)
@@ -159,26 +159,32 @@ def _reference_round(P, Q, drafts, mode, div, tau):
     return len(drafts), int(np.argmax(P[len(drafts)]))
 
 
+DIVS = {"fsd": ("js", "tv"), "fsd-paper": ("js", "tv"), "fsd-entropy": ("js", "tv")}
 TAUS = {"fsd": 0.2, "fsd-paper": 0.2, "fsd-entropy": 0.3, "typical": 0.5, "cascade": 0.4, "relaxed": 0.2, "sd": 0.0}
 
 
 @pytest.mark.parametrize("mode", [m for m in MODES if m in TAUS])
 def test_the_round_matches_the_reference_on_recorded_rows_greedy(recorded, mode):
-    """Every mode, greedy, drafts of the draft model's own picks at each position: the fast kernel accepts
-    exactly what the float64 reference accepts (except where a divergence is within rounding of tau), and its
-    losses and gaps are the rows' max minus the token's logit."""
+    """Every mode, greedy, drafts of the draft model's own picks at each position, with and without a slot that
+    only the lossless test may accept: the fast kernel accepts exactly what the float64 reference accepts (except
+    where a divergence is within rounding of tau), and its losses and gaps are the rows' max minus the token's
+    logit."""
     P, Q, reply = recorded
     k, n = 4, P.shape[1]
     for start in range(0, 16, 3):
         rows = np.ascontiguousarray(P[start : start + k + 1])
         q = np.ascontiguousarray(Q[start : start + k])
         drafts = np.array([int(np.argmax(r)) for r in q], np.int32)
-        for div in ("js", "tv") if mode.startswith("fsd") else ("js",):
+        for div, strict in ((div, strict) for div in DIVS.get(mode, ("js",)) for strict in ((), (start % k,))):
             out, budget = round_out(k), new_budget(None, k)
-            d = Drafts(q, drafts, np.ones(k), np.zeros((k + 1, 3), np.float32), np.zeros(k, np.uint8))
+            lossless = np.zeros(k, np.uint8)
+            lossless[list(strict)] = 1
+            d = Drafts(
+                q, drafts, np.ones(k), np.zeros((k + 1, 3), np.float32), np.zeros(k, np.uint8), lossless=lossless
+            )
             rule = Rule(MODES.index(mode), DIVERGENCES.index(div), TAUS[mode], 50)
             acc, nxt = accept_round(rows, d, k, n, rule, Sampling(0.0, 0, 1.0, 0.0), np.zeros(k + 1), out, budget)
-            want_acc, want_nxt = _reference_round(rows, q, list(drafts), mode, div, TAUS[mode])
+            want_acc, want_nxt = _reference_round(rows, q, list(drafts), mode, div, TAUS[mode], strict)
             if (acc, nxt) != (want_acc, want_nxt):  # allowed only at a divergence within rounding of tau
                 dv = [v for v in out.divergence[: min(acc, want_acc) + 1] if v == v]
                 assert dv and min(abs(v - TAUS[mode]) for v in dv) < 1e-5, (mode, div, start, acc, want_acc)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -242,16 +241,12 @@ def test_headers_are_read_once_and_the_index_survives_damage(tmp_path, monkeypat
         shutil.copyfile(family["small"] if i % 2 else family["medium"], dst)
     index_path = tmp_path / "index.json"
     first = HeaderIndex(index_path)
-    t0 = time.perf_counter()
     cold = list_local_models(index=first)
-    cold_s = time.perf_counter() - t0
     assert first.read_now == 36 and len(cold.models) == 36
     again = HeaderIndex(index_path)
-    t0 = time.perf_counter()
     warm = list_local_models(index=again)
-    warm_s = time.perf_counter() - t0
+    # no header read again: the listing's speed once read (docs/measurements/local-models.md) is not timed here
     assert again.read_now == 0 and [m.to_dict() for m in warm.models] == [m.to_dict() for m in cold.models]
-    assert warm_s < 0.5, (cold_s, warm_s)  # "well under a second" once read (about 0.02 s here)
     touched = s["lmstudio"] / "pub0" / "repo0" / "model-0.gguf"
     os.utime(touched, ns=(1, 1))
     third = HeaderIndex(index_path)

@@ -4,7 +4,6 @@ drafts are scored with) against the float64 references (tests/support/reference_
 from __future__ import annotations
 
 import math
-from time import perf_counter
 
 import numpy as np
 import pytest
@@ -175,27 +174,3 @@ def test_onehot_nan_and_bad_input_give_nan(name):
     kind = D.divergence_id(name)
     assert math.isnan(O.divergence_onehot(kind, y, lx, -1, 50, 5))
     assert math.isnan(O.divergence_onehot(kind, y, lx, 50, 50, 5))
-
-
-def test_onehot_speed(capsys):
-    """Printed, not asserted: the O(1) forms against the general kernel on a one-hot row (262,144 entries)."""
-    n = 262144
-    x = logits(14, n)
-    y = R.onehot_row(n, 7)
-    lx, ly = row_lse(x, n), row_lse(y, n)
-    lines = []
-    for name in ("js", "tv", "kl", "topk-js"):
-        kind = D.divergence_id(name)
-        O.divergence_onehot(kind, x, lx, 7, n, 50)
-        D.divergence(kind, x, lx, y, ly, n, 50)
-        t = perf_counter()
-        for _ in range(20):
-            O.divergence_onehot(kind, x, lx, 7, n, 50)
-        t1 = (perf_counter() - t) / 20
-        t = perf_counter()
-        for _ in range(20):
-            D.divergence(kind, x, lx, y, ly, n, 50)
-        t2 = (perf_counter() - t) / 20
-        lines.append(f"{name} {t1 * 1e6:.1f} us vs general {t2 * 1e6:.0f} us")
-    with capsys.disabled():
-        print("\none-hot divergences, n=262144: " + "; ".join(lines))

@@ -1,6 +1,6 @@
-"""One round as a unit (round.py): a proposal in, emitted tokens out, the caches cut back to the accepted text;
-the hot path allocates no row-sized memory per round; and the first request is not kept waiting by
-measure_costs (drafting/calibration.py)."""
+"""One round as a unit (round.py), driven through the engine's public `generation`: a proposal in, emitted
+tokens out, the caches cut back to the accepted text; the hot path allocates no row-sized memory per round; and
+the first request is not kept waiting by measure_costs (drafting/calibration.py)."""
 
 from __future__ import annotations
 
@@ -11,60 +11,52 @@ import pytest
 
 from fsd_local import Engine
 from fsd_local.drafting.proposer import MODEL
-from fsd_local.round import Proposal, verify
+from fsd_local.round import Proposal, RoundContext, verify
 from fsd_local.settings import Settings
 
 
-def _start(eng: Engine, prompt: str, **kw):
-    """A generation of `eng` set up as the loop sets it up (its state, its prefill), for driving rounds by hand."""
-    s = eng.defaults.with_(**kw)
-    g = eng._generation(eng.tokenize(prompt), s, 0)
-    eng._prefill(g, None)
-    return g
-
-
-def _propose(eng: Engine, tokens: list[int]) -> Proposal:
-    """A proposal of these tokens, drafted by the draft model (its rows computed for them, as _sample does)."""
-    d = eng._drafts
+def _propose(ctx: RoundContext, tokens: list[int]) -> Proposal:
+    """A proposal of these tokens, as if drafted by the draft model (written into the context's buffers)."""
+    d = ctx.buffers.drafts
     for i, t in enumerate(tokens):
         d.tokens[i], d.prob[i], d.onehot[i] = t, 1.0, 0
-    return Proposal(len(tokens), d, MODEL, len(tokens), 0.0)
+    return Proposal(len(tokens), MODEL, len(tokens), 0.0)
 
 
 def test_a_proposal_in_emitted_tokens_out_and_the_caches_cut_back(tiny_engine):
     """Greedy sd: drafts that are the target's own tokens are accepted, the first wrong one is replaced by the
     target's token, nothing after it is kept; both caches then hold a prefix of the accepted text."""
     ar = tiny_engine.generate("the cat sat", mode="ar", max_tokens=12).token_ids
-    g = _start(tiny_engine, "the cat sat", mode="sd")
-    wrong = (ar[2] + 1) % tiny_engine.n_vocab
-    step = verify(tiny_engine.target, g, _propose(tiny_engine, [ar[0], ar[1], wrong, ar[3]]))
-    assert step.accepted == 2 and step.emitted.tokens == ar[:3]
-    assert step.emitted.origins == ["sd", "sd", "target"] and step.batch == 5
-    assert step.seconds > 0 and step.rows.shape == (5, tiny_engine.target.n_vocab)
-    before = list(g.seq)
-    finish, piece = g.advance(step)
-    assert finish is None and piece is not None and piece.token_ids == ar[:3]
-    assert g.seq == before + ar[:3]
-    tgt = tiny_engine.target.tokens
-    assert tgt == g.seq[: len(tgt)] and len(tgt) == len(g.seq) - 1  # the rejected drafts are gone
-    assert tiny_engine.draft.tokens == g.seq[: len(tiny_engine.draft.tokens)]
-    # the next round goes on from there: a full accept emits the bonus token too
-    step = verify(tiny_engine.target, g, _propose(tiny_engine, ar[3:6]))
-    assert step.accepted == 3 and step.emitted.tokens == ar[3:7] and step.emitted.origins[-1] == "target"
+    with tiny_engine.generation("the cat sat", mode="sd") as g:
+        wrong = (ar[2] + 1) % tiny_engine.n_vocab
+        step = verify(tiny_engine.target, g.ctx, _propose(g.ctx, [ar[0], ar[1], wrong, ar[3]]))
+        assert step.accepted == 2 and step.emitted.tokens == ar[:3]
+        assert step.emitted.origins == ["sd", "sd", "target"] and step.batch == 5
+        assert step.seconds > 0 and step.rows.shape == (5, tiny_engine.target.n_vocab)
+        before = list(g.seq)
+        finish, piece = g.advance(step)
+        assert finish is None and piece is not None and piece.token_ids == ar[:3]
+        assert g.seq == before + ar[:3]
+        tgt = tiny_engine.target.tokens
+        assert tgt == g.seq[: len(tgt)] and len(tgt) == len(g.seq) - 1  # the rejected drafts are gone
+        assert tiny_engine.draft.tokens == g.seq[: len(tiny_engine.draft.tokens)]
+        # the next round goes on from there: a full accept emits the bonus token too
+        step = verify(tiny_engine.target, g.ctx, _propose(g.ctx, ar[3:6]))
+        assert step.accepted == 3 and step.emitted.tokens == ar[3:7] and step.emitted.origins[-1] == "target"
 
 
 def test_rounds_driven_by_hand_write_the_targets_own_text(tiny_engine):
     """Whatever is proposed, greedy sd emits what ar writes (the tiny models are F32: ids compare exactly)."""
     ar = tiny_engine.generate("we ran far", mode="ar", max_tokens=30, ignore_eos=True).token_ids
-    g = _start(tiny_engine, "we ran far", mode="sd", ignore_eos=True)
     rng = np.random.default_rng(0)
     out: list[int] = []
-    while len(out) < 30:
-        k = min(int(rng.integers(0, 5)), 29 - len(out))
-        guess = [ar[len(out) + i] if rng.random() < 0.6 else int(rng.integers(3, 259)) for i in range(k)]
-        step = verify(tiny_engine.target, g, _propose(tiny_engine, guess))
-        g.advance(step)
-        out += step.emitted.tokens
+    with tiny_engine.generation("we ran far", mode="sd", ignore_eos=True) as g:
+        while len(out) < 30:
+            k = min(int(rng.integers(0, 5)), 29 - len(out))
+            guess = [ar[len(out) + i] if rng.random() < 0.6 else int(rng.integers(3, 259)) for i in range(k)]
+            step = verify(tiny_engine.target, g.ctx, _propose(g.ctx, guess))
+            g.advance(step)
+            out += step.emitted.tokens
     assert out[:30] == ar
 
 
@@ -138,15 +130,20 @@ def test_the_first_request_decodes_only_what_it_uses_and_the_next_engine_starts_
     monkeypatch.setenv("FSD_LOCAL_COSTS", str(tmp_path / "costs.json"))  # a machine that never ran this pair
     d, t = tiny_pair
     with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as eng:
-        assert not eng._lengths.verify.measured
+        assert not _measured(eng)
         out = eng.generate("the cat sat", mode="sd", max_tokens=24)
         used = {n for n, _, _ in out.stats["verify_by_batch"]}
         assert sum(c for _, c, _ in out.stats["verify_by_batch"]) == out.stats["target_calls"]
-        assert {n for n in range(1, 18) if eng._lengths.verify.measured_at(n)} == used
+        assert _measured(eng) == used
     with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as again:
-        assert all(again._lengths.verify.measured_at(n) for n in used)
+        assert used <= _measured(again)
     with Engine(target=t, draft=d, n_ctx=512, n_threads=2) as other:  # another thread count is another machine
-        assert not other._lengths.verify.measured
+        assert not _measured(other)
+
+
+def _measured(eng: Engine) -> set[int]:
+    """The target batch sizes the engine's policy has timed (or restored from the store)."""
+    return {int(n) for n in eng.policy.costs()["sizes"]}
 
 
 def test_a_broken_cost_store_is_measured_afresh(tiny_pair, tmp_path, monkeypatch):
@@ -181,4 +178,4 @@ def test_engines_side_by_side_keep_each_others_sizes_and_an_entry_without_a_plai
         del e["sizes"]["1"]
     store.write_text(json.dumps(data))
     with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as fresh:
-        assert not fresh._lengths.verify.measured
+        assert not _measured(fresh)

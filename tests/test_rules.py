@@ -169,7 +169,7 @@ def test_entropy_scale_is_zero_where_the_target_is_sure_and_one_half_for_a_coin(
 
 
 # ---------------------------------------------------------------------------------------------- one round
-def run_accept(P, Q, drafts, mode, tau, temperature=0.0, uniforms=None, div="js", onehot=False, **knobs):
+def run_accept(P, Q, drafts, mode, tau, temperature=0.0, uniforms=None, div="js", onehot=False, lossless=(), **knobs):
     k = len(drafts)
     n = P.shape[1]
     q_stats = np.zeros((k + 1, 3), np.float32)
@@ -184,7 +184,9 @@ def run_accept(P, Q, drafts, mode, tau, temperature=0.0, uniforms=None, div="js"
             q_prob[i] = S.prob(Q[i], drafts[i], temperature, mx, cut, lz)
     out = round_out(k)
     us = np.zeros(k + 1) if uniforms is None else uniforms
-    draft = Drafts(Q, np.asarray(drafts, np.int32), q_prob, q_stats, np.full(k, int(onehot), np.uint8))
+    strict = np.zeros(k, np.uint8)
+    strict[list(lossless)] = 1
+    draft = Drafts(Q, np.asarray(drafts, np.int32), q_prob, q_stats, np.full(k, int(onehot), np.uint8), lossless=strict)
     rule = Rule(MODES.index(mode), DIVERGENCES.index(div), float(tau), 50, **knobs)
     acc, nxt = accept_round(
         P, draft, k, n, rule, Sampling(float(temperature), 0, 1.0, 0.0), us, out, new_budget(None, k)
@@ -244,6 +246,41 @@ def test_rules_rescue_only_where_sd_failed_and_record_the_rescuing_tau(mode):
     assert math.isfinite(c) and c > 0
     assert run_accept(P, Q, drafts, mode, c * 1.001 + 1e-9)[2][0] == BY_FUZZY
     assert run_accept(P, Q, drafts, mode, c * 0.999)[2][0] == REJECTED
+
+
+@pytest.mark.parametrize("mode", TAU_MODES)
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("onehot", [False, True])
+def test_a_lossless_only_slot_is_judged_as_sd_judges_it(mode, temperature, onehot):
+    """A slot flagged lossless-only (a token that would end the reply: round.py) is never rescued, by any rule at
+    any tau: it is accepted and, if not, replaced exactly as `sd` would with the same uniforms; the slots before
+    it are judged by the rule as before (here every one is rescued or passes)."""
+    rescued_before = 0
+    for seed in range(16):
+        P, Q, drafts = random_round(seed, spread=1.0 + 0.2 * seed)
+        k = len(drafts)
+        us = np.random.default_rng(seed).random(k + 1)
+        j = seed % k
+        drafts[j] = int(np.argsort(-P[j])[1 + seed % 3])  # not the target's argmax: greedy SD fails there
+        loose = run_accept(P, Q, drafts, mode, 1e9, temperature, us, onehot=onehot, relaxed_k=500)
+        got = run_accept(P, Q, drafts, mode, 1e9, temperature, us, onehot=onehot, lossless=[j], relaxed_k=500)
+        assert got[0] <= loose[0] and np.array_equal(got[2][:j], loose[2][:j])  # the slots before j: as before
+        if got[0] < j:
+            continue  # the rule itself stopped before j (fsd-entropy on a sure row)
+        rescued_before += int(np.sum(got[2][:j] == BY_FUZZY))
+        # from slot j on, the round is sd's: the same uniforms, the slots before j accepted as they were
+        sd_us = us.copy()
+        sd_us[:j] = 0.0  # u = 0 passes the SD test wherever p~(d) > 0: sd reaches j like the rule did
+        sd_drafts = list(drafts)
+        sd_drafts[:j] = [int(np.argmax(P[i])) if got[2][i] == BY_FUZZY else drafts[i] for i in range(j)]
+        sd = run_accept(P, Q, sd_drafts, "sd", 0.0, temperature, np.where(np.arange(k + 1) < j, 0.0, us), onehot=onehot)
+        assert got[2][j] != BY_FUZZY, (seed, j, got)
+        if temperature == 0.0:
+            assert got[0] == j and got[1] == int(np.argmax(P[j])), (seed, j, got)
+        assert sd[0] >= j
+        assert (got[0] > j) == (sd[0] > j) and (got[0] > j or got[1] == sd[1]), (seed, j, got, sd)
+    if mode != "fsd-entropy":
+        assert rescued_before > 0  # the flag is per slot: the rule still rescued before it
 
 
 @pytest.mark.parametrize("mode", NEW_MODES)

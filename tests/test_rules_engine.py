@@ -60,3 +60,32 @@ def test_sampled_tau0_preserves_the_target_distribution_and_a_huge_tau_shifts_it
         shifted = _first_token_counts(eng, prompt, n, mode=mode, tau=1e6, relaxed_k=36)
         assert _chisquare_pvalue(shifted, p) < ALPHA, "a huge tau must shift the output to the draft"
         assert not np.array_equal(counts, shifted)
+
+
+@pytest.mark.parametrize("mode", ["fsd", "fsd-paper", *NEW_MODES])
+def test_only_the_lossless_test_ends_a_reply(tiny_engine, mode):
+    """A token that would end the reply (here: complete a stop string; an end of generation is the same slot flag,
+    round.py) is never rescued. Each stop string is a character the rule rescued in the reply without it: with
+    the stop string the reply is the same up to that token, then goes on from the target's own token there
+    instead of ending; wherever a stop string does end a reply, the token that completed it is the target's."""
+    knobs = {"mode": mode, "tau": 1e9, "relaxed_k": 300, "max_tokens": 40}
+    went_on = 0
+    for prompt in PROMPTS + ["the sky is", "a dog ran"]:
+        free = tiny_engine.generate(prompt, **knobs)
+        pieces = [tiny_engine.token_bytes(t) for t in free.token_ids]
+        firsts = {}  # a character's first token in the reply, when that token is the character alone
+        for i, b in enumerate(pieces):
+            for c in {chr(x) for x in b if chr(x).isalnum()}:
+                firsts.setdefault(c, i if b == c.encode() else None)
+        ids = tiny_engine.tokenize(prompt)
+        own = lambda i: tiny_engine.generate(ids + free.token_ids[:i], mode="ar", max_tokens=1).token_ids  # noqa: E731
+        cases = [(c, i) for c, i in sorted(firsts.items()) if i is not None and own(i) != free.token_ids[i : i + 1]]
+        for stop, i in cases[:3]:  # the rule took a token the target would not write there
+            out = tiny_engine.generate(prompt, stop=[stop], **knobs)
+            assert out.token_ids[:i] == free.token_ids[:i], (prompt, stop)
+            assert len(out.token_ids) > i and out.token_ids[i] != free.token_ids[i], (prompt, stop, out.finish_reason)
+            went_on += 1
+            if out.finish_reason == "stop":
+                before = ids + out.token_ids[:-1]
+                assert tiny_engine.generate(before, mode="ar", max_tokens=1).token_ids == out.token_ids[-1:]
+    assert went_on >= 3

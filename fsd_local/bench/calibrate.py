@@ -1,26 +1,6 @@
-"""`fsd-local calibrate`: the tau that fits a quality budget (or reaches an acceptance rate) on given prompts.
-
-Assumption (documented in docs/benchmarking.md, "`fsd-local calibrate`"): as tau grows, acceptance does not fall and
-quality (agreement with the target's greedy output, target log-prob per token) does not rise. Then the taus meeting
-a quality budget form an interval [0, tau*], and bisection finds tau* to within tau_max / 2**steps. tau = 0 meets
-every quality budget by construction (it is standard speculative decoding), so it is never measured. At temperature
-0 the measurements are deterministic and the search is exact for the given prompts; at temperature > 0 every point
-is one sample per prompt (fixed seeds), noisy, and the monotone assumption holds only on average.
-
-Budgets:
-- agreement A (temperature 0 only): largest tau whose agreement with `ar` is >= A;
-- logprob drop D: largest tau whose target log-prob per token is at most D below `sd`'s (same k);
-- acceptance R: SMALLEST tau whose acceptance rate is >= R (past it, more tau only costs fidelity);
-- speed S (tokens per target call): the SMALLEST quality budget B (docs/design.md, "The quality budget") whose
-  runs reach S tokens per target call: the search is over B in [0, BUDGET_MAX] instead of tau, B = 0 being `sd`;
-  more budget buys more rescues, so the same monotone assumption applies.
-Quality is measured with one pass over the prompts per tau; the chosen tau is then timed with `repeats`
-passes, interleaved with ar and sd, for its speed.
-
-Several modes (`--modes fsd,typical,cascade,relaxed`): each mode's tau is searched as above, then the chosen
-(mode, tau) pairs are timed together in the same interleaved passes, and the answer is the fastest of them
-(median tokens/s): the fastest rule within the budget on these prompts.
-"""
+"""`fsd-local calibrate`: the tau (for a speed goal, the quality budget B) that meets a goal on given prompts.
+Each mode's knob is bisected over [0, tau_max], assuming acceptance does not fall and quality does not rise as it
+grows; each mode's answer is then timed in the same passes, interleaved with ar and sd, and the fastest is chosen."""
 
 from __future__ import annotations
 

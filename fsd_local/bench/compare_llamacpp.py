@@ -1,18 +1,6 @@
-"""Side by side with llama.cpp's own `speculative-simple` example on the same pair, prompt and k.
-
-    native/build.sh --tool llama-speculative-simple cpu    # from the llama.cpp that llama-cpp-python vendors
-    python -m fsd_local.bench.compare_llamacpp \\
-        --binary ~/.cache/fsd-local/build/llama-speculative-simple-cpu/bin/llama-speculative-simple
-
-Both run greedy standard speculative decoding (`sd`, tau = 0) with a fixed draft length and no p_min early
-stop, on the same thread count; the two runs alternate `--repeats` times so machine noise hits both alike.
---defaults: each side at its own defaults instead (llama.cpp's draft options untouched; fsd-local's `auto`
-policy), the comparison a user who turns no knobs gets. --prompts FILE (one per line) and --chat (the target's
-chat template, the same formatted text for both) give a ratio per prompt; --demo picks the demo pair
-(`wide`: the cost-realistic target).
-Reported: tokens/s of each (llama.cpp's own "decoded N tokens in T seconds" line; ours the same span),
-acceptance, and whether the generated text is identical.
-"""
+"""Side by side with llama.cpp's `speculative-simple` example: greedy `sd` on the same pair, prompt, k and threads,
+alternating `--repeats` times; prints each side's tokens/s and acceptance and whether the texts are identical.
+Build the binary with `native/build.sh --tool llama-speculative-simple cpu` (docs/benchmarking.md)."""
 
 from __future__ import annotations
 

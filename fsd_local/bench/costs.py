@@ -1,13 +1,6 @@
-"""`fsd-local bench --costs`: what one decode of n tokens costs on the target and on the draft model, the shape the
-`auto` policy prices (drafting/cost_model.py).
-
-Each model first evaluates the first prompt (the context a verification runs after); then every batch size is
-decoded with logits on every row, as a verification is, `passes` times (the fastest kept: other work only ever
-slows a decode down) and the cache cut back after each: the same timing as the policy's own measurements
-(drafting/calibration.py `time_sizes`). The ratio is a size's time over one token's. A ratio near 1 at n means a
-verification of n - 1 drafts costs about one plain step (a memory-bound model: speculation is cheap); a ratio
-near n means it costs n steps (compute-bound: only well-accepted drafts pay).
-"""
+"""`fsd-local bench --costs`: seconds per decode of n tokens on the target and on the draft model (what `auto` prices),
+each size decoded with a logit row per token `passes` times after the first prompt, the fastest kept and the cache
+cut back after each, and its ratio to one token's."""
 
 from __future__ import annotations
 

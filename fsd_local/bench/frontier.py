@@ -1,14 +1,6 @@
-"""The speed / quality Pareto frontier of a benchmark (docs/benchmarking.md): which configurations (mode,
-divergence, tau, draft length, ...) no other one beats on both speed and quality.
-
-Within one temperature, configuration A dominates B when A is at least as fast and at least as good, and
-strictly better in one of the two. Speed is the median tokens/s; quality is the target's log-probability per
-token (`on_frontier`, every temperature), the loss per token of the quality budget (`on_frontier_loss`, lower is
-better) or, at temperature 0, the agreement with the target's greedy output
-(`on_frontier_agreement`; null at temperature > 0, where agreement is undefined). Rows without a value (the
-draft alone has no target log-prob) are not on the frontier and block nothing (null). The baselines take part:
-`ar` and `sd` are usually the frontier's quality end.
-"""
+"""The speed / quality Pareto frontier of a benchmark: within each temperature, the configurations no other one beats
+on both median tokens/s and a quality (target log-prob per token, loss per token, or greedy agreement at
+temperature 0); a row without that quality is not on the frontier (null) and blocks nothing."""
 
 from __future__ import annotations
 

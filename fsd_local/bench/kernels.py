@@ -1,11 +1,5 @@
-"""`fsd-local bench --kernels`: the Numba divergence kernels against a vectorised float32 NumPy computation.
-
-Both sides do the full job for `rows` (target row, draft row) pairs: each row's log-sum-exp, then the
-divergence. The NumPy side is what a careful NumPy user would write: whole-array float32 operations on all
-rows at once (SIMD exp/log, pairwise sums), `np.argpartition` for the top-k forms. It assumes finite logits
-and skips the -inf / NaN guards the kernels pay for, so the comparison errs in NumPy's favour.
-Each cell: median of several timings, the two implementations alternating in the same process.
-"""
+"""`fsd-local bench --kernels`: the Numba divergence kernels against vectorised float32 NumPy, both doing each row's
+log-sum-exp then the divergence on the same rows; each cell is a median of timings alternating the two."""
 
 from __future__ import annotations
 
@@ -55,7 +49,7 @@ def _topk(kind, x, lx, y, ly, k):
 
 
 def numpy_rows(kind: str, x, y, topk: int = TOPK_DEFAULT):
-    """The same divergences as the kernels, vectorised over rows, float32 (see the module docstring)."""
+    """The same divergences as the kernels, vectorised over rows, float32 (docs/design.md, "The benchmarks")."""
     lx, ly = _lse(x), _lse(y)
     if kind.startswith("topk-"):
         return _topk(kind, x, lx, y, ly, topk)
@@ -78,11 +72,8 @@ def numpy_rows(kind: str, x, y, topk: int = TOPK_DEFAULT):
 
 
 def logit_rows(vocab: int, rows: int, seed: int = 0):
-    """Target/draft logit rows shaped like SmolLM2's: a Gaussian bulk (sd 3), a sparse right tail (1% of the
-    tokens, exponential, scale 2) and one leading token. Real rows measured on the demo pair hold 1-70 tokens
-    within 4 of the maximum, 2-600 within 8 and 100-32,000 within 16; these hold 2-10, 6-600 and 2,000-47,000.
-    The spread near the top matters: the top-k kernels' cost depends on it. The draft's row is the target's
-    plus noise of sd 1.3 (1.0-1.9 measured)."""
+    """Target/draft float32 logit rows shaped like SmolLM2's: a Gaussian bulk (sd 3), a sparse right tail (1% of
+    the tokens, exponential, scale 2) and one leading token; the draft's row is the target's plus noise of sd 1.3."""
     rng = np.random.default_rng(seed)
     x = rng.normal(0.0, 3.0, (rows, vocab))
     x += (rng.random((rows, vocab)) < 0.01) * rng.exponential(2.0, (rows, vocab))
@@ -107,10 +98,8 @@ def _number(fn):
 def bench_kernels(
     divergences=DIVERGENCES, vocabs=VOCABS, rows=ROWS, repeats: int = 7, topk: int = TOPK_DEFAULT, progress=None
 ) -> list[dict]:
-    """One dict per (divergence, vocab, rows): numba_s, numpy_s (medians, seconds per full job), ratio
-    = numpy_s / numba_s (> 1: the kernel is faster), numba_ns_per_entry and numpy_ns_per_entry (the job's
-    time over vocab * rows entries: row pairs, both log-sum-exps included), and the largest relative
-    difference of the results."""
+    """One dict per (divergence, vocab, rows): numba_s and numpy_s (median seconds per job), ratio = numpy_s / numba_s,
+    numba_ns_per_entry and numpy_ns_per_entry (over vocab * rows entries) and max_rel_diff between the results."""
     for d in divergences:
         if d not in DIVERGENCES:
             raise ConfigError(f"unknown divergence {d!r}; choose one of {', '.join(DIVERGENCES)}")

@@ -1,17 +1,5 @@
-"""The offline oracle of `fsd-local bench`: the tokens per second the best fixed draft length would have reached
-with a configuration's own measured acceptance and the bench's measured costs, to judge a policy (`auto`)
-against the k nobody could have known in advance.
-
-For a fixed k, a round drafts k tokens and emits 1 + (the accepted prefix) tokens, so its expected tokens are
-E(k) = 1 + sum_{i <= k} P(position i accepted), and P(position i accepted) is what the bench already reports
-as acceptance by position (accepted / drafted at i: with a fixed k every round reaches position i's test
-only through an accepted prefix, so this is the unconditional survival). Its seconds are k x (the draft's
-seconds per drafted token) + v(k + 1) + (the loop's own seconds per round), v(n) being the target's measured
-seconds for a batch of n, pooled over every configuration of the bench (the target's cost does not depend on
-the rule) and interpolated by the same `VerifyCost` the policy uses where a size was never decoded. Positions
-no round of the configuration reached are not extrapolated: the oracle covers k up to the longest draft seen.
-k = 0 is plain decoding at v(1).
-"""
+"""The offline oracle of `fsd-local bench`: the tokens/s the best fixed draft length would have reached with a
+configuration's own acceptance by position and the bench's measured costs: what `auto` is judged against."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ class Overhead:
             self.draft += ph["draft"] - sec["draft"]
             self.verify += ph["verify"] - sec["target"]
         else:  # plain steps (ar): the round's own time is everything outside the decode and the bookkeeping
-            self.verify += stats["seconds_total"] - sec["target"] - sec["draft"] - ph["advance"]
+            self.verify += stats["seconds_total"] - sec["target"] - sec["draft"] - ph["advance"] - ph["policy"]
         self.policy += ph["policy"]
         self.advance += ph["advance"]
 

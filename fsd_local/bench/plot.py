@@ -1,14 +1,5 @@
-"""`bench --plot`: tokens/s and quality against tau, and the speed / quality frontier, every temperature's panels in
-a grid two panels wide (about 1000 px at its resolution) with one legend under them.
-
-One line per (mode, divergence, draft length) of the tau modes, coloured by draft length; the baselines are
-horizontal lines: `ar` black dashed, `sd` dotted in the colour of its draft length, `draft-only` grey.
-Quality is the target's log-probability per token (every temperature) and, at temperature 0, the agreement
-with the target's greedy output. The two frontier panels put every configuration at (quality, tokens/s),
-coloured by mode, and join the frontier's points (bench/frontier.py) with a black line. With quality budgets
-(`--budgets`) one more panel puts every lossy mode at (loss per token, tokens/s): its fixed taus joined by a solid
-line, its budgets by a dashed one, each budget labelled and its worst reply's loss marked by a bar.
-"""
+"""`bench --plot`: tokens/s and quality against tau and the speed / quality frontier panels, for every temperature
+(a grid two panels wide, one legend under it), and with quality budgets a loss-per-token panel. Needs matplotlib."""
 
 from __future__ import annotations
 

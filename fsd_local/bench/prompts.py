@@ -1,11 +1,5 @@
-"""Benchmark prompts and task answers: reading a prompts file, pulling an answer out of a completion.
-
-Two formats (docs/benchmarking.md, "Prompt files"):
-- plain text: one prompt per line, blank lines skipped;
-- JSON Lines (`.jsonl`): one object per line, `{"prompt": ..., "answer": ..., "extract": ..., "pattern": ...}`;
-  `answer` is optional, and with it `extract` says how to read the answer out of the output:
-  `letter` (a multiple-choice letter A-J), `number` (the final number) or `regex` (with `pattern`).
-"""
+"""Benchmark prompts: a prompts file (plain text, one prompt a line, or JSON Lines with optional answers) read into
+`Prompt`s, and an answer pulled out of a completion (`letter`, `number` or `regex`; docs/benchmarking.md)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,6 @@
-"""`fsd-local bench`: the speed / quality trade-off of one loaded pair, measured side by side.
-
-Every configuration (mode, divergence, tau, draft length, temperature) runs on the same prompts with the same seeds,
-from the state a freshly loaded engine has: an empty cache, and no acceptance evidence for the `auto` policy (or
-quality budget) to start from. The `auto` policy runs twice: "cold", every run from nothing (what a first reply
-gets), and "warm", each run from what the configuration's own earlier runs taught it (what the later replies of a
-session get). The machine's measured costs (the target's per-batch times, the draft's) are measured once before the
-timed runs (Engine.measure_costs) and kept between configurations, as a user's engine keeps them on disk.
-Configurations are interleaved: for each repeat and each prompt, all of them run once in a seeded shuffled order, so
-a noisy neighbour on the machine slows all of them alike, and ratios are taken within a repeat (paired) before the
-median. The `ar` and `sd` baselines are always measured, at every temperature (`sd` at every draft length), because
-every ratio and the agreement refer to them.
-
-Definitions (docs/benchmarking.md, "`fsd-local bench`"):
-- tokens/s: output tokens (the completion's token ids) over generation time, prompt excluded, summed over
-  the prompts of a repeat; the median and the spread (half the range) over repeats.
-- agreement (temperature 0 only): for each prompt, the common prefix of the output and the target's own
-  greedy output (`ar`), over the longer of the two; 1.0 iff identical. Averaged over prompts and repeats.
-  `agreement_positionwise` counts matching positions instead (same denominator). At temperature > 0 the
-  outputs are samples, a comparison with one greedy text means nothing, and both are null; use
-  `target_logprob_mean` there.
-"""
+"""`fsd-local bench`: every configuration of one loaded pair on the same prompts and seeds, interleaved in a seeded
+shuffled order per repeat and prompt, each from an empty cache and a cold or warm policy state, the costs measured
+once first and kept; the summary's definitions are in docs/benchmarking.md."""
 
 from __future__ import annotations
 
@@ -77,10 +58,9 @@ def build_configs(
     budgets=(),
     states=STATES,
 ) -> list[Config]:
-    """Every combination the axes make, without multiplying modes over axes they ignore; the ar and sd
-    baselines come first at each temperature whether listed or not (sd once per drafter, policy and k). Each
-    lossy mode runs at every tau and, in place of tau, at every quality budget; the auto policy in each of
-    `states` (Config.state)."""
+    """Every combination the axes make, without multiplying modes over axes they ignore: ar and sd first at each
+    temperature (sd once per drafter, policy and k), each lossy mode at every tau and every quality budget, and the
+    auto policy in each of `states` (Config.state)."""
     for m in modes:
         if m not in MODES:
             raise ConfigError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
@@ -178,11 +158,9 @@ def run_bench(
     ignore_eos: bool = False,
     progress=None,
 ) -> BenchData:
-    """Run every configuration on every prompt `repeats` times, interleaved; `progress()` after each run. `common`:
-    settings every run shares (the sampling chain: bench --chat-sampling, --top-k, ...).
-    The seed of a generation depends on (repeat, prompt) only, so all configurations share it.
-    ignore_eos: every generation runs to max_tokens (fixed-length speed runs; the text past the end of
-    generation is not a real answer)."""
+    """Run every configuration on every prompt `repeats` times, interleaved; `progress()` after each run; `common`:
+    settings every run shares. A generation's seed depends on (repeat, prompt) only, so configurations share it;
+    ignore_eos runs every generation to max_tokens."""
     if repeats < 1:
         raise ConfigError("--repeats must be >= 1")
     tokens = prompt_tokens(engine, prompts, chat)

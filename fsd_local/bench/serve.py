@@ -1,12 +1,6 @@
-"""`fsd-local bench --serve`: the server under load. `clients` clients at once send `requests` chat requests in all
-to the OpenAI route of `fsd-local serve` in front of the loaded pair (the server runs in this process, on a free
-loopback port, with its default queue), the prompts in turn, each asking `max_tokens` tokens with the pair's
-default settings. Two requests before the timed ones compile the kernels and warm the caches.
-
-Reported: requests answered and refused (503: the queue was full; with the Retry-After values sent), requests per
-second, latency quantiles as a client sees them (from sending the request to the whole reply), generated tokens
-per second over the wall time, acceptance, and this process's resident memory (MiB) before and after the run.
-"""
+"""`fsd-local bench --serve`: `clients` clients at once send `requests` chat requests to the OpenAI route of the app,
+served in this process on a free loopback port, after two untimed ones; reports requests answered and refused
+(503), latency quantiles, tokens/s, acceptance and this process's resident memory before and after."""
 
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsd_local.server.app import BackgroundServer
+from fsd_local.server.running import BackgroundServer
 
 if TYPE_CHECKING:
     from fsd_local.engine import Engine

@@ -159,7 +159,7 @@ def serve(host, port, api_key, max_queue, model_name, in_process, allow_origins,
     the defaults; requests override them, including fsd-local's own (tau, mode, divergence, draft_max...) as extra
     body fields or Ollama options. One pair answers whatever `model` a request names. The models run in a child
     process that is restarted if it crashes (the request it was running fails). docs/server.md has the details."""
-    run_server, Supervisor = _server_part("app").serve, _server_part("supervisor").Supervisor
+    run_server, Supervisor = _server_part("running").serve, _server_part("supervisor").Supervisor
     security = _server_part("security")
     origins = [*allow_origins, *security.env_list(security.ORIGINS_ENV)]
     hosts = [*allow_hosts, *security.env_list(security.HOSTS_ENV)]
@@ -249,7 +249,7 @@ def chat(system, color, as_json, web, **kwargs):
     if web:
         if as_json or color or system:
             raise click.UsageError("--web opens the chat page: --json, --color and --system apply to the terminal chat")
-        open_page = _server_part("app").open_page
+        open_page = _server_part("running").open_page
         with load_engine(**kwargs, settings=settings, say=say) as engine:
             open_page(engine, say)
         return

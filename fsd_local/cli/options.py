@@ -26,11 +26,15 @@ def say(msg: str) -> None:
 
 def summary_line(stats: dict, finish: str | None, detail: str | None = None) -> str:
     """The line after every reply (generate, chat): speed (and against the target's measured one-token decode
-    rate: what plain decoding would do here), acceptance, and what the prefix cache saved."""
+    rate: what plain decoding would do here), acceptance, the loss a lossy rule spent, and what the prefix cache
+    saved."""
     vs_plain = stats.get("speedup_vs_plain_est")
     plain = f"{vs_plain:.2f}x plain decoding, " if vs_plain else ""
-    b = stats.get("quality_budget")
-    budget = f"budget spent {stats['loss_per_token']:.3f} of {b:g} nats/token, " if b is not None else ""
+    b, loss = stats.get("quality_budget"), stats.get("loss_per_token")
+    if b is not None:
+        budget = f"budget spent {loss:.3f} of {b:g} nats/token, "
+    else:  # a lossy rule's loss (docs/generation.md): what the speed cost in fidelity to the target
+        budget = f"loss {loss:.3f} nats/token, " if loss else ""
     why = ", the context is full" if detail == "context_full" else ""
     return (
         f"[{finish}{why}] {stats['tokens']} tokens, {stats['tokens_per_second']:.1f} tok/s, "

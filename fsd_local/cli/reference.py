@@ -1,12 +1,6 @@
-"""docs/reference.md, generated: every generation setting (the `Settings` fields of fsd_local/settings.py, with
-their `Spec`) and every option of every `fsd-local` command (read off the click group itself).
-
-    python -m fsd_local.cli.reference            # rewrite docs/reference.md
-    python -m fsd_local.cli.reference --check    # exit 1 when docs/reference.md is stale
-
-tests/test_docs.py makes the same comparison, so a setting or an option added without regenerating fails CI.
-Nothing here runs at `fsd-local` start-up: only this command imports it.
-"""
+"""docs/reference.md, generated from every generation setting (`Settings` fields with their `Spec`) and every option
+of every `fsd-local` command (read off the click group). `python -m fsd_local.cli.reference` rewrites the file;
+`--check` exits 1 when it is stale, as tests/test_docs.py checks."""
 
 from __future__ import annotations
 

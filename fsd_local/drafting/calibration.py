@@ -1,18 +1,5 @@
-"""What the `auto` policy knows of the machine before it has measured anything in this process: costs measured
-earlier, kept on disk per model file and machine (`CostStore`), and `measure_costs`, which times them on purpose.
-
-No generation ever waits for `measure_costs`: an engine reads the store when it loads, measures each batch size
-as the loop uses it (verify_cost.py, drafting/length.py), and writes what it measured back after each reply.
-A first reply on a new machine prices the sizes it has not used from a fitted line and explores them while its
-evidence is thin (cost_model.py); every later engine of the same files starts where the last one stopped.
-`fsd-local bench` calls `measure_costs` before its timed runs (and says so), so that every configuration it
-compares is priced from the same, complete curve.
-
-The store is one JSON file under the cache directory (FSD_LOCAL_COSTS names another, or "off"). Its key holds
-what a cost depends on: each model file (path, size, modification time), the CPU, the threads, the layers
-offloaded and the cache types, the devices llama.cpp sees, and llama-cpp-python's version. A stored curve is
-trusted as a shape with a small weight, so the machine's load today moves it at once.
-"""
+"""The measured costs of a pair on this machine kept on disk (`CostStore`), and `measure_costs`, which times them
+on purpose (docs/design.md, "The cold start, and costs kept on disk")."""
 
 from __future__ import annotations
 
@@ -27,7 +14,6 @@ from fsd_local.paths import cache_dir
 
 if TYPE_CHECKING:
     from fsd_local.drafting.length import DraftLength
-    from fsd_local.engine import Engine
     from fsd_local.llama.model import Model
 
 STORED_WEIGHT = 2.0  # how many decodes a stored size counts for: a shape to start from, not a measurement today
@@ -75,7 +61,7 @@ class CostStore:
         self._saved: dict | None = None
 
     @classmethod
-    def for_engine(cls, engine: Engine) -> CostStore:
+    def for_models(cls, target: Model, draft: Model | None) -> CostStore:
         where = os.environ.get("FSD_LOCAL_COSTS")
         path = None if where == "off" else Path(where) if where else cache_dir() / "costs.json"
         try:
@@ -85,8 +71,8 @@ class CostStore:
         except Exception:
             llama = "?"
         devices = _devices()
-        parts = [_cpu(), os.cpu_count(), llama, devices, _model_key(engine.target)]
-        parts.append(_model_key(engine.draft) if engine.draft else None)
+        parts = [_cpu(), os.cpu_count(), llama, devices, _model_key(target)]
+        parts.append(_model_key(draft) if draft else None)
         return cls(path, json.dumps(parts, separators=(",", ":")))
 
     def _read(self) -> dict:
@@ -98,21 +84,22 @@ class CostStore:
             return {}  # none yet, or unreadable: start afresh (it is only a head start)
         return data if isinstance(data, dict) else {}
 
-    def load(self, engine: Engine) -> None:
+    def load(self, lengths: DraftLength) -> None:
+        """Start `lengths` from the stored costs of this pair and machine, if any."""
         entry = self._read().get(self.key)
         if isinstance(entry, dict):
             try:
-                restore(engine._lengths, entry)
+                restore(lengths, entry)
             except (TypeError, ValueError, KeyError, IndexError):
                 pass  # a malformed entry: measured afresh
-        self._saved = snapshot(engine._lengths)
+        self._saved = snapshot(lengths)
 
-    def save(self, engine: Engine) -> None:
-        """Write the engine's costs back if it measured something new (a size, the draft), or every SAVE_EVERY s,
-        merged with the entry on disk: a size this engine never decoded keeps the seconds stored for it."""
+    def save(self, lengths: DraftLength) -> None:
+        """Write the measured costs back if something new was measured (a size, the draft), or every SAVE_EVERY
+        s, merged with the entry on disk: a size never decoded here keeps the seconds stored for it."""
         if self.path is None:
             return
-        now = snapshot(engine._lengths)
+        now = snapshot(lengths)
         before = self._saved or {"sizes": {}, "draft": None}
         new = set(now["sizes"]) != set(before["sizes"]) or now["draft"] != before["draft"]
         if not new and time() - self._saved_at < SAVE_EVERY:
@@ -150,18 +137,15 @@ def _devices() -> list[str]:
 def snapshot(lengths: DraftLength) -> dict:
     """The measured costs of a policy as plain numbers: each measured batch size's seconds, the draft model's
     seconds per drafted token and per caught-up token (0: not measured)."""
-    v = lengths.verify
-    sizes = {str(n): v.seconds(n) for n in range(1, len(v._weight)) if v._weight[n] > 0}
+    sizes = {str(n): seconds for n, seconds in lengths.verify.measured_sizes().items()}
     cm = lengths.costs.get(("model", 0))
-    draft = cm._draft_mean if cm is not None and cm.draft_measured else 0.0
-    return {"sizes": sizes, "draft": draft, "catch_up": lengths._catch_up_mean if lengths._catch_up_weight else 0.0}
+    draft = cm.measured_draft_seconds if cm is not None else 0.0
+    return {"sizes": sizes, "draft": draft, "catch_up": lengths.measured_catch_up_seconds}
 
 
 def restore(lengths: DraftLength, entry: dict) -> None:
-    """Start a policy from stored costs, each size worth STORED_WEIGHT decodes. Sizes stored without a plain
-    step's (one token) are not restored: every k is priced against that one, and read off the line through the
-    larger batches it can be several times too high on a CPU target (the wide demo target: 87 ms against 31 ms
-    timed), which kept auto drafting at a loss; the engine then measures its sizes as a fresh one does."""
+    """Start a policy from stored costs, each size worth STORED_WEIGHT decodes; an entry without a plain step's
+    size restores none (priced off the larger batches, a CPU plain step reads several times too dear)."""
     sizes = {int(n): float(s) for n, s in entry.get("sizes", {}).items()}
     if 1 not in sizes:
         sizes = {}
@@ -175,10 +159,8 @@ def restore(lengths: DraftLength, entry: dict) -> None:
 
 
 def measure_costs(lengths: DraftLength, target: Model, draft: Model | None, n_hi: int, token: int) -> float:
-    """Time the target's decode of every batch size 1..n_hi not measured yet, the draft model's one-token decode
-    and a catch-up batch of CATCH_UP_BATCH tokens, each MEASURE_PASSES times (the fastest kept), after whatever
-    each cache holds; the timed positions are dropped again. What a benchmark does before its timed runs, so
-    that every configuration is priced from the same complete curve. Returns the seconds it took."""
+    """Time what is not measured yet: the target's decode of each size 1..n_hi, the draft's token and a
+    catch-up batch, the fastest of MEASURE_PASSES each; the cache is left as it was. Returns the seconds."""
     t0 = perf_counter()
     todo = [n for n in range(1, n_hi + 1) if not lengths.verify.measured_at(n)]
     for n, seconds in time_sizes(target, todo, token).items():

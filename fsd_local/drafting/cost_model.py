@@ -1,43 +1,6 @@
-"""The `auto` draft-length policy (docs/design.md, "The cost model of `auto`").
-
-Each round, pick the k in [0, k_max] that maximises expected tokens per second:
-
-    rate(k) = E(k) / (k * c_draft + v(k + 1) + c_start),    E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k
-
-c_draft: seconds per draft token; v(n): seconds of one target decode of a batch of n tokens (n = k + 1: the last
-accepted token and k drafts; verify_cost.py); a_j: the chance that draft position j is accepted given that
-position j - 1 was; c_start: what drafting at all costs this round (a draft model catching up on text it
-skipped, length.py). k = 0 is a plain target step (rate 1 / v(1)).
-
-Why each estimate is built the way it is:
-- Everything decays exponentially per observation, so the policy follows the text (code being copied accepts
-  far more than free prose) and the machine (other jobs come and go).
-- Using the batch it pays for: rate(k) is evaluated on every k with the measured v(k + 1), so a k whose batch is
-  cheap for its size wins by itself: when v(5) = v(8), drafting 7 tokens costs three draft tokens more than
-  drafting 4 and earns E(7) - E(4) more tokens, and with good acceptance the policy drafts up to the next
-  efficient size instead of stopping at the k its acceptance alone would suggest.
-- a_j are decayed counts per position, shrunk toward the pooled rate of all positions (worth POSITION_WEIGHT
-  rounds at each position), itself shrunk toward a cold-start prior (0.7 at position 1, x0.98 per position, sd's
-  typical acceptance) worth ACCEPT_PRIOR_WEIGHT positions: a weak prior, because it is only a starting point and
-  evidence is cheap (a probe scores a few skipped positions, length.py). Positions beyond the k in use are never
-  reached; they take the pooled rate, so when the positions in use accept well the policy tries longer drafts.
-- While the evidence is thin the choice is optimistic: every a_j is read OPTIMISM standard errors of the pooled
-  rate above its estimate, fading as positions are observed (the factor OPTIMISM_FADE / weight). A fresh engine
-  whose rule accepts nearly everything reaches long drafts in a few rounds instead of creeping up from the
-  prior; one whose rule accepts little loses a round or two to finding out.
-- k = 0 measures nothing about drafting. A free drafter (prompt lookup) is re-probed: after `probe_every` rounds
-  at k = 0 it tries k = `probe_k` once, each probe that changes nothing doubling the wait (up to `probe_max`),
-  and any round that chooses k > 0 or a probe that accepted more than expected resetting it. The draft model is
-  probed differently (probe_every = 0 here): by scoring the positions it skipped when it catches up, worth it
-  when `probe_value` (the expected seconds the evidence saves over the rest of the reply) exceeds the catch-up.
-- `settings_changed()` (tau, mode, divergence or temperature changed) shrinks the acceptance counts to a tenth
-  but keeps the costs: the machine did not change, the acceptance did.
-
-The caller (drafting/length.py) owns the timing and reports, per round: `choose_k(limit)`, `observe_draft`,
-`observe_verify` (every target decode, plain steps included), `observe_acceptance` (rounds that drafted) and
-`observe_stream` (positions scored after the fact). For `ngram+model` one CostModel per drafter shares one
-`VerifyCost` (the target's costs are the same).
-"""
+"""The `auto` policy's estimates and choice for one source of drafts: the k in [0, k_max] with the highest
+rate(k) = E(k) / (k c_draft + v(k + 1) + c_start), E(k) = 1 + a_1 + a_1 a_2 + ... (docs/design.md, "The cost
+model of `auto`")."""
 
 from __future__ import annotations
 
@@ -64,11 +27,8 @@ MODEL_DRAFT_COST_PRIOR = 0.3  # seconds per draft token / seconds of one target 
 
 
 class CostModel:
-    """Online cost model and draft-length choice for one drafter (see the module docstring).
-
-    cm = CostModel(k_max=8, draft_cost_prior=0.0)   # 0.0: a free drafter (ngram)
-    k = cm.choose_k()
-    """
+    """Online cost model and draft-length choice for one drafter (the module docstring):
+    `CostModel(k_max=8, draft_cost_prior=0.0).choose_k()` for a free drafter (prompt lookup)."""
 
     def __init__(
         self,
@@ -172,10 +132,8 @@ class CostModel:
         self.verify.observe(batch_n, seconds)
 
     def observe_acceptance(self, n_drafted: int, n_accepted: int, counterfactual: bool = False) -> None:
-        """A round drafted n_drafted tokens and accepted the first n_accepted: positions 1..n_accepted passed,
-        position n_accepted + 1 (if drafted) failed, later ones were never reached (no evidence).
-        counterfactual: the tokens were not drafted but scored afterwards against the text the target wrote
-        (a free drafter's declined proposal, drafting/length.py); it is evidence, not the outcome of a probe."""
+        """A round drafted n_drafted tokens and accepted the first n_accepted (the next one, if drafted, failed);
+        counterfactual: scored afterwards against the text (a declined proposal), not a probe's outcome."""
         if n_drafted <= 0:
             return
         self._version += 1
@@ -199,11 +157,8 @@ class CostModel:
                 self._zero_streak = max(self._zero_streak, self.probe_every - max(1, self.probe_every // 4))
 
     def observe_stream(self, accepted) -> None:
-        """Teacher-forced evidence: accepted[i] says whether the rule would have accepted the drafter's proposal
-        at consecutive positions i of the text (scored after the fact, drafting/proposer.py `catch_up`). It is
-        fed as the rounds of k_max drafts that a drafter starting at the first position would have run: each
-        accepts its leading run, and the next starts after the target's own token. Given the text, that is
-        exactly what those rounds would have seen (greedy: the same tokens; sampled: the same chances)."""
+        """Teacher-forced evidence: accepted[i], whether the rule would have accepted the drafter's proposal at
+        consecutive positions, fed as the rounds of k_max drafts a drafter would have run there (docs/design.md)."""
         i, n = 0, len(accepted)
         while i < n:
             j = i
@@ -214,10 +169,8 @@ class CostModel:
 
     # ------------------------------------------------------------------ estimates
     def acceptance(self) -> list[float]:
-        """Estimated a_j for positions 1..k_max (conditional on reaching j): each position's decayed counts,
-        shrunk toward the pooled rate of all positions, which is itself shrunk toward the cold-start prior.
-        Pooling is what lets the policy grow k: positions beyond the k it has been choosing are never reached,
-        and the best guess for them is the rate of the positions that are."""
+        """Estimated a_j for positions 1..k_max (given j - 1 accepted): each position's decayed counts shrunk toward
+        the pooled rate of all positions, itself shrunk toward the cold-start prior."""
         w0 = self.accept_prior_weight
         acc_all, seen_all = sum(self._acc), sum(self._seen)
         out = []
@@ -230,6 +183,11 @@ class CostModel:
     @property
     def draft_measured(self) -> bool:
         return self._draft_weight > 0
+
+    @property
+    def measured_draft_seconds(self) -> float:
+        """The measured seconds per draft token (0: none measured)."""
+        return self._draft_mean if self._draft_weight > 0 else 0.0
 
     def pooled(self) -> tuple[float, float]:
         """The pooled acceptance estimate of all positions and its weight in observed positions (the cold-start
@@ -245,10 +203,8 @@ class CostModel:
 
     def probe_value(self, m: int, horizon: int, k_limit: int | None = None) -> float:
         """Expected seconds saved over the next `horizon` tokens by scoring m more positions before choosing
-        between plain steps and drafting (a preposterior value of information): after m observations the pooled
-        estimate moves by a normal amount of variance var x m / (w + m) around its mean; where it would then
-        pass the rate plain steps reach, the horizon is drafted at that rate instead. 0 when no plausible
-        acceptance makes drafting pay (a draft nearly as dear as the target, or acceptance known well enough)."""
+        between plain steps and drafting (a preposterior value of information); 0 when no plausible acceptance
+        makes drafting pay."""
         key = (self._version, m, k_limit)
         if self._pv is not None and self._pv[0] == key and self._pv[1] < RECHECK:
             self._pv = (key, self._pv[1] + 1, self._pv[2])
@@ -343,20 +299,6 @@ class CostModel:
         self.rounds += 1
         self.k_histogram[k] += 1
         return k
-
-    @property
-    def probing(self) -> bool:
-        """The last choice was a re-probe from k = 0, not the estimated best."""
-        return self._probing
-
-    def cancel_probe(self, k: int) -> None:
-        """The caller could not afford the probe it was offered (a model drafter far behind the text): count
-        the round as the plain step it becomes. The wait before the next offer stays as it was."""
-        if self._probing:
-            self._probing = False
-            self.probes -= 1
-            self.k_histogram[k] -= 1
-            self.k_histogram[0] += 1
 
     def summary(self) -> dict:
         """Plain numbers for the statistics (JSON-safe)."""

@@ -1,40 +1,10 @@
-"""How many tokens to draft each round, under the settings' `draft_policy` (docs/design.md,
-"Drafting and the draft length").
-
-- `fixed`: draft_max every round (llama.cpp's draft_p_min may still stop the model drafter early).
-- `adaptive`: HF's rule: +2 after a fully accepted round, -1 after a rejection, within [draft_min, draft_max].
-- `auto`: the k in [0, draft_max] that maximises expected tokens per second under the measured costs
-  (cost_model.py); k = 0 is a plain target step, and the cost model re-probes so it can come back.
-
-A draft model that the policy stopped using falls behind the text: before it can draft again it must evaluate
-every token it skipped (one batched decode). That catch-up is also the cheapest way to learn what drafting
-would buy: the target's rows of the plain steps are kept (proposer.py), the catch-up decodes the skipped text
-with a row for every position, and each position is scored as the round would have scored it (would the rule
-have accepted the draft's proposal there?). Those outcomes are teacher-forced evidence under the current
-settings, fed to the cost model as the rounds a drafter would have run (`CostModel.observe_stream`). So the
-question after plain steps is whether to catch up now: `probe` answers it by the value of the information (the
-seconds that m more scored positions are expected to save over the rest of the reply, `CostModel.probe_value`)
-against the catch-up's price. A cold policy (its estimate resting on the prior) probes after the first few
-plain steps, while a probe costs a few tokens' catch-up, and drafts as soon as the evidence says drafting pays;
-a policy that has measured that plain steps win stops probing, and a draft model that costs nearly what the
-target costs is never probed at all (no acceptance would make it pay).
-
-A free drafter's declined proposal is not wasted: when `auto` takes a plain step although prompt lookup had a
-proposal, the proposal is kept as a shadow and scored against the tokens the target then writes (the leading
-tokens that match). For `sd` that count has exactly the distribution the acceptance would have had: with a
-one-hot q the SD test accepts d with probability p(d), which is the chance the target writes d itself (greedy:
-iff d is the argmax). For the lossy rules it undercounts (a rescue would have accepted more), which errs towards
-plain steps. So a class the policy stopped drafting from keeps learning without paying for probes. One shadow
-is open at a time (proposals of consecutive rounds overlap: scoring them all would count the same tokens many
-times), and a new generation drops it.
-
-One `DraftLength` lives as long as its engine: the target's costs are measured on every target decode whatever
-the policy (so every generation can report the measured plain-decoding rate), each source of drafts has its own
-acceptance and drafting costs, and a change of tau, mode, divergence or temperature between calls
-discounts the old acceptance evidence but keeps the costs.
-"""
+"""How many tokens a round drafts under the settings' `draft_policy` (fixed, adaptive, auto), with one CostModel
+per source of drafts sharing the target's VerifyCost; probes and shadows bring `auto` back from k = 0
+(docs/design.md, "Drafting and the draft length")."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost
 
@@ -50,6 +20,20 @@ CATCH_UP_PRIOR = 0.5  # a catch-up batch's seconds per token / a drafted token's
 PENDING_MAX = 2
 
 
+@dataclass
+class CostTable:
+    """Seconds a policy sees in place of the ones it measures (`DraftLength.prices`): verify[n] for a target
+    decode of n tokens (index 0 unused; beyond the table, its last entry), draft per drafted token, catch_up per
+    token the draft model evaluates after plain steps."""
+
+    verify: list[float]
+    draft: float
+    catch_up: float = 0.0
+
+    def v(self, n: int) -> float:
+        return self.verify[min(n, len(self.verify) - 1)]
+
+
 class DraftLength:
     def __init__(self) -> None:
         self.verify = VerifyCost(K_LIMIT + 1)
@@ -59,6 +43,9 @@ class DraftLength:
         self._catch_up_mean, self._catch_up_weight = 0.0, 0.0  # seconds per token the draft model catches up
         self.policy, self.k, self.k_min, self.k_max = "fixed", 4, 1, 4
         self._shadow: tuple[Source, list[int], int] | None = None  # (source, declined proposal, its position)
+        # recorded costs that replace every measured one: what a test of the policy in a real engine sets, so that
+        # what the policy decides hangs on the models' acceptance and these seconds, never on the host's load
+        self.prices: CostTable | None = None
 
     def start(self, settings) -> None:
         """A new generation: take its policy and bounds; forget acceptance evidence gathered under other rules."""
@@ -182,8 +169,15 @@ class DraftLength:
         per_token = self._catch_up_mean if self._catch_up_weight > 0 else CATCH_UP_PRIOR * cm.draft_seconds_per_token()
         return n_tokens * per_token
 
+    @property
+    def measured_catch_up_seconds(self) -> float:
+        """The measured seconds per caught-up token (0: none measured)."""
+        return self._catch_up_mean if self._catch_up_weight else 0.0
+
     def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
         """The draft model evaluated n_tokens it had missed (one batch) in `seconds`."""
+        if self.prices is not None:
+            seconds = n_tokens * self.prices.catch_up
         if n_tokens > 1 and seconds > 0:
             self._catch_up_weight = self._catch_up_weight * 0.8 + 1.0
             self._catch_up_mean += (seconds / n_tokens - self._catch_up_mean) / self._catch_up_weight
@@ -201,6 +195,8 @@ class DraftLength:
     ) -> None:
         """One round: what was drafted (by `source`) and accepted, what drafting cost, and the target's decode of
         `batch` tokens that verified it (or, with nothing drafted, that was a plain step)."""
+        if self.prices is not None:
+            verify_seconds, draft_seconds = self.prices.v(batch), n_drafted * self.prices.draft
         self.verify.observe(batch, verify_seconds)
         if source is None or not n_drafted:
             return
@@ -212,8 +208,6 @@ class DraftLength:
 
     @property
     def plain_tokens_per_second_est(self) -> float:
-        """1 / the target's seconds for a one-token decode, only where one was timed by this engine (plain steps
-        of auto or ar, measure_costs (drafting/calibration.py), an earlier reply): 0 otherwise, and the summary then
-        says nothing about plain decoding (a rate read off the fitted curve would be a prior shown as a
-        measurement)."""
+        """1 / the target's seconds for a one-token decode, only where this engine timed one; 0 otherwise (a rate
+        read off the fitted curve would be a prior shown as a measurement)."""
         return 1.0 / self.verify.seconds(1) if self.verify.measured_at(1) else 0.0

@@ -1,28 +1,6 @@
-"""Prompt-lookup drafting (the `ngram` drafter: docs/generation.md, "Sampling and draft length").
-
-The text so far (prompt + output) is searched for an earlier occurrence of its own tail: the longest n-gram
-ending the text, n from `ngram_max` down to `ngram_min`, that occurred before; the tokens that followed its MOST
-RECENT earlier occurrence are the proposal. Recent beats early because the output tends to follow the part of
-the input it is currently copying, and longer n beats shorter because a longer shared context predicts the
-continuation better (a unigram match is a guess; the acceptance test and the cost model take care of bad ones).
-
-Cost. The loop overhead budget is ~3% of wall time, so nothing here rescans the text. An incremental index
-maps every n-gram that has a follower to its latest start position, and a "previous occurrence" chain per
-start position lets the index be rewound exactly: the engine's text can shrink (a new call or chat turn whose
-prompt diverges from the cached text), and truncating pops the removed starts off the chains, leaving exactly
-the index a fresh build of the shorter text would have. Appending a token costs (ngram_max - ngram_min + 1)
-dict updates; a proposal costs at most that many dict lookups plus k list reads: a few microseconds.
-
-Defaults: n in 1..3, the range of the original prompt-lookup decoding and of vLLM's n-gram speculator
-(llama.cpp's lookup example uses 1..4).
-
-How far a proposal can be trusted. The n-gram only finds the place; how long the text before it agrees with the
-text before the match is the evidence. Measured on the grounded prompts (F16 demo target, greedy): a match whose
-agreement reaches back 9 tokens or more had its next ~10 tokens accepted on average, a bare unigram match
-1.7 with two thirds rejected at once. So every proposal carries `match_length` (the agreement, extended backwards
-past n up to MATCH_LENGTH_CAP tokens: O(length) list reads), and `match_class` buckets it so the draft-length
-policy can keep acceptance statistics per class (drafting/length.py) and draft long only where copying is real.
-"""
+"""Prompt lookup (the `ngram` drafter): the tokens that followed the most recent earlier occurrence of the
+longest n-gram ending the text, over an index that is extended and rewound, never rebuilt (docs/design.md,
+"Prompt lookup")."""
 
 from __future__ import annotations
 
@@ -43,14 +21,8 @@ def match_class(length: int) -> int:
 
 
 class NgramDrafter:
-    """Prompt lookup over an incrementally indexed token history.
-
-        drafter = NgramDrafter()
-        drafts = drafter.propose(seq, k)   # [] when nothing matches: draft with the model or take a plain step
-
-    `propose` and `sync` accept the whole history every round and only index what is new; when the history is
-    not an extension of the indexed one, the index is rewound to the common prefix first.
-    """
+    """Prompt lookup over an incrementally indexed token history: `propose(seq, k)` each round ([] when nothing
+    matches), the whole history given each time and only what is new indexed."""
 
     def __init__(self, ngram_min: int = NGRAM_MIN_DEFAULT, ngram_max: int = NGRAM_MAX_DEFAULT, periodic: bool = True):
         if not 1 <= ngram_min <= ngram_max:
@@ -135,11 +107,8 @@ class NgramDrafter:
     # ------------------------------------------------------------------ drafting
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         """Up to k tokens that followed the most recent earlier occurrence of the longest n-gram ending
-        `history` (n from ngram_max down to ngram_min); [] when none occurred before or k <= 0.
-
-        With `periodic` (the default) the proposal always has k tokens once a match is found: when the
-        continuation reaches the end of the history it goes on with the proposal itself. Without it the
-        proposal stops at the end of the history."""
+        `history`; [] when none occurred before or k <= 0. With `periodic` a match running into the end of the
+        history goes on with the proposal itself, so it always has k tokens."""
         self.sync(history)
         return self.draft(k)
 

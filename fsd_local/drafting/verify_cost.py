@@ -1,21 +1,13 @@
-"""What one target decode of n tokens costs, learned online: v(n) of the `auto` policy (cost_model.py).
-
-v(n) is measured per batch size and used as measured: llama.cpp's CPU matmul kernels work in tiles of 4 and 8
-rows, so a batch of 8 can cost what a batch of 5 costs (measured on a padded 1.4 GB Q8_0 target, 2 threads:
-n = 4: 225 ms, 5: 303, 7: 355, 8: 312). Smoothing the curve, or forcing it to grow with n, would hide exactly the
-batches worth paying for. Between measured sizes it interpolates linearly; beyond them it follows a weighted
-line a + b (n - 1) fitted through all measured n (b >= 0; with a single measured n the slope comes from a prior,
-b = VERIFY_SLOPE_PRIOR a). The load changes (other jobs come and go) while only one size is in use, so
-v(n) = level x shape(n): the level follows every decode within ~10 decodes, the shape (each size relative to
-the others) changes slowly, and a size unused for ~450 decodes is forgotten. Measured shapes outlive the engine:
-drafting/calibration.py keeps them on disk per model file and machine.
-"""
+"""v(n), the seconds of one target decode of n tokens, learned online per batch size and used as measured
+(level x shape: the level follows the load, the shape each size's cost); a size not timed yet is priced
+optimistically until it is (docs/design.md, "The cost model of `auto`" and "The cold start")."""
 
 from __future__ import annotations
 
 import math
 
 VERIFY_SLOPE_PRIOR = 0.3
+TILE_ROWS = 8  # an untimed batch of whole tiles is priced as the timed batch below it (docstring)
 FORGET_WEIGHT = 0.01  # a batch size's evidence below this weight is dropped (its shape may no longer hold)
 
 
@@ -96,15 +88,18 @@ class VerifyCost:
         a = max(a, floor)
         return a, b
 
+    def measured_sizes(self) -> dict[int, float]:
+        """The estimated seconds of every batch size ever timed (what the cost store keeps)."""
+        return {n: self.seconds(n) for n in range(1, len(self._weight)) if self._weight[n] > 0.0}
+
     def measured_at(self, n: int) -> bool:
         """Whether a decode of exactly n tokens was ever timed (not read off the curve)."""
         return 0 < n < len(self._weight) and self._weight[n] > 0.0
 
     def curve(self, n_hi: int) -> list[float]:
-        """Estimated seconds for n = 0..n_hi (index 0 unused, 0.0): the measured mean at every measured n (no
-        smoothing: the CPU tiles make some larger batches cheaper than smaller ones, module docstring),
-        linear interpolation between measured sizes, the fitted line below the first and, beyond the last,
-        the last measured mean plus the line's slope."""
+        """Estimated seconds for n = 0..n_hi (index 0 unused): measured sizes as measured, linear between them
+        (at most the timed size below, for whole tiles), the fitted line below the first and, beyond the last, the
+        last measured mean (the prior's line after a plain step alone)."""
         if self._cache is not None and len(self._cache) > n_hi:
             return self._cache
         a, b = self.fit()
@@ -122,10 +117,13 @@ class VerifyCost:
             elif not known or n < known[0]:
                 out[n] = a + b * (n - 1)
             elif nxt == len(known):
-                out[n] = v[known[-1]] + b * (n - known[-1])
+                last = known[-1]
+                out[n] = v[last] if last > 1 else v[last] + b * (n - last)
             else:
                 hi = known[nxt]
                 out[n] = v[lo] + (n - lo) / (hi - lo) * (v[hi] - v[lo])
+                if n % TILE_ROWS == 0 and lo > 1:  # whole tiles: maybe no dearer than the batch below (docstring)
+                    out[n] = min(out[n], v[lo])
         self._cache = out
         return out
 

@@ -1,5 +1,3 @@
 """Everything Numba: the per-round arithmetic on logit rows (divergences, sampling, the acceptance rule).
-
-Importing this package imports nothing heavy: `names` holds the mode and divergence names that settings and
-the command line need without loading Numba; the kernel modules load it when they are imported.
-"""
+Importing the package loads no Numba: `names` (the mode and divergence names) is pure Python, and each kernel
+module loads Numba when it is imported."""

@@ -1,19 +1,6 @@
-"""The acceptance rule of one round (docs/design.md, "The acceptance rules"), jitted end to end.
-
-Inputs are the target's k+1 logit rows (a zero-copy view of llama.cpp's buffer), the draft's k raw rows
-(copied as they were produced, and only where the rule reads them: drafting/proposer.py), the drafted tokens with
-their draft probabilities and processed-distribution stats, and pre-drawn uniforms. Divergences are computed
-lazily: `fsd` only where the SD test failed (under a sampled budget, before each slot's SD test, and only while
-its threshold is below the divergence's bound), `fsd-paper` slot by slot up to the first failure. The other lossy
-rules (`typical`, `cascade`, `relaxed`, `fsd-entropy`: kernels/rules.py) are, like `fsd`, a rescue after a failed
-SD test, and nothing at tau = 0.
-
-`accept_round` clears the round's outputs (`_clear`), judges the drafts slot by slot until one is rejected
-(`_judge`: a sampled budget's share of the slot's rescues and its charge, `_open`; the SD test; then the rule's
-rescue and what it costs), lets a greedy budget cut the round
-(`plan_round`), draws the extra token (`_extra_token`) and describes what it emits (`_describe`, with
-kernels/emit.py's `fill_top`). Plain decoding's one token is kernels/emit.py's `emit_one`.
-"""
+"""The acceptance rule of one round, jitted end to end: `accept_round` judges the drafts slot by slot against the
+target's rows, draws the one extra token and describes what it emits (docs/design.md, "The acceptance rules").
+Plain decoding's one token is kernels/emit.py's `emit_one`."""
 
 from typing import NamedTuple
 
@@ -81,19 +68,19 @@ class Sampling(NamedTuple):
 
 
 class Drafts(NamedTuple):
-    """What the drafter produced this round: the raw rows Q, the tokens, each token's draft probability, the
-    (max, cut-off, log-normaliser) of each processed draft row, whether a row is one-hot (prompt lookup: its
-    divergences are closed forms, kernels/onehot.py), and where the draft sampled, each row's kept tokens and
-    their logits: a truncated q~ is all there, and the row itself is needed only for a divergence."""
+    """A round's drafts: the draft's raw rows (copied only where the rule reads them), the tokens, each one's
+    draft probability, the (max, cut-off, log-normaliser) of each processed draft row, whether a row is one-hot
+    (prompt lookup: no row), where the draft sampled, each row's kept tokens (sorted; -1: not truncated), and
+    which slots only the lossless test may accept (a token that would end the reply: round.py sets them)."""
 
     rows: np.ndarray
     tokens: np.ndarray
     prob: np.ndarray
     stats: np.ndarray
     onehot: np.ndarray
-    kept: np.ndarray = np.zeros((0, 0), np.int64)  # the sampled draft rows' kept tokens (sampling.py), sorted
-    kept_n: np.ndarray = np.zeros(0, np.int64)  # how many in each row (-1: not truncated; none stored: dense)
-    kept_logits: np.ndarray = np.zeros((0, 0), np.float32)  # their (processed) logits: q~ without the row
+    kept: np.ndarray = np.zeros((0, 0), np.int64)
+    kept_n: np.ndarray = np.zeros(0, np.int64)
+    lossless: np.ndarray = np.zeros(0, np.uint8)  # 1: only the lossless test may accept the slot (none stored: 0)
 
 
 NO_TOP_IDS = np.zeros((0, 0), np.int32)
@@ -101,22 +88,16 @@ NO_TOP_LOGPROB = np.zeros((0, 0))
 
 
 class RoundOut(NamedTuple):
-    """Filled by accept_round: why each slot was accepted, its divergence (NaN = not computed; for the rules of
-    kernels/rules.py the smallest tau that rescues the slot, of which fsd's divergence is the special case), the
-    target's log-probability of every emitted token (log-softmax of the logit row the rule saw, before
-    temperature and truncation: OpenAI's `logprobs`; an empty array: not asked, not computed), when top_ids has
-    columns the target's most likely tokens at each emitted position with their log-probabilities (OpenAI's
-    `top_logprobs`; -1 pads a short vocabulary), and `gap`: log p(the target's top token) - log p(the emitted
-    token) of each emitted token (the page's rescue gap; greedy, its loss). The rest is the kernel's scratch,
-    allocated once (`round_out`) so that a round allocates nothing: each row's log-partition (NaN: not computed),
-    maximum and argmax (-1: not computed), processed-distribution stats, and kept tokens (sampling.py)."""
+    """What accept_round writes, allocated once (`round_out`): why each slot was accepted, its divergence (NaN:
+    not computed), each emitted token's log-probability and top alternatives where asked, its gap to the
+    target's top token; then the kernel's scratch (log-partitions, maxima, argmaxes, kept tokens)."""
 
-    reason: np.ndarray
-    divergence: np.ndarray
-    logprob: np.ndarray
-    top_ids: np.ndarray
+    reason: np.ndarray  # REJECTED, BY_SD or BY_FUZZY per slot
+    divergence: np.ndarray  # NaN: not computed; the target's rules (rules.py): the smallest tau that rescues
+    logprob: np.ndarray  # log-softmax of the row the rule saw, at temperature 1 (OpenAI's); empty: not asked
+    top_ids: np.ndarray  # the target's most likely tokens per emitted position (-1 pads a short vocabulary)
     top_logprob: np.ndarray
-    gap: np.ndarray
+    gap: np.ndarray  # log p(the target's top token) - log p(the emitted one): the page's gap; greedy, the loss
     lse: np.ndarray
     row_max: np.ndarray
     top: np.ndarray
@@ -183,16 +164,9 @@ def _lse(P, i, n, out):
 
 @njit(cache=True)
 def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, budget):
-    """Returns (n_accepted, next_token); fills out.reason[:n_drafts], out.divergence[:n_drafts], out.gap and (if
-    asked) out.logprob / out.top_* for the n_accepted + 1 emitted tokens, and budget.loss[:n_accepted + 1]
-    (kernels/budget.py). P: the target's n_drafts + 1 logit rows. Under a budget (budget.bound >= 0) the rule
-    uses the budget's threshold instead of rule.tau, and a rescue must also be affordable: slot by slot, before
-    the SD test, when sampling (_open); for the whole round at once when greedy (plan_round).
-
-    Each row is read only for what the rule needs: greedy, an argmax (with its max, which gives the loss and the
-    gap for free); sampled, the processed distribution over its kept tokens; a log-partition and a divergence
-    only at a slot whose SD test failed, or under a sampled budget at every slot whose threshold is below the
-    divergence's bound (and where log-probabilities are asked)."""
+    """(n_accepted, next_token) for the target's n_drafts + 1 rows P; fills `out` for the emitted tokens and
+    budget.loss[:n_accepted + 1]. Each row is read only for what the rule needs; under a budget its threshold
+    replaces rule.tau and a rescue must be affordable (sampled: slot by slot, _open; greedy: the round, plan_round)."""
     tau = rule.tau if budget.bound < 0.0 else budget.state[TAU]
     greedy = sampling.temperature <= 0.0
     n, loss = n_vocab, budget.loss
@@ -212,7 +186,9 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
         for j in range(kept, accepted):
             out.reason[j], loss[j] = REJECTED, 0.0
         accepted = kept
-    nxt = _extra_token(P, draft, accepted, n_drafts, n, rule.mode, sampling, uniforms[n_drafts], out)
+    # a lossless-only slot's replacement is what sd's would be (fsd-paper's own draws from p~ itself)
+    mode = SD if accepted < n_drafts and lossless_only(draft, accepted) else rule.mode
+    nxt = _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, uniforms[n_drafts], out)
     _describe(P, draft.tokens, accepted, nxt, n, greedy, out, loss)
     end_round(budget, accepted + 1, n_drafts, accepted)
     return accepted, nxt
@@ -231,20 +207,20 @@ def _clear(out, loss, n_drafts):
 
 @njit(cache=True)
 def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget):
-    """Why draft i is accepted (BY_SD, BY_FUZZY) or REJECTED; out.divergence[i] where it was computed, and
-    budget.loss[i]: greedy, a rescue's cost (under a budget the whole round decides on it later: plan_round);
-    sampled under a budget, the share of the slot's loss charged before its SD test (_open); sampled without one,
-    a rescue's loss over P(rescue)."""
+    """Why draft i is accepted (BY_SD, BY_FUZZY) or REJECTED, with out.divergence[i] where computed and
+    budget.loss[i]: a greedy rescue's cost, a sampled budget's charge (_open), or else a rescue's loss over
+    P(rescue)."""
     x, d, mode = P[i], draft.tokens[i], rule.mode
     greedy = sampling.temperature <= 0.0
-    lossy = mode != SD and budget.bound != 0.0 and (tau > 0.0 or mode == FSD_PAPER)  # B = 0 or tau = 0: sd
+    strict = lossless_only(draft, i)  # the slot is judged as sd judges it: the SD test alone
+    lossy = not strict and mode != SD and budget.bound != 0.0 and (tau > 0.0 or mode == FSD_PAPER)  # else: sd
     share = -1.0  # the share of the slot's rescues a sampled budget allows (-1: no budget decides)
     if not greedy:
         _row_stats(x, i, n, sampling, out)
         if lossy and budget.bound > 0.0:
             share = _open(P, draft, i, n_drafts, n, rule, sampling, tau, out, budget)
     u = uniforms[i]  # fsd-paper has no SD test: the uniform is free for the budget's share
-    if mode != FSD_PAPER:
+    if mode != FSD_PAPER or strict:
         if greedy:
             ok = out.top[i] == d
         else:  # accept with probability min(1, p~(d) / q~(d))
@@ -272,14 +248,17 @@ def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget)
     return BY_FUZZY
 
 
+@njit(inline="always")
+def lossless_only(draft, i):
+    """Whether slot i may be accepted by the lossless SD test alone (Drafts.lossless; none stored: no)."""
+    return draft.lossless.shape[0] > i and draft.lossless[i] != 0
+
+
 @njit(cache=True)
 def _open(P, draft, i, n_drafts, n, rule, sampling, tau, out, budget):
     """A sampled budget at slot i, before its SD test: the share of the slot's rescues it allows (open_share),
-    charged in budget.loss[i] as that share of the slot's loss. It is decided on what the slot's rows say, not on
-    the token drawn there, so the slot emits from (1 - share) p~ + share r and costs its expected loss: no lumps.
-    Whether a divergence rule rescues at the slot is its divergence, computed here unless tau is at or above the
-    divergence's bound (every slot passes: no pass over the rows); the target's rules rescue a set of tokens read
-    off the row, with its log-partition."""
+    charged in budget.loss[i] as that share of the slot's loss; decided on the slot's rows, never on the token
+    drawn there (docs/design.md, "The quality budget")."""
     x, mode = P[i], rule.mode
     if target_only(mode):
         _lse(P, i, n, out)
@@ -340,16 +319,10 @@ def _slot_loss(draft, i, x, n, rule, sampling, tau, out):
         rule.typical_alpha,
         out.union,
         m,
-        *_q_kept(draft, i),
+        draft.kept_n,  # q~ is read from the draft's row (m_q -1): no drafter stores its kept logits alone
+        draft.rows[0],
+        -1,
     )
-
-
-@njit(inline="always")
-def _q_kept(draft, i):
-    """Draft row i's kept tokens, their logits and how many (-1: none stored: read the row)."""
-    if draft.kept_logits.shape[0] > i:
-        return draft.kept[i], draft.kept_logits[i], draft.kept_n[i]
-    return draft.tokens.astype(np.int64), draft.rows[0], -1
 
 
 @njit(cache=True)
@@ -367,7 +340,6 @@ def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
         pst = out.pstats
         return sample_kept(x, n, temperature, pst[0], pst[1], pst[2], out.kept[accepted], out.kept_n[accepted], u)
     pst = out.pstats  # the stats of row `accepted`: the last row _row_stats read
-    q_kept, q_logits, m_q = _q_kept(draft, accepted)
     return residual_kept(
         x,
         draft.rows[accepted],
@@ -380,9 +352,9 @@ def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
         u,
         draft.onehot[accepted],
         draft.tokens[accepted],
-        q_kept,
-        q_logits,
-        m_q,
+        draft.kept_n,  # q~ from the draft's row (m_q -1), as in _slot_loss
+        draft.rows[0],
+        -1,
     )
 
 

@@ -113,12 +113,6 @@ def new_budget(bound: float | None, k: int, tau0: float = TAU_START, g: float = 
 
 
 @njit(cache=True)
-def greedy_loss(x, n, t):
-    """log p(top) - log p(t) of the softmax of x[:n]: max x - x[t] (+inf for a masked token, NaN on NaN)."""
-    return float(row_max(x, n)) - float(x[t])
-
-
-@njit(cache=True)
 def _p(v, mx, cut, lz, inv_t):
     """A processed probability (kernels/sampling.py's three numbers), float64."""
     return math.exp((float(v) - mx) * inv_t - lz) if v >= cut else 0.0

@@ -1,20 +1,6 @@
-"""exp and log that LLVM can vectorise, and the two compiler hints that let it use full-width vectors.
-
-numba has no SVML on most installs, so `math.exp` inside a jitted loop is a scalar libm call (~4 ns) and the
-whole loop stays scalar. These versions use only float32 arithmetic, `np.floor`, int/float conversion and bit
-casts, which LLVM turns into SIMD instructions; accuracy is ~2e-7 relative, the float32 rounding level.
-
-What kept the kernels at 4-8 float lanes (found in the generated assembly, fixed here):
-- float64 promotion: `math.floor` returns an int64 in numba, and int64 * float32 is float64, so the old vexp
-  ran in double; so did every kernel that subtracted a float64 log-partition from a float32 logit. Everything
-  here stays float32 (`np.floor` keeps the type; shifts arrive as float32).
-- LLVM's tuning for Intel AVX-512 cores (skylake-avx512 ... sapphirerapids, and the rocketlake this VM reports)
-  includes prefer-256-bit: with AVX-512 present the vectoriser still stops at ymm. `wide()` marks the function
-  it is called in with "prefer-vector-width"="512" (zmm where the CPU has AVX-512; no effect elsewhere).
-- `reassoc` on every float operation let LLVM re-associate compensated sums such as (x - hi) - lo into
-  x - (hi + lo), losing the low part. Kernels now get no reassoc at all; only their reductions do, through
-  `radd`, which is all the vectoriser needs to keep SIMD partial sums.
-"""
+"""exp and log that LLVM can vectorise (float32 arithmetic, `np.floor` and bit casts; ~2e-7 relative), the compiler
+hints `wide()` (full-width vectors on AVX-512) and `radd` (reassociation on a reduction's one addition), and
+`kernel`, njit with the project's fastmath flags (docs/design.md, "Where the time goes")."""
 
 from functools import partial
 
@@ -38,7 +24,7 @@ E1, E2, E3, E4, E5 = (
     for c in (0.9999997019767761, 0.4999915063381195, 0.1666763573884964, 0.04189793020486832, 0.008290315046906471)
 )
 
-# No reassoc (see the module docstring) and no nnan/ninf: -inf logits are real input. contract: FMAs.
+# No reassoc (docs/design.md, "Where the time goes") and no nnan/ninf: -inf logits are real input. contract: FMAs.
 # error_model="numpy": no ZeroDivisionError branch in divisions, which would stop vectorisation.
 FLAGS = {"contract", "nsz", "arcp"}
 kernel = partial(njit, fastmath=FLAGS, error_model="numpy", cache=True)

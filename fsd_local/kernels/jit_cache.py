@@ -1,10 +1,6 @@
-"""Where numba keeps compiled kernels: a directory named by a hash of every kernel source file.
-
-numba's on-disk cache is keyed by the file that defines a function, but a cached function embeds the code of
-the jitted functions it calls from other files: change `divergence.py` and `accept_round` (in accept.py) would
-silently keep running the old divergence. Keying the whole cache on all kernel sources makes any change
-recompile everything, once. Import this before any module that defines a kernel (fastmath.py does).
-"""
+"""Where numba keeps compiled kernels: a directory named by numba's version and a hash of every kernel source, so any
+change recompiles them all once (a cached kernel embeds the jitted code it calls from other files). Import this
+before any module that defines a kernel (fastmath.py does)."""
 
 import hashlib
 import os

@@ -1,30 +1,6 @@
-"""Divergences of the target's distribution p against a ONE-HOT draft distribution q = e_d (docs/design.md,
-"The acceptance rules", prompt lookup: the n-gram drafter proposes token d with certainty).
-
-p is the softmax of the raw target row x over its first n entries, with log-partition lx (`row_lse`), and
-P = p(d) = exp(x[d] - lx). With q one-hot most divergences are closed forms in P, so they cost O(1) once lx is
-known (the acceptance kernel computes lx anyway), instead of the general kernels' pass over the vocabulary:
-
-- `tv`   = 1 - P                                              (in [0, 1])
-- `rkl`  = KL(q || p) = -log P = lx - x[d]                    (+inf when d is masked)
-- `js`   = 1/2 [(1-P) ln 2 + P ln(2P/(1+P))] + 1/2 ln(2/(1+P))
-         = 1/2 [e ln 2 + P log1p(-e/(2-e)) - log1p(-e/2)],  e = 1 - P = -expm1(x[d] - lx)
-           (the second form has no cancellation near P = 1, where JS = e ln2 / 2 + O(e^2);
-           P = 0 gives ln 2, P = 1 gives 0)
-- `kl`   = KL(p || q): every i != d with p_i > 0 has q_i = 0, so +inf as soon as p has mass off d, else 0.
-- `paper-js` = 1/2 KL(m||p) + 1/2 KL(m||q), m = (p+q)/2: m_i = p_i / 2 > 0 where q_i = 0, so it is +inf
-  exactly when kl is; 0 otherwise. Neither kl nor paper-js can ever rescue an n-gram token.
-- `topk-*`: over the target's top-k tokens plus one rest bin, as the general kernel builds them: q puts mass 1
-  on d's own bin when d is among the top k, otherwise on the rest bin. O(n) (the top-k search) + O(k).
-
-"p has mass off d" means what it means for the general float32 kernels applied to an exact one-hot row
-(`divergence.divergence(kind, x, lx, y, 0.0, n, k)` with y = -inf except y[d] = 0): some i != d with
-x[i] - lx >= EXP_MIN (the float32 exp underflow). So this module and the general kernel agree everywhere; the
-float64 reference differs only when p's largest off-d log-probability lies in (-745, -87.3), where float64 still
-sees mass and float32 does not (tests name that case).
-
-Robust to -inf logits; NaN input (NaN lx) gives NaN, and the acceptance rule treats NaN as "reject".
-"""
+"""Divergences of the target's p against a one-hot draft q = e_d (prompt lookup's drafts): tv, rkl and js in closed
+form from log p(d), kl and paper-js (+inf or 0) from one vectorised count, the top-k forms over the top k bins;
+they agree with the general float32 kernels on an exact one-hot row (docs/design.md, "The acceptance rules")."""
 
 import math
 

@@ -1,10 +1,6 @@
-"""The logit-processing chain's kernels: logit bias, llama.cpp's repetition penalties and a token mask, applied in
-place to one logit row before any sampling or acceptance test (fsd_local/chain.py decides which rows, with
-which window of accepted text and which mask).
-
-Bias and penalties touch only the tokens they name (sparse: a few dozen entries per row, whatever the
-vocabulary); the mask is one vectorised pass over a bit per token.
-"""
+"""The logit chain's kernels, in place on one row: logit bias and llama.cpp's repetition penalties (touching only the
+tokens they name) and a token mask (one vectorised pass over a bit per token); fsd_local/chain.py decides which
+rows, with which window of accepted text and which mask."""
 
 from typing import NamedTuple
 

@@ -1,12 +1,6 @@
-"""Top-k selection without sorting a whole row: the top-k divergences (divergence.py) and the top-k / top-p
-filters of sampling (sampling.py) both use it.
-
-top_indices takes the maximum of every block of BLOCK entries (one vectorised pass, integer order keys), finds
-the k-th largest block maximum t by bisection over those few keys, and reads only the blocks whose maximum is
->= t: at least k entries are >= t, so the top k are among them, and they sit in about k blocks. A second
-bisection over those candidates finds the k-th largest value; only the entries at or above it (k, plus ties)
-are sorted. The row is read once; the rest touches ~k * BLOCK entries.
-"""
+"""Top-k selection without sorting a row, for the top-k divergences and sampling's top-k / top-p filters: the maxima
+of blocks of BLOCK entries in one vectorised pass, bisection for the k-th largest, and only the blocks that can
+hold the top k read again; only the entries at or above the k-th largest (k, plus ties) are sorted."""
 
 import numpy as np
 from numba import njit

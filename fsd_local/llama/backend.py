@@ -1,9 +1,6 @@
-"""What the installed llama.cpp build can run on: versions, compiled-in backends, devices and their memory, RPC.
-
-llama-cpp-python picks its backends when it is compiled (native/build.sh), so this asks the loaded library
-itself through ggml's device registry (ggml.py); if that library cannot be opened it falls back to the
-backend names in llama_print_system_info().
-"""
+"""What the installed llama.cpp build can run on: versions, compiled-in backends, devices and their memory, RPC, asked
+of the loaded library through ggml's device registry (ggml.py); when that fails, the backend names are read from
+llama_print_system_info()."""
 
 from __future__ import annotations
 

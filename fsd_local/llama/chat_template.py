@@ -1,14 +1,6 @@
-"""Messages -> prompt text with the target model's own chat template (GGUF `tokenizer.chat_template`).
-
-Templates are Jinja (as in Hugging Face tokenizers); they run in a sandbox with what transformers gives them:
-`messages`, `tools` (None unless a request offers tools), `add_generation_prompt`, `bos_token`, `eos_token`,
-`raise_exception`, `strftime_now`, a `tojson` that writes plain JSON (Jinja's own escapes <, > and & for HTML),
-and the loop controls `break` / `continue`. A model without a template gets ChatML, the most common format,
-and the caller is told (`ChatTemplate.is_fallback`).
-
-Messages may carry more than role and content (an assistant's `tool_calls`, a tool result's `tool_call_id`
-and `name`); the template decides what to write of them.
-"""
+"""Messages -> prompt text with the model's own chat template (GGUF `tokenizer.chat_template`), rendered in a Jinja
+sandbox with what transformers gives templates (`raise_exception`, `strftime_now`, a plain-JSON `tojson`, loop
+controls); a model without a template gets ChatML, and `ChatTemplate.is_fallback` says so."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""What the loaded CPU backend was compiled for, what the host CPU reports, and whether weights may be repacked.
-
-Why this exists: llama.cpp's CPU backend can load weights into "extra buffer types" (repacked layouts for
-AVX2/AVX-512/ARM kernels, and AMX tiles on Intel Sapphire Rapids and later). A native build on an AMX host
-turns on the AMX kernels, and those crash in the first batched decode on some hosts and hypervisors
-(illegal instruction at `tilezero`, general protection at `ldtilecfg`; upstream llama.cpp PR #26954). llama.cpp's
-own tools run there with repacking off (`--no-repack`, `llama_model_params.use_extra_bufts = false`), which
-keeps weights in their file layout and skips the AMX path. So when the loaded backend has AMX and the CPU
-reports it, repacking is off by default; everywhere else it stays on (it is faster).
-"""
+"""What the loaded CPU backend was compiled for, what the host CPU reports, and whether weights may be repacked: off
+by default when the backend has AMX kernels and the host has AMX or may have it (llama.cpp's AMX path crashes on
+some hosts: docs/design.md, "llama.cpp underneath"), on everywhere else."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The few ggml C functions llama-cpp-python does not bind: the backend device registry and the GGUF reader.
-
-They live in libggml / libggml-base, shipped next to libllama inside the llama_cpp package, and are already
-loaded by the time llama_cpp is imported, so binding them costs nothing and always matches the build.
-Why not the `gguf` package's GGUFReader: it parses every vocabulary string in Python (32 s for Gemma 3's
-262,144 tokens on this machine); ggml's reader takes milliseconds.
-"""
+"""The few ggml C functions llama-cpp-python does not bind, the backend device registry and the GGUF reader, bound
+from the libggml / libggml-base that ship next to libllama in the llama_cpp package and are loaded with it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Which layers of the draft and the target go on the GPU.
-
-The automatic rule: the draft runs once per drafted token, so it goes entirely on the GPU first; the target then
-gets as many layers as the remaining free device memory holds, the rest stays on the CPU. llama.cpp offloads
-the LAST n repeating layers for n_gpu_layers = n, and the output head too when n > n_layer (-1 = everything).
-Sizes come from the GGUF header (weights per block) plus the KV cache and a compute-buffer estimate.
-"""
+"""Which layers of the draft and the target go on the GPU: the draft first, as many of its layers as fit, then as many
+target layers as the remaining free memory holds (less a headroom per GPU; RPC servers are a pool only the target
+uses), the rest on the CPU; sizes come from the GGUF header, the KV cache and a compute-buffer estimate."""
 
 from __future__ import annotations
 

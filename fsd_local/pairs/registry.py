@@ -1,10 +1,5 @@
-"""Curated draft/target pairs (models.toml): validated loading, where their files sit in the Hugging Face
-cache, and `pull` (download with huggingface-hub, then a SHA-256 check).
-
-The packaged fsd_local/data/models.toml is read unless FSD_LOCAL_MODELS names another file (your own pairs).
-Files live in huggingface-hub's normal cache (HF_HOME / HF_HUB_CACHE), so other tools share them, and
-HF_HUB_OFFLINE / HF_ENDPOINT work as everywhere else.
-"""
+"""Curated draft/target pairs (the packaged models.toml, or the file FSD_LOCAL_MODELS names): validated loading,
+where their files sit in the Hugging Face cache, and `pull` (huggingface-hub's download, then a SHA-256 check)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
-"""Where other apps keep their GGUF files, and what they call them. Only folder listings and small JSON files are
-read here; local.py reads (and caches) the GGUF headers.
-
-- Ollama: OLLAMA_MODELS, else ~/.ollama/models (and the Linux service's /usr/share/ollama/.ollama/models when it
-  exists). manifests/<registry>/<namespace>/<name>/<tag> is a JSON manifest whose model layer's digest
-  sha256:<hex> names the GGUF blobs/sha256-<hex>. Named as `ollama list` shows them: qwen2.5:7b (the default
-  registry and the library namespace left out), user/model:tag, hf.co/org/repo:Q4_K_M.
-- The Hugging Face hub cache: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub.
-  models--ORG--NAME/snapshots/<revision>/... (links into blobs/), refs/main naming the current revision.
-  Named org/name/file.gguf.
-- LM Studio: FSD_LOCAL_LMSTUDIO_MODELS, else the models folder of LM Studio's home (~/.lmstudio-home-pointer names
-  it, else ~/.lmstudio; settings.json's downloadsFolder moves it), and the older ~/.cache/lm-studio/models.
-  <publisher>/<repo>/*.gguf, named publisher/repo/file.gguf.
-- llama.cpp's cache: LLAMA_CACHE, else ~/.cache/llama.cpp (~/Library/Caches/llama.cpp on macOS,
-  %LOCALAPPDATA%/llama.cpp on Windows). Older llama.cpp wrote org_repo_file.gguf next to
-  manifest=org=repo=tag.json (named org/repo/file.gguf when a manifest says so); newer builds use the hub layout.
-
-A split model (NAME-00001-of-00003.gguf) is one entry, its first part. Nothing here raises on a broken store:
-what cannot be used is an Entry with a `problem`.
-"""
+"""Where Ollama, the Hugging Face cache, LM Studio and llama.cpp's cache keep GGUF files and what they call them
+(docs/models.md), from folder listings and small JSON files only (local.py reads the headers). A split model is
+one entry, its first part; what a broken store holds becomes an Entry with a `problem`, never an exception."""
 
 from __future__ import annotations
 
@@ -205,6 +188,8 @@ def _subdirs(store: str, name: str, path: Path, out: list[Entry]) -> list[str]:
 
 
 def scan_ollama(root: str) -> list[Entry]:
+    """manifests/<registry>/<namespace>/<name>/<tag>: a JSON manifest whose model layer's digest sha256:<hex> names the
+    GGUF, blobs/sha256-<hex>; named as `ollama list` shows them (ollama_name)."""
     manifests, blobs = Path(root) / "manifests", Path(root) / "blobs"
     out: list[Entry] = []
     for reg in _subdirs("ollama", "manifests", manifests, out):
@@ -255,6 +240,8 @@ def _ollama_entry(name: str, manifest: Path, blobs: Path) -> Entry:
 
 # ------------------------------------------------------------------ the hub cache layout (Hugging Face, llama.cpp)
 def scan_hub(root: str, store: str = "huggingface") -> list[Entry]:
+    """The hub cache: models--ORG--NAME/snapshots/<revision>/... (links into blobs/), the revision refs/main names read
+    first; named org/name/file.gguf."""
     names, why = _listdir(root)
     if why:
         return [] if why == "not found" else [_unreadable(store, "", root, why)]
@@ -285,6 +272,7 @@ def _hub_repo(repo: Path, store: str) -> list[Entry]:
 
 # ------------------------------------------------------------------ LM Studio, llama.cpp
 def scan_lmstudio(root: str) -> list[Entry]:
+    """<publisher>/<repo>/*.gguf, named publisher/repo/file.gguf."""
     out: list[Entry] = []
     for pub in _subdirs("lmstudio", "", Path(root), out):
         for repo in _subdirs("lmstudio", pub, Path(root) / pub, out):
@@ -294,6 +282,8 @@ def scan_lmstudio(root: str) -> list[Entry]:
 
 
 def scan_llamacpp(root: str) -> list[Entry]:
+    """Older llama.cpp's flat org_repo_file.gguf, named org/repo/file.gguf where a manifest=org=repo=tag.json says so,
+    then the hub layout newer builds use."""
     names, why = _listdir(root)
     if why:
         return [] if why == "not found" else [_unreadable("llama.cpp", "", root, why)]

@@ -1,21 +1,6 @@
-"""The cost-realistic demo target (`--demo wide`): the small model's function at a larger model's cost
-(docs/models.md, "The demo pairs").
-
-The demo target of pairs/demo.py is barely larger than its draft: on a CPU both are compute-bound and cheap, so
-speculation has little to win there. This module writes, offline and once, a target that computes what SmolLM2
-computes but costs what a ~1.5B model costs: every matrix of a llama-architecture GGUF is padded with zeros to
-a wider shape (width H -> H', same head dim, heads and KV heads scaled by H'/H so the GQA groups hold; FFN
-F -> F'). The new residual dims receive zero from every matrix that writes the residual stream, so they stay
-exactly 0; the new heads see q = k = v = 0 and add 0; the new FFN units see zero gate and up rows. RMSNorm
-takes its mean over H' dims instead of H, so every norm weight is multiplied by sqrt(H / H') and eps by H / H':
-then each norm's output is the narrow model's, padded with zeros. The function is the narrow one up to
-rounding; the cost is the wide one's, since llama.cpp multiplies the zeros like any other weight.
-
-The layers kept decide how close the target is to its draft: SmolLM2's 30 blocks with 14 and 15 repeated
-(32 layers) make greedy `sd` acceptance ~0.75 with SmolLM2 drafting, like a real 0.5B/7B pair.
-The padded model is written as F16 to a temporary file, then quantised to Q8_0 by llama.cpp's own quantiser
-(llama_model_quantize through llama-cpp-python): 1.44 GB for the demo recipe.
-"""
+"""The cost-realistic demo target (`--demo wide`): SmolLM2's function at a ~1.4B model's cost, every matrix padded
+with zeros to a wider shape so that the function stays the narrow model's up to rounding, written as F16 and
+quantised to Q8_0 by llama.cpp's own quantiser (docs/design.md, "The demo targets")."""
 
 from __future__ import annotations
 
@@ -163,7 +148,7 @@ def _copy_fields(reader, writer, set_to: dict, eps_key: str, h: int, width: int)
             continue
         if name in set_to:
             writer.add_uint32(name, set_to[name])
-        elif name == eps_key:  # the mean of squares is over width dims now (module docstring)
+        elif name == eps_key:  # the mean of squares is over width dims now (docs/design.md, "The demo targets")
             writer.add_float32(name, float(f.contents()) * h / width)
         else:
             vtype = f.types[0]

@@ -1,22 +1,6 @@
-"""The model process of `fsd-local serve`: one Engine in a process of its own, driven over a socket.
-
-A fault inside llama.cpp (an illegal instruction, a driver reset, an out-of-memory kill) ends the process it
-happens in. Here that is this child, not the HTTP server: the supervisor (supervisor.py) answers the running
-request with an error, restarts the child and runs the waiting requests on the new one.
-
-Started as `python -m fsd_local.server.child FD` (a fresh interpreter: never a fork of a process that holds
-llama.cpp threads), with FD one end of a socketpair. Messages are pickled tuples, framed by
-multiprocessing.connection:
-
-    parent -> child   ("start", target_opts, draft_opts, settings)   once, first
-                      ("generate", prompt, settings)                one at a time
-                      ("cancel",)                                    stop the running generation at its next round
-    child -> parent   ("ready", info) | ("failed", reason)           after loading
-                      ("piece", {field: value} of the Piece but its completion)   as tokens are accepted
-                      ("done", tail_text, completion_dict) | ("error", class_name, message)
-
-The parent closing its end (or dying) is the signal to exit: the reader thread sees EOF and ends the process.
-"""
+"""The model process of `fsd-local serve`: one Engine, started as `python -m fsd_local.server.child FD` and driven
+over that socket with pickled tuples (docs/design.md, "The server", lists them); it exits when the parent closes
+its end."""
 
 from __future__ import annotations
 
@@ -64,7 +48,7 @@ def main(fd: int) -> None:
                 if piece.completion is None:
                     conn.send(("piece", _fields(piece)))
                 else:
-                    conn.send(("done", piece.text, dataclasses.asdict(piece.completion)))
+                    conn.send(("done", piece.text, dataclasses.asdict(piece.completion), engine.cached_tokens()))
         except Exception as exc:  # a failed generation, not a dead process: the parent answers it, we go on
             conn.send(("error", type(exc).__name__, str(exc)))
 
@@ -72,7 +56,7 @@ def main(fd: int) -> None:
 def _read(conn: Connection, jobs: queue.Queue) -> None:
     """Messages from the parent. Cancels must arrive while the main thread is busy generating, hence a thread;
     each job gets its own CancelToken, made here, so a late cancel can only reach the job it was meant for."""
-    from fsd_local.engine import CancelToken
+    from fsd_local.results import CancelToken
 
     current = CancelToken()
     try:

@@ -1,28 +1,20 @@
-"""Running one validated request on the server's queue, shared by the OpenAI and the Ollama routes: a streamed
-generation hands its pieces to the event loop through a queue; a whole one is awaited while watching for the
-client to leave, which cancels it (the engine stops at its next round, the caches stay a prefix of the
-accepted text)."""
+"""The worker's side of a request: `Runner` queues a validated generation and hands its pieces to the event loop,
+or awaits its completion while watching for the client to leave (which cancels it at its next round)."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import TYPE_CHECKING
 
 from fastapi import Request
 
-from fsd_local.errors import ConfigError, ContextOverflowError
 from fsd_local.results import CancelToken, Completion, Piece
 from fsd_local.server.metrics import Metrics
-from fsd_local.server.openai_schema import APIError
-from fsd_local.server.process_errors import ModelProcessError
 from fsd_local.server.worker import Worker
 from fsd_local.settings import Settings
 
 if TYPE_CHECKING:
     from fsd_local.engine_like import EngineLike
-
-log = logging.getLogger("fsd_local.server")
 
 
 class Runner:
@@ -83,24 +75,3 @@ def _consume(fut: asyncio.Future) -> None:
     """Fetch an abandoned job's outcome so that asyncio does not log it as never retrieved."""
     if not fut.cancelled():
         fut.exception()
-
-
-def check_available(engine: EngineLike) -> None:
-    """503 when the supervisor has given up on the model process (its reason says why)."""
-    if engine.state == "failed":
-        raise APIError(503, str(engine.reason or ""), type="server_error", code="model_unavailable")
-
-
-def as_api_error(exc: BaseException) -> APIError:
-    """The error a client is told of, for any exception a request or its generation raised."""
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, ContextOverflowError):
-        return APIError(400, str(exc), code="context_length_exceeded")
-    if isinstance(exc, ConfigError):
-        return APIError(400, str(exc), code="invalid_value")
-    if isinstance(exc, ModelProcessError):  # the model process died (500) or will not come back (503)
-        log.error("%s", exc)
-        return APIError(exc.status, str(exc), type="server_error", code=exc.code)
-    log.error("generation failed", exc_info=exc)
-    return APIError(500, f"generation failed: {exc}", type="server_error", code="internal_error")

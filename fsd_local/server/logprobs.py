@@ -1,11 +1,5 @@
-"""OpenAI's `logprobs` objects, built from the per-token log-probabilities a generation reports (Piece,
-Completion: the target's log-softmax over the logit row the acceptance rule saw).
-
-Chat completions: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...], "origin"}], "refusal"}.
-Completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset", "origins"}.
-`origin` / `origins` are fsd-local's extension: why each token is there (target = the target's own token,
-sd = a draft token that passed the speculative-decoding test, fuzzy = a draft token rescued by tau).
-"""
+"""OpenAI's `logprobs` objects for chat completions and (legacy) completions, built from the log-probabilities a
+generation reports, with fsd-local's `origin` / `origins` extension (docs/server.md)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,25 @@
-"""The server's Prometheus metrics, kept and rendered by `prometheus_client` (the library Prometheus users expect:
-its text format, OpenMetrics on request, label escaping).
-
-Each app has its own CollectorRegistry, not the library's global one, so several apps in one process (tests,
-embedding) never count into each other. Generation statistics are counted in the HTTP process from the
-Completion every generation returns, whether the models run in this process or in the supervised child, so
-one process owns every counter and no multiprocess mode is needed.
-"""
+"""The server's reports on itself: /health, and /metrics in Prometheus' format from `prometheus_client`, with a
+registry per app (several apps in one process never count into each other) and every counter in the HTTP
+process (the Completions come back from the child), so no multiprocess mode is needed."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
 if TYPE_CHECKING:
-    from fsd_local.engine import Completion
+    from fsd_local.engine_like import EngineLike, ModelProcess
+    from fsd_local.results import Completion
+    from fsd_local.server.worker import Worker
+
+ROUTES = ("/health", "/metrics")
 
 # (metric name without _total, help, the Stats field summed into it)
 _SUMS = (
@@ -98,9 +100,9 @@ class Metrics:
     def count_response(self, path: str, status: int) -> None:
         self._responses.labels(path, str(status)).inc()
 
-    def watch_model_process(self, supervisor: Any) -> None:
+    def watch_model_process(self, process: ModelProcess) -> None:
         """Export the supervised model process's restarts and deaths (counted by the supervisor itself)."""
-        self.registry.register(_ModelProcessCollector(supervisor))
+        self.registry.register(_ModelProcessCollector(process))
 
     def render(self, running: int, waiting: int, capacity: int, accept: str | None = None) -> tuple[bytes, str]:
         """(body, content type): the Prometheus text format, or OpenMetrics if the scraper's Accept asks for it."""
@@ -114,11 +116,11 @@ class Metrics:
 class _ModelProcessCollector:
     """Read at scrape time from the supervisor: the values live there, so nothing has to be pushed here."""
 
-    def __init__(self, supervisor: Any):
-        self.supervisor = supervisor
+    def __init__(self, process: ModelProcess):
+        self.process = process
 
     def collect(self):
-        s = self.supervisor
+        s = self.process
         yield CounterMetricFamily(
             "fsd_model_restarts", "Model processes started to replace one that died.", value=s.restarts
         )
@@ -140,3 +142,56 @@ class _ModelProcessCollector:
             "Seconds the last model process took to start and load the models.",
             value=s.last_start_seconds,
         )
+
+
+def install(app: FastAPI, metrics: Metrics, engine: EngineLike, worker: Worker, guarded: list[Any], name: str) -> None:
+    """Add /health (open to all) and /metrics."""
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        # ok | restarting (the model process died and a new one is loading) | failed (gave up; reason says why)
+        state, reason = engine.state, engine.reason
+        body: dict[str, Any] = {
+            "status": state,
+            "model": name,
+            "queue": {"running": worker.running, "waiting": worker.waiting, "max_queue": worker.max_queue},
+        }
+        if reason:
+            body["reason"] = reason
+        if (process := engine.model_process) is not None:
+            body["model_process"] = {"restarts": process.restarts, "start_seconds": process.last_start_seconds}
+        return JSONResponse(body, status_code=200 if state == "ok" else 503)
+
+    @app.get("/metrics", dependencies=guarded)
+    async def prometheus(request: Request) -> Response:
+        body, content_type = metrics.render(
+            worker.running, worker.waiting, worker.max_queue, request.headers.get("accept")
+        )
+        return Response(body, media_type=content_type)
+
+
+class CountResponses:
+    """ASGI middleware counting responses by route and status. `routes` are paths, or templates whose last part is
+    a parameter ("/v1/models/{model}"); a path no route names is counted as "other"."""
+
+    def __init__(self, app: Any, metrics: Metrics, routes: Sequence[str]):
+        self.app, self.metrics = app, metrics
+        self.paths = frozenset(r for r in routes if "{" not in r)
+        self.templates = [(r[: r.index("{")], r) for r in routes if "{" in r]
+
+    def label(self, path: str) -> str:
+        if path in self.paths:
+            return path
+        return next((t for prefix, t in self.templates if path.startswith(prefix)), "other")
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        label = self.label(scope["path"])
+
+        async def counted(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.count_response(label, message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counted)

@@ -1,30 +1,26 @@
 """Ollama's API on `fsd-local serve` (docs/server.md): /api/chat and /api/generate (NDJSON streams by default),
-/api/tags, /api/show, /api/ps and /api/version, next to the OpenAI routes on the same port, with the same
-engine, API key and queue. A request is translated to the OpenAI request it means (ollama_schema.py) and
-validated by the same code; errors answer in Ollama's shape, {"error": "..."}, with its status codes."""
+/api/tags, /api/show, /api/ps and /api/version; a request is translated to the OpenAI request it means
+(ollama_schema.py) and runs on the same path (request.py), its errors in Ollama's shape."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
 
-from fsd_local.results import CancelToken, Completion
-from fsd_local.server import ollama_models, ollama_tools, openai_tools
-from fsd_local.server.generation import Runner, as_api_error, check_available
+from fsd_local.results import Completion, Piece
+from fsd_local.server import ollama_models, ollama_tools
+from fsd_local.server.errors import APIError
+from fsd_local.server.generation import Runner
 from fsd_local.server.ollama_schema import OLLAMA_VERSION, OllamaReply, parse_body, translate
-from fsd_local.server.openai_schema import APIError, ChatRequest, prompt_tokens, settings_for
+from fsd_local.server.request import NDJSON, check_available, prepare, respond
 from fsd_local.settings import Settings
 from fsd_local.tools import ToolPlan
 
 ROUTES = ("/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version")
-NDJSON = "application/x-ndjson"
 # Ollama's routes that manage models or compute embeddings: fsd-local serves the pair it was started with
 MANAGING = ("pull", "push", "create", "delete", "copy", "blobs")
 EMBEDDING = ("embed", "embeddings")
@@ -102,43 +98,11 @@ async def _answer(runner: Runner, request: Request, route: Literal["chat", "gene
     reply = OllamaReply(route, body.model, started, asked.ignored, engine.token_bytes)
     stream = asked.request.stream
     if asked.empty:  # Ollama's way to load a model: it is loaded
-        return _single(reply.loaded(), stream)
-    settings = settings_for(engine, asked.request)
-    tools = None  # the tools path (openai_tools.py): tools offered, or tool calls and results in the messages
-    if isinstance(asked.request, ChatRequest) and openai_tools.uses_tools(asked.request):
-        tools, settings = await run_in_threadpool(openai_tools.plan, engine, asked.request, settings)
-        prompt = tools.prompt
-    else:
-        prompt = await run_in_threadpool(prompt_tokens, engine, asked.request)  # tokenising is CPU work
-    settings = _within(settings, len(prompt), asked.num_ctx)
-    headers = openai_tools.headers(tools) if tools is not None else None
-    cancel = CancelToken()
-    if stream:
-        pieces = runner.stream(prompt, settings, cancel)
-        return StreamingResponse(
-            _ndjson(reply, pieces, cancel, tools),
-            media_type=NDJSON,
-            headers={"Cache-Control": "no-cache", **(headers or {})},
-        )
-    try:
-        c = await runner.whole(request, prompt, settings, cancel)
-    except Exception as exc:
-        raise as_api_error(exc) from exc
-    if c is None:  # the client left
-        return Response(status_code=499)
-    if tools is None:
-        return JSONResponse(reply.final(c, c.text, whole=True))
-    content, calls = ollama_tools.message(tools, c)
-    return JSONResponse(_with_calls(reply.final(c, content, whole=True), calls, tools, c), headers=headers)
-
-
-def _with_calls(out: dict[str, Any], calls: list[dict[str, Any]], plan: ToolPlan, c: Completion) -> dict[str, Any]:
-    """A chunk with the reply's tool calls (Ollama's shape) and, on the final one, fsd.tools."""
-    if calls:
-        out["message"]["tool_calls"] = calls
-    if "fsd" in out:
-        out["fsd"]["tools"] = ollama_tools.fsd_tools(plan, c, out["fsd"])
-    return out
+        loaded = reply.loaded()
+        return Response(NDJSON.encode(loaded), media_type=NDJSON.media_type) if stream else JSONResponse(loaded)
+    job = await prepare(engine, asked.request)
+    job.settings = _within(job.settings, len(job.prompt), asked.num_ctx)
+    return await respond(runner, request, job, OllamaAnswer(reply, job.tools), NDJSON, stream)
 
 
 def _within(settings: Settings, prompt_len: int, num_ctx: int | None) -> Settings:
@@ -152,41 +116,40 @@ def _within(settings: Settings, prompt_len: int, num_ctx: int | None) -> Setting
     return settings.with_(max_tokens=min(settings.max_tokens, room))
 
 
-def _single(obj: dict[str, Any], stream: bool) -> Response:
-    if stream:
-        return Response(_line(obj), media_type=NDJSON)
-    return JSONResponse(obj)
+class OllamaAnswer:
+    """Ollama's objects of one generation: each piece's text, then the final object with the counters (`whole`: the
+    answer in one object). With tools, a call is never sent as text: the calls come in one chunk once complete,
+    before the final object."""
 
+    def __init__(self, reply: OllamaReply, tools: ToolPlan | None):
+        self.reply, self.tools = reply, tools
+        self.streamed = ollama_tools.Streamed(tools) if tools is not None else None
 
-def _line(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
+    def opening(self) -> list[dict[str, Any]]:
+        return []
 
+    def piece(self, piece: Piece) -> list[dict[str, Any]]:
+        text = piece.text if self.streamed is None else self.streamed.content(piece)
+        return [self.reply.chunk(text, piece)] if text or (piece.token_ids and piece.logprobs is not None) else []
 
-async def _ndjson(
-    reply: OllamaReply, pieces: asyncio.Queue, cancel: CancelToken, tools: ToolPlan | None = None
-) -> AsyncIterator[str]:
-    """One JSON object a line: each piece's text, then the final object with the counters; an error that ends
-    the generation is a last line {"error": "..."} (Ollama's clients raise it). With tools, a call is never
-    sent as text: the calls come in one chunk once complete, before the final object."""
-    streamed = ollama_tools.Streamed(tools) if tools is not None else None
-    try:
-        while True:
-            item = await pieces.get()
-            if isinstance(item, BaseException):
-                yield _line({"error": as_api_error(item).message})
-                return
-            text = item.text if streamed is None else streamed.content(item)
-            if text or (item.token_ids and item.logprobs is not None):
-                yield _line(reply.chunk(text, item))
-            if item.completion is not None:
-                c = item.completion
-                if streamed is None:
-                    yield _line(reply.final(c))
-                    return
-                rest, calls = streamed.rest(c)
-                if rest or calls:
-                    yield _line(_with_calls(reply.chunk(rest), calls, streamed.plan, c))
-                yield _line(_with_calls(reply.final(c), [], streamed.plan, c))
-                return
-    finally:  # normal end, or the client disconnected (Starlette cancels the stream): stop the generation
-        cancel.cancel()
+    def closing(self, c: Completion) -> list[dict[str, Any]]:
+        if self.streamed is None:
+            return [self.reply.final(c)]
+        rest, calls = self.streamed.rest(c)
+        out = [self._with_calls(self.reply.chunk(rest), calls, c)] if rest or calls else []
+        return [*out, self._with_calls(self.reply.final(c), [], c)]
+
+    def whole(self, c: Completion) -> dict[str, Any]:
+        if self.tools is None:
+            return self.reply.final(c, c.text, whole=True)
+        content, calls = ollama_tools.message(self.tools, c)
+        return self._with_calls(self.reply.final(c, content, whole=True), calls, c)
+
+    def _with_calls(self, out: dict[str, Any], calls: list[dict[str, Any]], c: Completion) -> dict[str, Any]:
+        """A chunk with the reply's tool calls (Ollama's shape) and, on the final one, fsd.tools."""
+        assert self.tools is not None, "only the tools path has calls"
+        if calls:
+            out["message"]["tool_calls"] = calls
+        if "fsd" in out:
+            out["fsd"]["tools"] = ollama_tools.fsd_tools(self.tools, c, out["fsd"])
+        return out

@@ -1,13 +1,6 @@
 """Ollama's wire format (docs/server.md, "Ollama's API"): /api/chat and /api/generate bodies -> the OpenAI request
-models of openai_schema.py, so that both APIs go through one request-to-settings path (settings_for,
-prompt_tokens), and engine results -> Ollama's NDJSON chunks with its counters.
-
-`options` maps onto Settings through the declarations: every setting the HTTP API takes is an option under its
-own name (temperature, top_k, ..., and fsd-local's own: tau, mode, quality_budget, ...), plus Ollama's names
-for them (num_predict). Ollama's options that only say how to load or run a model are accepted and have no
-effect; its samplers fsd-local lacks are accepted at the value that turns them off; unknown names are ignored,
-as Ollama ignores them, and reported back in the final chunk (fsd.ignored_options).
-"""
+they mean (its `options` through the settings' declarations and Ollama's names for them), so both APIs share one
+path from there, and results -> Ollama's NDJSON objects with its counters."""
 
 from __future__ import annotations
 
@@ -20,8 +13,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fsd_local.results import Completion, Piece
+from fsd_local.server.errors import APIError
 from fsd_local.server.logprobs import TokenBytes, chat_logprobs
-from fsd_local.server.openai_schema import SETTING_FIELDS, APIError, ChatRequest, CompletionRequest, fsd_stats, parse
+from fsd_local.server.openai_schema import SETTING_FIELDS, ChatRequest, CompletionRequest, fsd_stats, parse
 from fsd_local.settings import FIELD, Settings, chat_sampling
 
 # the version of Ollama's API these routes follow (clients check it: VS Code's needs at least 0.6.4)
@@ -34,11 +28,6 @@ RUNNER_OPTIONS = frozenset(
     "num_thread num_keep penalize_newline mirostat_tau mirostat_eta".split()
 )
 OFF = {"mirostat": 0, "tfs_z": 1.0, "typical_p": 1.0}  # samplers fsd-local does not have, at their off value
-
-
-def error_body(path: str, err: APIError) -> dict[str, Any]:
-    """An error in the shape of the route's API: Ollama's {"error": "..."} under /api/, else OpenAI's."""
-    return {"error": err.message} if path.startswith("/api/") else err.body()
 
 
 class _Strict(BaseModel):

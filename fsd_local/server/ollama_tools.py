@@ -1,8 +1,5 @@
-"""Tool calling on Ollama's /api/chat: `tools` in, `message.tool_calls[].function.{name, arguments}` out, with
-the arguments as an object (Ollama's shape). The request is translated to OpenAI's (ollama_schema.py), so the
-prompt and the constraint come from the same tools path as the OpenAI route (openai_tools.plan); only the reply
-is shaped here. A streamed reply sends its content as it comes and the calls in one chunk once complete, before
-the final chunk, as Ollama does."""
+"""Tool calling on Ollama's /api/chat (docs/tools.md): the plan is the OpenAI route's (openai_tools.plan); only the
+reply is shaped here, with the arguments as an object, and a stream's calls come in one chunk once complete."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The OpenAI wire format: request bodies -> engine arguments, engine results -> response and chunk objects.
-
-Requests are validated strictly (a string where a number belongs is an error, not coerced), unknown fields are
-ignored like other local servers do, and fields whose meaning fsd-local cannot honour (n > 1, echo, ...) are
-refused unless they hold their neutral value: a client asking for them must not silently get something else.
-Every refusal is an `APIError` that renders as OpenAI's error body.
-"""
+"""OpenAI's wire format (docs/server.md, "The OpenAI API"): request bodies -> Settings and the prompt, validated
+strictly (a wrong type is a 400, unknown fields are ignored, a field fsd-local cannot honour is refused unless it
+holds its neutral value), and results -> OpenAI's response and chunk objects."""
 
 from __future__ import annotations
 
@@ -15,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from fsd_local.errors import ConfigError, ContextOverflowError
+from fsd_local.server.errors import APIError
 from fsd_local.server.logprobs import TokenBytes, chat_logprobs, text_logprobs
 from fsd_local.settings import FIELDS, Settings, field_type, spec
 
@@ -26,30 +23,6 @@ if TYPE_CHECKING:
 # handled per endpoint: chat also has max_completion_tokens)
 SETTING_FIELDS = tuple(f.name for f in FIELDS if spec(f).http and f.name != "max_tokens")
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
-
-
-class APIError(Exception):
-    """An error answered as HTTP `status` with body {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        retry_after: int | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.retry_after = retry_after  # seconds, sent as Retry-After (every 503 gets one: app.py)
-
-    def headers(self) -> dict[str, str] | None:
-        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 class _Strict(BaseModel):

@@ -1,10 +1,6 @@
-"""Tool calling on the OpenAI chat route: `tools`, `tool_choice`, `parallel_tool_calls`, assistant
-`tool_calls` and `tool` messages in, `message.tool_calls` and finish_reason "tool_calls" out (fsd_local/tools
-does the work; this module speaks OpenAI's shapes).
-
-A request whose tools the model's template cannot express is answered as plain chat; the response says so in
-the `X-FSD-Tools` header and in `fsd.tools.ignored`, and the server logs it.
-"""
+"""Tool calling on OpenAI's chat route (docs/tools.md): `tools`, `tool_choice` and tool messages in, `tool_calls` out;
+fsd_local/tools does the work, this module speaks OpenAI's shapes. Tools the template cannot express are answered
+as plain chat, said in the `X-FSD-Tools` header and `fsd.tools.ignored`."""
 
 from __future__ import annotations
 
@@ -12,9 +8,11 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsd_local.conversation import reply_room, splice_cached
+from fsd_local.conversation import reply_room
 from fsd_local.errors import ConfigError
-from fsd_local.server.openai_schema import APIError, ChatRequest, Reply, check_prompt, plain_message
+from fsd_local.prompting import loaded_context, splice
+from fsd_local.server.errors import APIError
+from fsd_local.server.openai_schema import ChatRequest, Reply, check_prompt, plain_message
 from fsd_local.tools import Parsed, ToolError, ToolModel, ToolPlan, ToolStream, call_stats, plan_tools, tool_request
 
 if TYPE_CHECKING:
@@ -44,18 +42,14 @@ def api_error(exc: ConfigError) -> APIError:
 
 def plan(engine: EngineLike, req: ChatRequest, settings: Settings) -> tuple[ToolPlan, Settings]:
     """The request's prompt (checked like any prompt) and its settings with the tool-call constraint."""
-    from fsd_local.engine import Engine
-
     try:
         wanted = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
         messages = [_message(i, m) for i, m in enumerate(req.messages)]
-        n_ctx = min(m.n_ctx for m in (engine.target, engine.draft) if m is not None)
+        n_ctx = loaded_context(engine)
         p = plan_tools(tool_model(engine), wanted, messages, n_ctx, reply_room(settings.max_tokens, n_ctx))
     except ConfigError as exc:
         raise api_error(exc) from None
-    if isinstance(engine, Engine):  # a sampled reply's own split, as Engine.chat_prompt keeps it
-        p.prompt = splice_cached(p.prompt, list(engine.target.tokens), engine.target.piece)
-    p.prompt = check_prompt(engine, p.prompt, "messages")
+    p.prompt = check_prompt(engine, splice(engine, p.prompt), "messages")  # the prompt contract, as chat_prompt
     if p.grammar is not None:
         if settings.grammar is not None or settings.json_schema is not None:
             raise APIError(

@@ -1,36 +1,39 @@
-"""Who may drive the server (docs/server.md, "Security"): a page of another site must not, whatever it tries.
-
-- Host: only the server's own names are answered: loopback names and addresses, the address it listens on (when
-  that is every address: any IP address and this machine's name) and the names given with --allow-host. A web
-  page that rebinds its own domain to 127.0.0.1 (the DNS rebinding attack of Ollama's CVE-2024-28224) sends its
-  domain as Host and is refused before anything runs.
-- Origin: a browser names the page behind every cross-site request (and every POST). The page's own origin
-  (the chat page at /) always works; another origin only when listed with --allow-origin or FSD_LOCAL_ORIGINS
-  (`*` globs: http://localhost:*, chrome-extension://*). A request from any other origin is refused, not just
-  left unreadable: CORS alone would let a "simple" cross-site POST run and only hide its answer.
-- Content-Type: a request with a body must say it is JSON (application/json), so that no form or text/plain
-  POST, which browsers send cross-site without asking first, can reach a JSON route.
-Refusals are 403 (Host, Origin) or 415 (Content-Type) in the route's own error shape, saying what to change.
-"""
+"""Who may drive the server (docs/server.md, "Security"): the API key, and the Guard refusing a Host that is not the
+server's own (DNS rebinding), an Origin not allowed and a body not sent as JSON, before anything runs (403, 415)."""
 
 from __future__ import annotations
 
 import fnmatch
+import hmac
 import ipaddress
 import json
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from fsd_local.server.ollama_schema import error_body
-from fsd_local.server.openai_schema import APIError
+from fastapi import Request
+
+from fsd_local.server.errors import APIError, error_body
 
 ORIGINS_ENV = "FSD_LOCAL_ORIGINS"  # comma-separated, like Ollama's OLLAMA_ORIGINS
 HOSTS_ENV = "FSD_LOCAL_HOSTS"
 WILDCARD_BINDS = ("", "0.0.0.0", "::", "[::]")
 BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 PREFLIGHT_MAX_AGE = "600"
+
+
+def require_key(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+    """A route dependency: 401 unless the request carries 'Authorization: Bearer <api_key>' (None: no key)."""
+
+    async def authorised(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+    return authorised
 
 
 def env_list(name: str) -> list[str]:

@@ -1,21 +1,6 @@
-"""The server's side of the model process: a proxy with the Engine surface the app uses, and its supervisor.
-
-`Supervisor(target, draft, settings)` starts `fsd_local.server.child` (a fresh interpreter: see that module),
-waits until it has loaded the models, and then behaves like an Engine for the server: `defaults`, `target` /
-`draft` (path, n_ctx), `n_vocab`, `tokenize`, `chat_prompt`, `stream`, `generate`. A generation is sent to the
-child and its pieces come back over a socket; a cancel is forwarded and takes effect at the child's next round.
-
-Tokenising stays here, on the target's vocabulary loaded without weights (ModelOptions.vocab_only): a request
-is validated (chat template, context length) even while the child is restarting, without a round trip, and
-never waits behind the running generation. The vocabulary is read once at start: no threads, no context.
-
-When the child dies, a thread blocked in its `wait()` notices at once and learns how (a signal or an exit
-code). The generation that was running fails with ModelProcessDied, naming the signal; the requests waiting
-behind it wait on here until the new child is ready and run there. A child that dies again before it has
-proved itself (completed a generation, or lived `healthy_after_s`) is restarted after a growing delay
-(0, backoff_s, 2 backoff_s, ... up to backoff_max_s); after `max_failures` such deaths in a row the supervisor
-gives up: `state` becomes 'failed', `reason` says why, and every generation raises ModelUnavailable.
-"""
+"""Supervisor: an EngineLike whose pair runs in a child process (child.py), restarted with back-off when it dies;
+it tokenises here, on the target's vocabulary loaded without weights, under the prompt contract (prompting.py).
+Why it is built so: docs/design.md, "The server"."""
 
 from __future__ import annotations
 
@@ -27,18 +12,18 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsd_local import errors
-from fsd_local.engine import CancelToken, Completion, Piece
 from fsd_local.errors import FSDError, ModelLoadError
 from fsd_local.llama.chat_template import ChatTemplate
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
-from fsd_local.results import check_prompt_ids, final_completion
+from fsd_local.prompting import chat_ids, checked_ids
+from fsd_local.results import CancelToken, Completion, Piece, final_completion
 from fsd_local.server.process_errors import ModelProcessDied, ModelProcessError, ModelUnavailable, _how, describe_exit  # noqa: F401
 from fsd_local.settings import Settings
 from fsd_local.stats import Stats
@@ -48,6 +33,7 @@ if TYPE_CHECKING:
     from fsd_local.engine_like import EngineLike
 
 log = logging.getLogger("fsd_local.server.supervisor")
+T = TypeVar("T")
 
 
 @dataclass
@@ -78,11 +64,8 @@ class _Child:
 
 
 class Supervisor:
-    """A draft/target pair in a supervised child process, with the Engine surface the server uses.
-
-    with Supervisor(target=ModelOptions("big.gguf"), draft=ModelOptions("small.gguf"), tau=0.2) as sup:
-        print(sup.generate("Once upon a time", max_tokens=32).text)
-    """
+    """A draft/target pair in a supervised child process, with the Engine surface the server uses:
+    `with Supervisor(target=ModelOptions("big.gguf"), draft=..., tau=0.2) as sup:` then `sup.generate(prompt)`."""
 
     def __init__(
         self,
@@ -109,10 +92,10 @@ class Supervisor:
         self._streak = 0  # deaths in a row of children that never proved themselves
         self._cond = threading.Condition()
         self._closed = False
-        self._template: ChatTemplate | None = None
+        self._cached: list[int] = []  # what the child's target holds, as its last "done" said
         # the child imports fsd_local from where this process did (multiprocessing's spawn does the same)
         self._env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._vocab_lock = threading.Lock()  # close() must not free the vocabulary under a tokenizing thread
+        self._vocab_lock = threading.Lock()
         self._vocab = Model(replace(self._target_opts, vocab_only=True, rpc_servers=None), "target")
         try:
             self._child = self._spawn()
@@ -129,42 +112,41 @@ class Supervisor:
         """The model process's pid (a direct child of this process)."""
         return self._child.proc.pid
 
+    @property
+    def model_process(self) -> Supervisor:
+        """This supervisor: its counters are the model process's (restarts, deaths, state, start time)."""
+        return self
+
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        with self._vocab_lock:
-            self._check_open()
-            return self._vocab.tokenize(text, add_special=add_special)
+        return self._with_vocab(lambda v: v.tokenize(text, add_special=add_special))
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        with self._vocab_lock:
-            self._check_open()
-            return self._vocab.detokenize(tokens)
+        return self._with_vocab(lambda v: v.detokenize(tokens))
 
     def token_bytes(self, token: int) -> bytes:
         """As Engine.token_bytes."""
-        with self._vocab_lock:
-            self._check_open()
-            return self._vocab.piece(token)
+        return self._with_vocab(lambda v: v.piece(token))
 
     def chat_template(self) -> ChatTemplate:
         """The target's chat template (read from the vocabulary-only copy, once)."""
-        with self._vocab_lock:
-            self._check_open()
-            if self._template is None:
-                self._template = ChatTemplate.from_model(self._vocab)
-            return self._template
+        return self._with_vocab(ChatTemplate.of)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """As Engine.chat_prompt: the target's chat template, and never a second BOS."""
-        template = self.chat_template()
-        text = template.render(messages, add_generation_prompt=True)
-        bos = template.bos_token
-        return self.tokenize(text, add_special=not (bos and text.startswith(bos)))
+        """As Engine.chat_prompt (prompting.py), spliced against what the child's target held at its last reply."""
+        return chat_ids(self, messages)
+
+    def cached_tokens(self) -> list[int]:
+        """What the child's target held when its last generation ended (none after a failure or a restart)."""
+        return self._cached
 
     def prompt_tokens(self, prompt: str | Sequence[int]) -> list[int]:
-        """As Engine.prompt_tokens: ids inside the vocabulary, not empty, within both models' contexts."""
-        tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        n_ctx = min(o.n_ctx for o in (self._target_opts, self._draft_opts) if o is not None)
-        return check_prompt_ids(tokens, self._vocab.n_vocab, n_ctx)
+        """As Engine.prompt_tokens: the shared vocabulary and the contexts the child loaded (prompting.py)."""
+        return checked_ids(self, prompt)
+
+    def _with_vocab(self, read: Callable[[Model], T]) -> T:
+        with self._vocab_lock:  # close() must not free the vocabulary under a tokenizing thread
+            self._check_open()
+            return read(self._vocab)
 
     def generate(
         self,
@@ -253,6 +235,7 @@ class Supervisor:
                         elif msg[0] == "done":
                             ended = child.healthy = True
                             last = Piece(msg[1], [], [], Completion(**msg[2]))
+                            self._cached = msg[3]
                             break
                         else:  # "error": the generation failed, the child lives on
                             ended = True
@@ -261,6 +244,8 @@ class Supervisor:
                     ended = True
                     raise self._died(child) from None
                 finally:
+                    if last is None:  # what the target holds now is not known: splice nothing into the next prompt
+                        self._cached = []
                     if not ended:  # the consumer stopped reading (or an error here): leave the child idle
                         self._abandon(child)
                     if child.exited.is_set():
@@ -361,9 +346,10 @@ class Supervisor:
     def _publish(self, child: _Child) -> bool:
         """Make a ready child the one that serves; False (and the child is stopped) if closing meanwhile."""
         info = child.info
-        self.target = ModelInfo(**info["target"])
+        self.target = ModelInfo(**info["target"])  # as loaded: the context may be larger than the one asked for
         self.draft = ModelInfo(**info["draft"]) if info["draft"] else None
-        self.n_vocab = info["n_vocab"]
+        self.n_vocab = info["n_vocab"]  # the shared vocabulary
+        self._cached = []  # a new child holds nothing
         with self._cond:
             if self._closed:
                 child.proc.kill()

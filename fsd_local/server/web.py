@@ -1,12 +1,6 @@
-"""The chat page of `fsd-local serve` and what it needs from the server.
-
-- `/` and `/static/...`: the page (static files shipped in the package: no build step, nothing from a CDN).
-- `/v1/fsd/settings`: the settings a request may send, generated from fsd_local/settings.py (name, type,
-  the server's default, range, choices, help), so the page builds its controls from what this server accepts.
-- `TokenTrail`: the `fsd_delta` extension field of every streamed chunk (docs/chat.md, "The chat page"): each new
-  token's id, text, origin and, for a token rescued by tau, its divergence and log-probability gap, and how
-  many tokens the round drafted.
-"""
+"""The chat page (docs/chat.md, "The chat page"): `/` and `/static/...` from the package, `/v1/fsd/settings` (the
+settings a request may send, generated from settings.py, for the page's controls), and `TokenTrail`, the
+`fsd_delta` field of each streamed chunk (each new token's id, text, origin and rescue)."""
 
 from __future__ import annotations
 
@@ -20,7 +14,8 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 
 from fsd_local.results import Piece
-from fsd_local.server.openai_schema import SETTING_FIELDS, APIError
+from fsd_local.server.errors import APIError
+from fsd_local.server.openai_schema import SETTING_FIELDS
 from fsd_local.settings import FIELDS, chat_sampling, field_type, spec
 
 if TYPE_CHECKING:

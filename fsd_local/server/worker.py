@@ -10,8 +10,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from fsd_local.engine import CancelToken
-from fsd_local.server.openai_schema import APIError
+from fsd_local.results import CancelToken
+from fsd_local.server.errors import APIError
 from fsd_local.settings import SERVER_MAX_QUEUE
 
 if TYPE_CHECKING:

@@ -1,22 +1,6 @@
-"""The tool-call syntaxes of the template families: the grammar that constrains a call, and the parse back.
-
-- hermes (Hermes, Qwen 2.5/3, SmolLM3, ...): text, then `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
-  blocks, one per call.
-- llama3 (Llama 3.1-3.3 JSON tool calling): the reply is one `{"name": ..., "parameters": {...}}` object
-  (optionally after `<|python_tag|>`).
-- mistral (Mistral v3 tokenizer templates): text, then `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
-- mistral-args (Mistral's newer templates: Small 3.2, Devstral, Magistral): text, then
-  `[TOOL_CALLS]name[ARGS]{...}` per call.
-
-Each grammar is one llguidance Lark grammar: with tool_choice `required` or a named function it starts with the
-call; with `auto` it is free text until the model writes the family's trigger (a lazy lexeme ending at the
-trigger, or the trigger's special token), and from there the call's JSON is constrained by the tools' schemas.
-The JSON uses the separators templates render with (`", "`, `": "`, as Python's json.dumps), so a call looks
-like the calls the template writes into the conversation.
-
-A marker (`<tool_call>`, `[TOOL_CALLS]`, ...) that the vocabulary holds as one special token is written in the
-grammar as that token (`<[id]>`): special tokens cannot be spelled by text. `lit` makes that choice.
-"""
+"""The tool-call syntaxes of the template families (hermes, llama3, mistral, mistral-args: docs/tools.md): for each,
+the llguidance Lark grammar that constrains a call, from its first token or after the family's trigger, and the
+parse back; a `Lit` writes a marker as a string literal or, held as one special token, as that token (`<[id]>`)."""
 
 from __future__ import annotations
 

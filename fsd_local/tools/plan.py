@@ -1,15 +1,6 @@
-"""The tools path of one request, for any API: tools -> prompt and constraint -> parsed reply.
-
-    plan = plan_tools(ToolModel(template, tokenize, token_bytes), request, messages, n_ctx, room)
-    settings = settings.with_(grammar=plan.grammar)       # None: a plain reply
-    ... generate plan.prompt ...
-    reply = plan.parse(completion.token_ids)              # content and calls
-
-When the template cannot express tools (or writes calls in a syntax fsd-local does not know), a request whose
-tool_choice is unset or auto is answered as plain chat and `plan.ignored` says why (the API signals it);
-`required` or a named function is a ToolError. Tool definitions that leave no room for the reply are a
-ToolError naming how many tokens they take.
-"""
+"""The tools path of one request, for any API (docs/tools.md, "For developers"): tools -> prompt and constraint
+(`plan_tools`) -> parsed reply (`ToolPlan.parse`). A template that cannot express tools gets plain chat and
+`plan.ignored` says why, unless tool_choice demands a call (a ToolError)."""
 
 from __future__ import annotations
 
@@ -21,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsd_local.llama.chat_template import ChatTemplate
+from fsd_local.prompting import template_ids
 from fsd_local.tools.families import Family, Parsed, detect
 from fsd_local.tools.render import render, supports_tools, template_messages
 from fsd_local.tools.spec import ToolError, ToolRequest
@@ -37,8 +29,7 @@ class ToolModel:
     token_bytes: Callable[[int], bytes]  # special tokens: b""
 
     def prompt(self, text: str) -> list[int]:
-        bos = self.template.bos_token
-        return self.tokenize(text, not (bos and text.startswith(bos)))  # never a second BOS
+        return template_ids(self.tokenize, self.template, text)  # never a second BOS
 
 
 @dataclass

@@ -1,11 +1,6 @@
-"""A conversation with tools -> the prompt, through the model's own chat template.
-
-Messages arrive in OpenAI's shape (an assistant's `tool_calls` with `function.arguments` as JSON text, a
-`tool` message with `tool_call_id`); templates are written for transformers' shape, where the arguments are
-an object (`tool_call.function.arguments | tojson`), so the arguments are parsed back into objects here, as
-llama.cpp does. Whether a template can express tools at all is seen by rendering it with and without a probe
-tool: a template that ignores `tools` renders the same text (llama.cpp's capability test).
-"""
+"""A conversation with tools -> the prompt, through the model's own chat template: OpenAI's JSON-text arguments are
+parsed back into the objects templates expect (as llama.cpp does), and a template that renders the same text with
+and without a probe tool cannot express tools (llama.cpp's capability test)."""
 
 from __future__ import annotations
 

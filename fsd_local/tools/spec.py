@@ -1,10 +1,6 @@
-"""Tool definitions and tool_choice, read from a request (OpenAI's and Ollama's shapes are the same:
-`{"type": "function", "function": {"name", "description", "parameters"}}`), checked once.
-
-A definition whose `parameters` is not a JSON schema object the constraint can compile is refused, naming the
-tool; `parameters` left out means no arguments (`{}`), as OpenAI documents. Every refusal is a `ToolError`
-naming the request field at fault, so each API renders it in its own error shape.
-"""
+"""Tool definitions and tool_choice read from a request (OpenAI's and Ollama's shapes are the same) and checked once:
+`parameters` must be a JSON schema object the constraint can compile (left out: no arguments); every refusal is a
+`ToolError` naming the request field at fault, so each API renders it in its own error shape."""
 
 from __future__ import annotations
 

@@ -16,19 +16,11 @@ import random
 from dataclasses import dataclass, field
 
 from fsd_local.drafting.calibration import CATCH_UP_BATCH
-from fsd_local.drafting.length import PENDING_MAX, DraftLength
+from fsd_local.drafting.length import PENDING_MAX, CostTable, DraftLength
 from fsd_local.drafting.proposer import MODEL, ROWS_KEPT
 from fsd_local.settings import Settings
 
-
-@dataclass
-class Costs:
-    verify: list[float]  # seconds of a target batch of n tokens, index n (0 unused)
-    draft: float  # seconds per drafted token
-    catch_up: float = 0.0  # seconds per token the draft evaluates in one batch after plain steps
-
-    def v(self, n: int) -> float:
-        return self.verify[min(n, len(self.verify) - 1)]
+Costs = CostTable  # seconds of a target batch of n (verify[n]), per drafted token, per caught-up token
 
 
 def interpolated(points: dict[int, float], n_max: int = 17) -> list[float]:
@@ -75,11 +67,14 @@ def measured(costs: Costs, k_max: int = 16) -> DraftLength:
     return dl
 
 
-def run_auto(outcomes, costs: Costs, n_tokens: int, k_max: int = 16, lengths: DraftLength | None = None):
+def run_auto(outcomes, costs: Costs, n_tokens: int, k_max: int = 16, lengths: DraftLength | None = None, prompt=0):
     """One reply of n_tokens on `outcomes` (at least n_tokens + k_max long), the policy `lengths` (default: a
-    freshly measured one) carried in. The draft model starts current, as after the engine's prefill."""
+    freshly measured one) carried in. The draft model starts current, as after the engine's prefill, whose batch
+    of `prompt` tokens the policy sees as the engine shows it (a catch-up's cost per token)."""
     dl = lengths or measured(costs, k_max)
     dl.start(Settings(draft_policy="auto", draft_max=k_max))
+    if prompt > 1:
+        dl.observe_catch_up(prompt, prompt * costs.catch_up)
     res, behind, kept = Result(), 1, []
 
     def catch_up() -> None:
@@ -132,13 +127,16 @@ def run_fixed(outcomes, costs: Costs, n_tokens: int, k: int) -> Result:
     return res
 
 
-def session(traces, costs: Costs, n_tokens: int, k_max: int = 16) -> tuple[list[Result], dict[int, list[Result]]]:
+def session(
+    traces, costs: Costs, n_tokens: int, k_max: int = 16, stored: bool = True, prompt: int = 0
+) -> tuple[list[Result], dict[int, list[Result]]]:
     """One fresh engine replying to each trace in turn with auto, and every fixed k 0..k_max (0 = ar) on the
-    same traces: (auto's replies, {k: fixed k's replies})."""
-    lengths = measured(costs, k_max)
+    same traces: (auto's replies, {k: fixed k's replies}). stored: the engine starts with every cost measured
+    (bench's measure_costs, or a store that holds them all); else with none (an empty store: a new install)."""
+    lengths = measured(costs, k_max) if stored else DraftLength()
     auto = []
     for t in traces:
-        res, lengths = run_auto(t, costs, n_tokens, k_max, lengths)
+        res, lengths = run_auto(t, costs, n_tokens, k_max, lengths, prompt)
         auto.append(res)
     return auto, {k: [run_fixed(t, costs, n_tokens, k) for t in traces] for k in range(k_max + 1)}
 
