@@ -196,13 +196,21 @@ def plain_step(model: Model, ctx: RoundContext, decoder: str) -> Step:
     model.decode(todo, "last")
     model.synchronize()
     seconds = perf_counter() - t
-    rows, out = model.logits(1), ctx.buffers.out
+    return plain_emit(ctx, model.logits(1), model.n_vocab, decoder, len(todo), seconds, t0)
+
+
+def plain_emit(
+    ctx: RoundContext, rows: np.ndarray, n_vocab: int, decoder: str, batch: int, seconds: float, t0: float
+) -> Step:
+    """A plain step's token from the deciding model's one row over its n_vocab (decoded in a batch of `batch`
+    tokens in `seconds`, the round begun at perf_counter() t0)."""
+    out = ctx.buffers.out
     ctx.chain.target_rows(rows, 0)  # the same processing as every target row
-    tok, _ = emit_one(rows[0], model.n_vocab, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
+    tok, _ = emit_one(rows[0], n_vocab, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
     ctx.chain.settle(0, tok)
     emitted = _emitted([int(tok)], out, 0, 0, ctx.logprobs)
     emitted.origins[0] = decoder
-    return Step(emitted, 0, NO_LOSS, len(todo), seconds, perf_counter() - t0, rows, out, None, decoder)
+    return Step(emitted, 0, NO_LOSS, batch, seconds, perf_counter() - t0, rows, out, None, decoder)
 
 
 def _emitted(tokens: list[int], out: RoundOut, accepted: int, n_drafts: int, logprobs: bool) -> Emitted:

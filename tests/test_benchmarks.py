@@ -25,6 +25,10 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             "rows | one-seq ctx",
         ),
         "batch_policy": (["--gpu", "--seeds", "1", "--tokens", "8"], "best fixed k"),
+        "batch_clients": (
+            pair + TINY + ["--clients", "2", "--requests", "2", "--prompts", "1", "--tokens", "4"],
+            "ar: 2 at once / one at a time",
+        ),
         "cache_refill": (
             pair + TINY + ["--repeats", "2", "--tokens", "4", "--prompts", "1", "--light-vocab", "400"],
             "own us/round",

@@ -12,6 +12,35 @@ from dataclasses import dataclass
 from fsd_local.drafting.batch_length import plan_batch
 from fsd_local.drafting.cost_model import CostModel
 
+MS = 1e-3
+# measured on this host (docs/measurements/batch-costs.md: 2-core AMD EPYC, 2 threads, unified KV, 128 tokens of
+# context a sequence): one decode of n rows (index n) from min(n, 4) sequences of the target, and of m rows from m
+# sequences (one each) of the draft, in ms. The F16 demo pair: a row more costs 1.7x at 2 rows, then ~3 ms each;
+# its draft costs 0.7 of the target. The wide pair: 2 rows cost 2x one, 4 rows 2.5x; its draft costs 0.2.
+F16_TARGET_MS = [16.5, 28.5, 30.9, 33.0, 36.0, 35.6, 41.3, 45.3, 46.6, 50.7, 51.9, 56.8, 57.4, 60.5, 64.7, 67.3]
+F16_DRAFT_MS = [11.8, 23.2, 26.5, 26.2, 26.8, 29.1, 34.2, 36.5]
+WIDE_TARGET_MS = [
+    46.3,
+    94.7,
+    101.1,
+    113.9,
+    161.1,
+    165,
+    203.3,
+    185.9,
+    261,
+    245,
+    283.6,
+    269.6,
+    357.5,
+    302.5,
+    337.3,
+    347.5,
+]
+WIDE_DRAFT_MS = [9.1, 14.8, 17.4, 22.1, 26.8, 32.1, 35.5, 41.2]
+F16_TARGET, F16_DRAFT = ([0.0] + [t * MS for t in c] for c in (F16_TARGET_MS, F16_DRAFT_MS))
+WIDE_TARGET, WIDE_DRAFT = ([0.0] + [t * MS for t in c] for c in (WIDE_TARGET_MS, WIDE_DRAFT_MS))
+
 
 @dataclass
 class BatchCosts:
