@@ -8,7 +8,8 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
@@ -103,6 +104,12 @@ class Scheduler:
                 self._thread = threading.Thread(target=self._work, name="fsd-local-batch", daemon=True)
                 self._thread.start()
         return _pieces(req)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No round runs inside: calls submitted meanwhile wait, and join the batch together after."""
+        with self.eng._lock:
+            yield
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until the worker is idle (every call answered)."""

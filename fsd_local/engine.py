@@ -200,6 +200,11 @@ class Engine:
         return self._run(tokens, s, cancel, dropped)
 
     @property
+    def batch(self) -> Scheduler | None:
+        """The batch of calls at once (parallel > 1; batching.py), else None."""
+        return self._batch
+
+    @property
     def policy(self) -> Policy:
         """The policy state this engine keeps across calls (policy.py): draft length, measured costs, budgets."""
         return self._policy

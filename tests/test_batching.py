@@ -5,6 +5,7 @@ the others' ids as they were; the batch policy's choice under load on injected c
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -53,8 +54,11 @@ def _together(eng, prompts, settings, each=None):
         out[i] = each(i, stream) if each else [p for p in stream][-1].completion
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
+    with eng.batch.paused():  # every call waiting before the first round: they run together from the start
+        for t in threads:
+            t.start()
+        while len(eng.batch.waiting) < len(prompts):
+            time.sleep(0.001)
     for t in threads:
         t.join(60)
     return out
@@ -67,7 +71,7 @@ def test_a_calls_tokens_alone_equal_its_tokens_in_a_batch_of_four(pairs, dtype, 
     alone = _alone(pairs[dtype], PROMPTS, settings)
     with _engine(pairs[dtype], parallel=4) as eng:
         out = _together(eng, PROMPTS, settings)
-        assert eng._batch.peak == 4  # the four ran in one batch
+        assert eng.batch.peak == 4  # the four ran in one batch
     assert [c.token_ids for c in out] == alone
     assert all(c.finish_reason == "length" and len(c.token_ids) == 24 for c in out)
     if mode != "ar":
@@ -113,9 +117,9 @@ def test_calls_that_join_leave_or_are_cancelled_mid_stream_leave_the_others_alon
             t.start()
         for t in threads:
             t.join(60)
-        eng._batch.join(30)
-        assert sorted(eng._batch.free) == [0, 1, 2, 3] and not eng._batch.active
-        assert eng._batch.peak >= 2
+        eng.batch.join(30)
+        assert sorted(eng.batch.free) == [0, 1, 2, 3] and not eng.batch.active
+        assert eng.batch.peak >= 2
     assert out[0][1].token_ids == alone[0] and out[1][1].token_ids == alone[1]
     assert out[2][1].finish_reason == "cancelled"
     for i in (2, 3):
@@ -145,7 +149,7 @@ def _injected(eng, verify, draft, n):
         v.observe(i, s)
     for i, s in enumerate(extend(draft, 16)[1:], 1):
         d.observe(i, s)
-    eng._batch.prices = BatchPrices(v, d, frozen=True)
+    eng.batch.prices = BatchPrices(v, d, frozen=True)
 
 
 def test_the_batch_policy_drafts_long_alone_and_stops_under_load(pairs):
@@ -158,10 +162,10 @@ def test_the_batch_policy_drafts_long_alone_and_stops_under_load(pairs):
         _injected(eng, WIDE_TARGET, WIDE_DRAFT, 8 * 9 + 1)
         eng.generate(PROMPTS[0], **{**settings, "draft_policy": "fixed", "max_tokens": 64})
         alone = eng.generate(PROMPTS[1], **settings)
-        single = [plan.ks[0] for n, plan in eng._batch.plans if n == 1]
-        eng._batch.plans.clear()
+        single = [plan.ks[0] for n, plan in eng.batch.plans if n == 1]
+        eng.batch.plans.clear()
         out = _together(eng, [PROMPTS[i % 4] for i in range(8)], settings)
-        full = [plan.ks for n, plan in eng._batch.plans if n == 8]
+        full = [plan.ks for n, plan in eng.batch.plans if n == 8]
     assert single and single[0] >= 5
     assert alone.stats["drafted"] > 0
     assert full and all(ks == [0] * 8 for ks in full)
