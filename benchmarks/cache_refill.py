@@ -25,7 +25,8 @@ import numpy as np
 
 from fsd_local.kernels.accept import accept_round, round_out, rule_of, sampling_of
 from fsd_local.kernels.budget import new_budget
-from fsd_local.kernels.sampling import KEPT_MAX, pick_kept
+from fsd_local.kernels.dense import new_summaries
+from fsd_local.kernels.sampling import KEPT_MAX, pick_kept, pick_kept_copy
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.round import new_buffers
@@ -42,6 +43,24 @@ def _bookkeeping(seq: list[int], tok: int) -> int:
     return sum(tail) + len({"tokens": tail, "origins": ["sd"] * len(tail)})
 
 
+def _sampled_round(m: Model, tok: int, nv: int) -> tuple:
+    """accept_round's arguments after the rows, for sd at temperature 0.7 alone with the model as its own draft:
+    the drafts are the picks from the very rows the timed decodes give again (every one accepted, the bonus drawn:
+    the self-pair's usual round)."""
+    base = len(m.tokens)
+    m.decode([tok] * 5, "from:0")  # what the timed piece's decode gives again
+    rows = np.array(m.logits(5), copy=True)
+    m.truncate(base)
+    drafts, us = new_buffers(4, nv).drafts, np.full(5, 0.5)
+    for i in range(4):
+        drafts.rows[i] = rows[i]
+        drafts.tokens[i], drafts.prob[i], _, drafts.kept_n[i] = pick_kept(
+            rows[i], nv, 0.7, 0, 1.0, 0.0, 0.5, drafts.stats[i], drafts.kept[i], False, drafts.summary
+        )
+    s = Settings(mode="sd", draft_max=4, temperature=0.7)
+    return drafts, 4, nv, rule_of(s), sampling_of(s), us, round_out(4, 0, False), new_budget(None, 4)
+
+
 def cold_and_warm(path: str, threads: int, repeats: int) -> dict[str, tuple[float, float]]:
     """Microseconds of each piece right after a decode and again at once: {piece: (cold, warm)}."""
     m = Model(ModelOptions(path, n_ctx=4096, n_threads=threads, n_threads_batch=threads))
@@ -51,15 +70,25 @@ def cold_and_warm(path: str, threads: int, repeats: int) -> dict[str, tuple[floa
         s = Settings(mode="sd", draft_max=4)
         rule, samp, out, budget = rule_of(s), sampling_of(s), round_out(4, 0, False), new_budget(None, 4)
         drafts, us = new_buffers(4, nv).drafts, np.zeros(5)
-        stats, kept = np.zeros(3, np.float32), np.empty(KEPT_MAX, np.int64)
+        stats, kept, summary = np.zeros(3, np.float32), np.empty(KEPT_MAX, np.int64), new_summaries(1)[0]
+        base, tok = len(m.tokens), int(np.argmax(m.logits(1)[0]))
+        sampled = _sampled_round(m, tok, nv)
         pieces = {  # name: (rows the decode before it outputs, the work)
-            "pick (1 row)": (1, lambda rows: pick_kept(rows[0], nv, 0.0, 0, 1.0, 0.0, 0.5, stats, kept, False)),
+            "pick (1 row)": (
+                1,
+                lambda rows: pick_kept(rows[0], nv, 0.0, 0, 1.0, 0.0, 0.5, stats, kept, False, summary),
+            ),
             "accept_round (5 rows)": (5, lambda rows: accept_round(rows, drafts, 4, nv, rule, samp, us, out, budget)),
+            "T 0.7 pick, copied (1 row)": (
+                1,
+                lambda rows: pick_kept_copy(rows[0], nv, 0.7, 0, 1.0, 0.0, 0.5, stats, kept, False, copy, summary),
+            ),
+            "T 0.7 accept_round (5 rows)": (5, lambda rows: accept_round(rows, *sampled)),
             "bookkeeping": (1, lambda rows: _bookkeeping(list(seq), 7)),
         }
+        copy = np.empty(nv, np.float32)
         for k, f in pieces.values():  # compiled before anything is timed
             f(np.zeros((k, nv), np.float32))
-        base, tok = len(m.tokens), int(np.argmax(m.logits(1)[0]))
         times = {name: [0.0, 0.0] for name in pieces}
         for _ in range(repeats):
             for name, (k, f) in pieces.items():
@@ -97,6 +126,11 @@ def own_time(path: str, threads: int, tokens: int, prompts: int) -> list[dict]:
         ("sd T 0", {**base, "mode": "sd"}),
         ("fsd js 0.3 T 0", {**base, "mode": "fsd", "tau": 0.3, "divergence": "js"}),
         ("sd chat sampling", {**base, "mode": "sd", "seed": 1, **CHAT}),
+        ("sd T 0.7 alone", {**base, "mode": "sd", "seed": 1, "temperature": 0.7}),
+        (
+            "fsd js 0.3 T 0.7 alone",
+            {**base, "mode": "fsd", "tau": 0.3, "divergence": "js", "seed": 1, "temperature": 0.7},
+        ),
     ]
     with Engine(target=path, draft=path, n_threads=threads, draft_policy="fixed") as eng:
         return measure(eng, prompt_tokens(eng, load_prompts()[:prompts], False), configs, tokens)
@@ -128,8 +162,9 @@ def main() -> None:
     for who, rs in rows.items():
         for r in rs:
             own, per_draft, decode = r["own_us_per_round"], r["draft_us_per_draft_token"] or 0, r["decode_ms_per_round"]
-            line = f"own us/round {own:7.0f}  us/draft tok {per_draft:6.1f}  decode ms/round {decode:6.1f}"
-            print(f"{who:>24}  {r['config']:>18}  {line}")
+            phases = f"draft {r['draft_us_per_round']:5.0f}  verify {r['verify_us_per_round']:5.0f}"
+            line = f"own us/round {own:7.0f}  {phases}  us/draft tok {per_draft:6.1f}  decode ms/round {decode:6.1f}"
+            print(f"{who:>24}  {r['config']:>22}  {line}")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
 """What a JSON-schema constraint costs per token (a script, not a unit test): the same chat prompts with and
 without `json_schema`, interleaved, for ar, sd and fsd, on the demo pair.
 
-    python benchmarks/json_overhead.py [--precision f16] [--repeats 2] [--max-tokens 64] [--threads 2] [--tau 0.3]
+    python benchmarks/json_overhead.py [--precision f16] [--repeats 2] [--max-tokens 160] [--threads 2] [--tau 0.3]
+        [--no-jump-forward]
 
 Time per token is the engine's generation time (after the prompt) over its output tokens, summed over the
 prompts of each side. The two sides write different text (one is JSON), so their acceptance differs in the
 speculative modes; `chain_ms_per_token` isolates the constraint's own work: the time spent in the chain's hooks
 (masks from llguidance, applying them to the rows, advancing and rolling back the matcher), measured by timing
-those methods in this script. The two sides of each prompt and mode run back to back, each first half the
-time, so a busy neighbour slows both alike. Prints one JSON object per mode, then a table.
+those methods in this script, `force` included (the forced tokens proposed under jump_forward, on unless
+--no-jump-forward). The schema and prompts are jump_forward.py's profile (5 fields: an enum array, a nested
+object, a boolean). The two sides of each prompt and mode run back to back, each first half the time, so a busy
+neighbour slows both alike. Prints one JSON object per mode, then a table.
 """
 
 from __future__ import annotations
@@ -17,24 +20,13 @@ import argparse
 import json
 import time
 
+from jump_forward import PEOPLE, PROFILE, profile_message  # a sibling script: its profile schema and prompts
+
 from fsd_local import Engine
 from fsd_local.chain import Chain
 from fsd_local.pairs.demo import demo_pair
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "maxLength": 24},
-        "occupation": {"type": "string", "maxLength": 24},
-        "student": {"type": "boolean"},
-    },
-    "required": ["name", "age", "city", "occupation", "student"],
-    "additionalProperties": False,
-}
-PEOPLE = ["a retired teacher from Lyon", "a young programmer in Tokyo", "a farmer in Kenya", "a chef in Rome"]
-HOOKS = ("draft_row", "target_rows", "push", "settle", "admit")
+HOOKS = ("draft_row", "target_rows", "push", "settle", "admit", "force")
 spent = [0.0]
 
 
@@ -55,27 +47,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--precision", default="f16", choices=("q4_1", "f16"))
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tau", type=float, default=0.3)
     ap.add_argument("--people", type=int, default=len(PEOPLE), help="the first N people to describe")
     ap.add_argument("--target", help="a target GGUF instead of the demo pair's (with --draft)")
     ap.add_argument("--draft", help="its draft GGUF")
+    ap.add_argument("--no-jump-forward", dest="jump_forward", action="store_false")
     args = ap.parse_args()
     for name in HOOKS:
         _timed(name)
     modes = {"ar": dict(mode="ar"), "sd": dict(mode="sd"), f"fsd {args.tau}": dict(mode="fsd", tau=args.tau)}
+    jump = {"jump_forward": args.jump_forward}
     d, t = (args.draft, args.target) if args.target else demo_pair(precision=args.precision)
     totals = {(m, c): [0.0, 0, 0.0] for m in modes for c in (False, True)}  # seconds, tokens, chain seconds
     with Engine(target=str(t), draft=str(d), n_ctx=1024, n_threads=args.threads) as eng:
-        eng.chat([{"role": "user", "content": "hi"}], max_tokens=4, json_schema=SCHEMA)  # tokenizer and kernels
+        eng.chat([{"role": "user", "content": "hi"}], max_tokens=4, json_schema=PROFILE)  # tokenizer and kernels
         for r in range(args.repeats):
             for i, who in enumerate(PEOPLE[: args.people]):
-                msg = [{"role": "user", "content": f"Describe {who} as JSON: name, age, city, occupation, student."}]
+                msg = profile_message(who)
                 for m in modes:
                     for c in (False, True) if (r + i) % 2 == 0 else (True, False):  # each side first half the time
                         spent[0] = 0.0
-                        out = eng.chat(msg, max_tokens=args.max_tokens, json_schema=SCHEMA if c else None, **modes[m])
+                        schema = PROFILE if c else None
+                        out = eng.chat(msg, max_tokens=args.max_tokens, json_schema=schema, **modes[m], **jump)
                         tot = totals[(m, c)]
                         tot[0] += out.stats["seconds_total"]
                         tot[1] += out.stats["tokens"]

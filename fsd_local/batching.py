@@ -24,7 +24,18 @@ from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.llama.model import Model
 from fsd_local.llama.seq_batch import SeqBatch
 from fsd_local.results import CancelToken, Piece
-from fsd_local.round import Proposal, Step, judge, new_buffers, plain_emit, target_input
+from fsd_local.round import (
+    Proposal,
+    Step,
+    force,
+    forced_flags,
+    forced_run,
+    judge,
+    new_buffers,
+    plain_emit,
+    target_input,
+)
+from fsd_local.round import slots as n_slots
 from fsd_local.settings import Settings
 
 NOTHING = Proposal(0, None, 0, 0.0)  # a sequence that drafts nothing this round: its plain step rides along
@@ -164,10 +175,12 @@ class Scheduler:
         seq = eng.prompt_tokens(req.prompt, models)
         sid = self._slot_for(seq)
         try:
-            buffers = new_buffers(s.draft_max, eng.n_vocab, s.top_logprobs, s.logprobs)
+            buffers = new_buffers(n_slots(s), eng.n_vocab, s.top_logprobs, s.logprobs)  # drafts and forced tokens
             chain = Chain(s, eng.n_vocab, eng.target).start(seq)
             budget = eng.policy.start(s)
             g = Generation(s, seq, models, eng.target, eng.n_vocab, budget, buffers, chain, req.dropped, seq_id=sid)
+            for m in models:  # a batch reads every row on the host: no backend sampler picks (device_picks.py)
+                m.sampler.use(None)
             cm = eng.policy.length.cost(MODEL).fork() if g.speculative else None
             self._prefill(g)
         except BaseException:
@@ -240,6 +253,9 @@ class Scheduler:
         slots, target = list(self.active), self.eng.target
         t0 = perf_counter()
         proposals = self._draft(slots, self._ks(slots))
+        for i, sl in enumerate(slots):  # ar verifies what a grammar forces as its proposal (round.forced_run)
+            if not sl.g.speculative:
+                proposals[i] = forced_run(sl.g.ctx) or NOTHING
         tb, live = self.batches["target"], []
         for sl, p in zip(slots, proposals):
             part = target_input(sl.g.ctx, len(target.seqs[sl.g.seq_id]), p)
@@ -260,7 +276,7 @@ class Scheduler:
         for sl, p in live:
             g = sl.g
             rows = tb.rows(g.seq_id)
-            if g.speculative:
+            if g.speculative or p.n:
                 step = judge(g.ctx, p, rows, n, seconds, t0)
             else:
                 step = plain_emit(g.ctx, rows, target.n_vocab, "target", n, seconds, t0)
@@ -297,22 +313,30 @@ class Scheduler:
         self.prices.draft.observe(1, per_token)
 
     def _draft(self, slots: list[Slot], ks: list[int]) -> list[Proposal]:
-        """Every drafting call's drafts: one draft decode per position (the first also evaluates what each
-        sequence's draft cache lacks), each call picking its next draft from its own row."""
+        """Every drafting call's proposal: what its grammar forces first, then its drafts, one draft decode per
+        position for every call (the first also evaluates what each sequence's draft cache lacks and its forced
+        tokens), each call picking its next draft from its own row, the grammar's forced run after each draft
+        decoded with it in the next decode (as drafting/proposer.py does for one call)."""
         proposals = [NOTHING] * len(slots)
         d: Model | None = self.eng.draft
-        if d is None or not any(ks):
+        if d is None:
             return proposals
-        db, picks = self.batches["draft"], {}
+        db, picks, used = self.batches["draft"], {}, {}
         t0 = perf_counter()
         for i, (sl, k) in enumerate(zip(slots, ks)):
-            if k > 0:
-                ctx = sl.g.ctx
-                try:
-                    db.add(sl.g.seq_id, list(ctx.seq[len(d.seqs[sl.g.seq_id]) :]), "last")
-                except ContextOverflowError:
-                    continue
-                picks[i] = DraftPicks(ctx, self.eng.n_vocab, k)
+            if not sl.g.speculative:
+                continue
+            ctx, sid = sl.g.ctx, sl.g.seq_id
+            forced = force(ctx, 0, 0)  # no drafter proposes what the grammar forces
+            n = len(forced)
+            proposals[i] = Proposal(n, None, 0, 0.0, forced=forced_flags(ctx, n)) if n else NOTHING
+            if min(k, ctx.room - n) <= 0:
+                continue
+            try:
+                db.add(sid, [*ctx.seq[len(d.seqs[sid]) :], *forced], "last")
+            except ContextOverflowError:
+                continue
+            picks[i], used[i] = DraftPicks(ctx, self.eng.n_vocab, min(k, ctx.room - n), n), n
         going = dict(picks)
         while going:
             rows_only = db.n == db.n_rows  # one token a sequence: a price for the batch policy
@@ -321,33 +345,41 @@ class Scheduler:
             d.synchronize()
             if rows_only:
                 self.prices.observe(self.prices.draft, m, perf_counter() - t)
-            nxt = {}
-            for i, pk in going.items():
-                sid = slots[i].g.seq_id
-                tok = pk.pick(db.rows(sid)[-1])
-                if tok is None:
-                    continue
-                try:
-                    db.add(sid, [tok], "last")
-                except ContextOverflowError:  # no room for the next draft: this call's drafts end here
-                    continue
-                nxt[i] = pk
-            going = nxt
+            going = {i: pk for i, pk in going.items() if self._next_draft(slots[i], pk, used, i)}
         share = (perf_counter() - t0) / len(picks) if picks else 0.0
         for i, pk in picks.items():
-            proposals[i] = Proposal(pk.n, MODEL if pk.n else None, ks[i], share)
+            ctx = slots[i].g.ctx
+            proposals[i] = Proposal(pk.n, MODEL if pk.made else None, ks[i], share, forced=forced_flags(ctx, pk.n))
         return proposals
+
+    def _next_draft(self, sl: Slot, pk: DraftPicks, used: dict[int, int], i: int) -> bool:
+        """One call's draft from its row of the last draft decode, and the grammar's run after it; whether it
+        drafts on (its draft and run then queued for the next decode)."""
+        ctx, sid, db = sl.g.ctx, sl.g.seq_id, self.batches["draft"]
+        tok = pk.pick(db.rows(sid)[-1])
+        if tok is None:
+            return False
+        run = force(ctx, pk.n, used[i])  # the grammar extends the proposal where it decides alone
+        pk.n, used[i] = pk.n + len(run), used[i] + len(run)
+        if pk.done or pk.n >= ctx.room:  # k drafts made, the grammar complete, or forced slots took the room
+            return False
+        try:
+            db.add(sid, [tok, *run], "last")
+        except ContextOverflowError:  # no room for the next draft: this call's drafts end here
+            return False
+        return True
 
     def _learn(self, sl: Slot, p: Proposal, step: Step) -> None:
         """A drafting call's outcome: its acceptance estimate, and adaptive's +2 / -1."""
-        if not p.n:
+        made, accepted = p.drafter_counts(step.accepted)  # forced slots are no draft's evidence
+        if not made:
             return
         if sl.cm is not None:  # its own estimate, and the engine's evidence for the calls after it
-            sl.cm.observe_acceptance(p.n, step.accepted)
-            self.eng.policy.length.cost(MODEL).observe_acceptance(p.n, step.accepted)
+            sl.cm.observe_acceptance(made, accepted)
+            self.eng.policy.length.cost(MODEL).observe_acceptance(made, accepted)
         s = sl.g.s
         if s.draft_policy == "adaptive":
-            sl.k = min(sl.k + 2, s.draft_max) if step.accepted == p.n else max(sl.k - 1, s.draft_min)
+            sl.k = min(sl.k + 2, s.draft_max) if accepted == made else max(sl.k - 1, s.draft_min)
 
 
 def _pieces(req: Request) -> Generator[Piece]:

@@ -12,6 +12,9 @@ The chain keeps its own copy of the accepted text (`start` with the prompt, `set
 emitted) and the penalties' window over it incrementally (kernels/penalties.py `Window`): penalising a row
 costs the tokens in the window, never a copy of the text. A chain with nothing to do (the default settings)
 has `active` False and every hook returns at once.
+
+Under a grammar with `jump_forward`, `force` pushes the tokens the grammar forces as drafts of the round: the
+target verifies them like any draft, and a mismatch rolls them back like any rejected draft (`settle`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from fsd_local.settings import Settings
 class Chain:
     """The processing of one generation's rows. The round's protocol (drafters and verify): `draft_row(row, j)`
     then `push(d_j)` per draft (`admit` for prompt lookup); `target_rows(P, n)` on the target's n + 1 rows;
-    `settle(n_accepted, token)` once the round's text is known."""
+    `settle(n_accepted, token)` once the round's text is known. `force(limit)` pushes what the grammar forces."""
 
     def __init__(self, s: Settings, n_vocab: int, model=None):
         self.n = n_vocab
@@ -47,6 +50,7 @@ class Chain:
         self.constraint = None
         if s.grammar is not None or s.json_schema is not None:
             self.constraint = Constraint(model, compile_grammar(s.grammar, s.json_schema), n_vocab)
+        self.jump = self.constraint is not None and s.jump_forward  # forced tokens are proposed (`force`)
         self.text = np.zeros(0, np.int32)  # the accepted text (prompt and output), self.size long
         self.size = 0
         self.pending = np.zeros(64, np.int32)  # this round's drafts pushed so far
@@ -138,6 +142,20 @@ class Chain:
             return True
         self.constraint.push(token)
         return not self.constraint.finished
+
+    def force(self, limit: int) -> list[int]:
+        """Push the tokens the grammar forces after the accepted text and this round's drafts (at most `limit`,
+        none past the grammar's end) and return them: [] without jump_forward or where the grammar leaves a
+        choice. They are drafts like any other: verified by the target, rolled back by `settle` if rejected."""
+        if not self.jump:
+            return []
+        assert self.constraint is not None, "jump_forward acts under a constraint"
+        forced = self.constraint.forced(limit)
+        for i, tok in enumerate(forced):
+            if not self.push(tok):  # the grammar is complete after it: nothing may follow but the end
+                del forced[i + 1 :]
+                break
+        return forced
 
     def target_rows(self, rows: np.ndarray, n_drafts: int) -> None:
         """The target's rows 0..n_drafts of this round, in place (row j scores the slot after drafts[:j])."""

@@ -8,7 +8,8 @@ grammar sampler through llama-cpp-python cannot roll back, so every draft positi
 
 A `Constraint` follows the accepted text of one generation: `mask(depth)` is the mask after the first `depth`
 tokens pushed this round (masks are computed once per state and shared by the draft's and the target's rows),
-`push` advances through a draft, `settle` keeps the accepted drafts and the emitted token.
+`push` advances through a draft, `settle` keeps the accepted drafts and the emitted token. `forced` reads the
+tokens the grammar alone decides from the current state (docs/design.md, "Forced tokens").
 """
 
 from __future__ import annotations
@@ -111,6 +112,13 @@ class Constraint:
 
     def allows(self, depth: int, token: int) -> bool:
         return bool((int(self.mask(depth)[token >> 5]) >> (token & 31)) & 1)
+
+    def forced(self, limit: int) -> list[int]:
+        """At most `limit` tokens the grammar forces from the current state: llguidance's fast-forward tokens (the
+        forced bytes tokenised, less the trailing tokens a longer allowed token could absorb). Not pushed."""
+        if limit <= 0 or self.finished:
+            return []
+        return self.matcher.compute_ff_tokens()[:limit]
 
     def push(self, token: int) -> None:
         """Advance through a draft token (allowed by the mask of the current state). Past the grammar's end only

@@ -14,20 +14,21 @@ from typing import TYPE_CHECKING, Any
 from fsd_local.batching import Scheduler
 from fsd_local.chain import Chain
 from fsd_local.conversation import fit_conversation, reply_room
+from fsd_local.device_picks import plan as plan_picks
 from fsd_local.drafting.calibration import CostStore
 from fsd_local.drafting.proposer import Proposer
 from fsd_local.errors import FSDError
 from fsd_local.generation import Generation
-from fsd_local.kernels.accept import warm_up
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.penalties import warm_up as warm_chain
+from fsd_local.kernels.warm import warm_up
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
 from fsd_local.policy import Policy
 from fsd_local.prompting import chat_ids, checked_ids, loaded_context
 from fsd_local.results import CancelToken, Completion, Piece, final_completion
-from fsd_local.round import Step, new_buffers, plain_step, verify
+from fsd_local.round import Proposal, Step, forced_run, new_buffers, plain_step, slots, verify
 from fsd_local.settings import Settings
 
 if TYPE_CHECKING:
@@ -292,7 +293,11 @@ class Engine:
         and the policy's observation of it."""
         ctx = g.ctx
         if g.speculative:
-            step = verify(self.target, ctx, self._proposer.propose(ctx))
+            proposal: Proposal | None = self._proposer.propose(ctx)
+        else:  # ar verifies what a grammar forces as a batch of its own; draft-only decides with the draft
+            proposal = forced_run(ctx) if g.s.mode == "ar" else None
+        if proposal is not None:
+            step = verify(self.target, ctx, proposal)
         else:
             step = plain_step(g.models[0], ctx, "target" if g.s.mode == "ar" else "draft")
         t = perf_counter()
@@ -332,15 +337,16 @@ class Engine:
         else:
             models = [self.target]
         seq = self.prompt_tokens(prompt, models)
-        key = (s.draft_max, s.top_logprobs, s.logprobs)
+        key = (slots(s), s.top_logprobs, s.logprobs)
         if self._buffers_key != key:
-            self._buffers = new_buffers(s.draft_max, self.n_vocab, s.top_logprobs, s.logprobs)
+            self._buffers = new_buffers(slots(s), self.n_vocab, s.top_logprobs, s.logprobs)
             self._buffers_key = key
         chain = Chain(s, self.n_vocab, self.target).start(seq)  # penalties, bias, grammar
         budget = self._policy.start(s)
         g = Generation(s, seq, models, self.target, self.n_vocab, budget, self._buffers, chain, dropped)
+        plan_picks(g.ctx, self.target, self.draft)  # which picks llama.cpp's backend samplers make (device_picks.py)
         if g.speculative:
-            self._proposer.start(g.ctx)
+            self._proposer.start(g.ctx, target_rows=not self.target.sampler.active)
         return g
 
     def _prefill(self, g: Generation, cancel, cut: bool = False) -> None:

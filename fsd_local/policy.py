@@ -8,7 +8,7 @@ from fsd_local.drafting.length import DraftLength
 from fsd_local.kernels.budget import Budget, Budgets
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.llama.model import Model
-from fsd_local.round import Step
+from fsd_local.round import Step, slots
 from fsd_local.settings import Settings
 
 
@@ -27,7 +27,7 @@ class Policy:
         """A new generation under `s`: the draft length takes its settings; returns the reply's budget."""
         if s.mode in SPECULATIVE_MODES:
             self.length.start(s)
-        return self._budgets.start(s, s.draft_max)
+        return self._budgets.start(s, slots(s))
 
     def observe(self, step: Step) -> None:
         """A round: the target's decode it timed (a plain step, or the verification of what was drafted) and
@@ -38,7 +38,8 @@ class Policy:
         if p is None:
             self.length.observe(None, 0, 0, 0.0, step.batch, step.seconds)
         else:
-            self.length.observe(p.source, p.n, step.accepted, p.seconds - p.catch_up, step.batch, step.seconds)
+            n, accepted = p.drafter_counts(step.accepted)  # what the grammar forced is no drafter's evidence
+            self.length.observe(p.source, n, accepted, p.seconds - p.catch_up, step.batch, step.seconds)
 
     def observe_prompt(self, n_tokens: int, seconds: float) -> None:
         """The draft model evaluated a prompt of n_tokens in one go: its batches price its tokens before it drafts."""

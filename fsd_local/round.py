@@ -1,5 +1,6 @@
 """One round of one sequence: its `RoundContext` in, a `Proposal` verified in one target decode, a `Step` out
-(docs/design.md, "One round"). A batch of sequences calls the pieces: `target_input`, its own decode, `judge`."""
+(docs/design.md, "One round"). A batch of sequences calls the pieces: `target_input`, its own decode, `judge`
+(`judge_tops` where the device picked each row's argmax)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 from fsd_local.chain import Chain
 from fsd_local.kernels.accept import (
     BY_FUZZY,
+    FORCED,
     Drafts,
     RoundOut,
     Rule,
@@ -23,7 +25,8 @@ from fsd_local.kernels.accept import (
     sampling_of,
 )
 from fsd_local.kernels.budget import Budget, stop_at
-from fsd_local.kernels.emit import emit_one
+from fsd_local.kernels.dense import new_summaries
+from fsd_local.kernels.emit import accept_tops, emit_one
 from fsd_local.kernels.sampling import KEPT_MAX
 from fsd_local.results import Emitted
 from fsd_local.settings import Settings
@@ -33,6 +36,17 @@ if TYPE_CHECKING:
 
 ORIGINS = ("target", "sd", "fuzzy")  # why each emitted token is there, by the kernel's reason code
 NO_LOSS = np.zeros(0)
+NO_ROWS = np.zeros((0, 0), np.float32)  # a step whose token was picked on the device read no row
+# tokens a grammar forces that one round may propose besides its drafts: a long literal is verified over several
+# rounds, each target decode at most draft_max + FORCED_MAX tokens past the pending text
+FORCED_MAX = 16
+
+
+def slots(s: Settings) -> int:
+    """The most slots a round of these settings proposes: its drafts, and under a constraint with jump_forward
+    the tokens the grammar forces."""
+    jump = s.jump_forward and (s.grammar is not None or s.json_schema is not None)
+    return s.draft_max + (FORCED_MAX if jump else 0)
 
 
 class Buffers(NamedTuple):
@@ -55,6 +69,7 @@ def new_buffers(k: int, n_vocab: int, n_top: int = 0, logprobs: bool = True) -> 
         onehot=np.zeros(k, np.uint8),
         kept=np.empty((k, KEPT_MAX), np.int64),
         kept_n=np.full(k, -1, np.int64),
+        summary=new_summaries(1)[0],
         lossless=np.zeros(k, np.uint8),
     )
     return Buffers(drafts, round_out(k, n_top, logprobs), np.zeros(3, np.float32))
@@ -108,8 +123,9 @@ class RoundContext:
 
 class Proposal(NamedTuple):
     """What drafting wrote into the context's draft buffers: n drafts by `source` (a drafter and its evidence
-    class; None when nothing was drafted), the k chosen, drafting's wall seconds and, of those, the seconds
-    spent catching the draft model up, and the skipped positions that catch-up scored."""
+    class; None when no drafter proposed any), the k chosen, drafting's wall seconds and, of those, the seconds
+    spent catching the draft model up, the skipped positions that catch-up scored, and which of the n slots the
+    grammar forced (None: none)."""
 
     n: int
     source: tuple[str, int] | None
@@ -117,6 +133,37 @@ class Proposal(NamedTuple):
     seconds: float
     catch_up: float = 0.0
     probed: int = 0
+    forced: np.ndarray | None = None
+
+    def drafter_counts(self, accepted: int) -> tuple[int, int]:
+        """(slots the drafter proposed, of them those among the first `accepted`): forced slots aside."""
+        if self.forced is None:
+            return self.n, accepted
+        return self.n - int(self.forced.sum()), accepted - int(self.forced[:accepted].sum())
+
+
+def force(ctx: RoundContext, at: int, used: int) -> list[int]:
+    """Write the tokens the grammar forces after this round's first `at` slots into slots at.. of the draft
+    buffers (pushed into the chain), at most FORCED_MAX - `used` and never past the round's room: [] without
+    jump_forward or where the grammar leaves a choice. The target judges them exactly (kernels/accept.py)."""
+    run = ctx.chain.force(min(FORCED_MAX - used, ctx.room - at))
+    d = ctx.buffers.drafts
+    for j, tok in enumerate(run, at):
+        d.tokens[j], d.prob[j], d.onehot[j] = tok, 1.0, FORCED
+        d.stats[j] = 0.0  # a one-hot row's (max, cut-off, log-normaliser), as prompt lookup's
+    return run
+
+
+def forced_flags(ctx: RoundContext, n: int) -> np.ndarray | None:
+    """Which of a proposal's n slots the grammar forced (None: no jump_forward)."""
+    return ctx.buffers.drafts.onehot[:n] == FORCED if ctx.chain.jump else None
+
+
+def forced_run(ctx: RoundContext) -> Proposal | None:
+    """`ar`'s proposal: the tokens the grammar forces, verified as a batch of their own (None: nothing forced)."""
+    t0 = perf_counter()
+    n = len(force(ctx, 0, 0))
+    return Proposal(n, None, 0, perf_counter() - t0, forced=forced_flags(ctx, n)) if n else None
 
 
 class Step(NamedTuple):
@@ -173,8 +220,23 @@ def judge(ctx: RoundContext, proposal: Proposal, rows: np.ndarray, batch: int, s
     accepted, nxt = accept_round(rows, drafts, n, ctx.n_vocab, ctx.rule, ctx.sampling, u, out, ctx.budget)
     ctx.chain.settle(accepted, nxt)
     emitted = _emitted(tokens[:accepted] + [int(nxt)], out, accepted, n, ctx.logprobs)
+    if proposal.forced is not None:
+        for i in np.flatnonzero(proposal.forced[:accepted]):
+            emitted.origins[i] = "forced"
     loss = ctx.budget.loss[: accepted + 1]
     return Step(emitted, accepted, loss, batch, seconds, perf_counter() - t0, rows, out, proposal)
+
+
+def judge_tops(ctx: RoundContext, proposal: Proposal, tops: list[int], batch: int, seconds: float, t0: float) -> Step:
+    """judge for a greedy round of the lossless rule whose rows stayed on the device: `tops`, each row's argmax
+    (picked by the target's backend sampler), decide it (kernels/emit.py `accept_tops`)."""
+    n, drafts, out = proposal.n, ctx.buffers.drafts, ctx.buffers.out
+    out.top[: n + 1] = tops
+    accepted, nxt = accept_tops(drafts.tokens, n, out, ctx.budget)
+    ctx.chain.settle(accepted, nxt)
+    emitted = _emitted(drafts.tokens[:accepted].tolist() + [int(nxt)], out, accepted, n, ctx.logprobs)
+    loss = ctx.budget.loss[: accepted + 1]
+    return Step(emitted, accepted, loss, batch, seconds, perf_counter() - t0, NO_ROWS, out, proposal)
 
 
 def verify(target: Model, ctx: RoundContext, proposal: Proposal) -> Step:
@@ -185,6 +247,9 @@ def verify(target: Model, ctx: RoundContext, proposal: Proposal) -> Step:
     target.decode(part.tokens, f"from:{part.first_row}")
     target.synchronize()
     seconds = perf_counter() - t
+    if target.sampler.active:  # a greedy lossless round: each row's argmax, picked on the device (device_picks.py)
+        tops = [target.sampler.token(j - part.rows) for j in range(part.rows)]
+        return judge_tops(ctx, proposal, tops, len(part.tokens), seconds, t0)
     return judge(ctx, proposal, target.logits(part.rows), len(part.tokens), seconds, t0)
 
 
@@ -196,17 +261,25 @@ def plain_step(model: Model, ctx: RoundContext, decoder: str) -> Step:
     model.decode(todo, "last")
     model.synchronize()
     seconds = perf_counter() - t
+    if model.sampler.active:  # picked on the device: no row comes to the host (device_picks.py)
+        return _emit(ctx, NO_ROWS, model.sampler.take(), decoder, len(todo), seconds, t0)
     return plain_emit(ctx, model.logits(1), model.n_vocab, decoder, len(todo), seconds, t0)
 
 
 def plain_emit(
     ctx: RoundContext, rows: np.ndarray, n_vocab: int, decoder: str, batch: int, seconds: float, t0: float
 ) -> Step:
-    """A plain step's token from the deciding model's one row over its n_vocab (decoded in a batch of `batch`
-    tokens in `seconds`, the round begun at perf_counter() t0)."""
-    out = ctx.buffers.out
+    """A plain step's token from the deciding model's one row over its n_vocab, on the host (decoded in a batch
+    of `batch` tokens in `seconds`, the round begun at perf_counter() t0)."""
     ctx.chain.target_rows(rows, 0)  # the same processing as every target row
+    out = ctx.buffers.out
     tok, _ = emit_one(rows[0], n_vocab, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
+    return _emit(ctx, rows, tok, decoder, batch, seconds, t0)
+
+
+def _emit(ctx: RoundContext, rows: np.ndarray, tok: int, decoder: str, batch: int, seconds: float, t0: float) -> Step:
+    """A plain step's Step for its token `tok`."""
+    out = ctx.buffers.out
     ctx.chain.settle(0, tok)
     emitted = _emitted([int(tok)], out, 0, 0, ctx.logprobs)
     emitted.origins[0] = decoder

@@ -20,6 +20,8 @@ class Stats:
     drafted: int = 0
     accepted_sd: int = 0
     accepted_fuzzy: int = 0
+    forced: int = 0  # tokens the grammar forced, proposed without a drafter (not in drafted) and verified
+    forced_accepted: int = 0  # of those, the tokens the target's verification kept in the reply
     target_calls: int = 0
     prompt_tokens: int = 0
     prompt_evaluated: int = 0  # prompt tokens actually decoded (the rest came from the reused prefix)
@@ -80,21 +82,27 @@ class Stats:
         self.probed += p.probed
         ph = self.phases
         ph["draft"], ph["verify"] = ph["draft"] + p.seconds, ph["verify"] + step.wall
-        self.record_round(p.n, out.reason, out.divergence, out.logprob, min(step.accepted + 1, kept), step.loss)
+        emitted = min(step.accepted + 1, kept)
+        self.record_round(p.n, out.reason, out.divergence, out.logprob, emitted, step.loss, p.forced)
 
-    def record_round(self, n_drafts, reasons, divs, logprobs, emitted, losses):
+    def record_round(self, n_drafts, reasons, divs, logprobs, emitted, losses, forced=None):
         """One round: reasons/divs are the kernel's per-slot arrays, logprobs (empty: not computed) and losses
-        the emitted tokens'."""
+        the emitted tokens'; `forced` flags the slots the grammar forced (None: none), counted apart from the
+        drafter's (their acceptance is not the drafter's)."""
         self.rounds += 1
         self.target_calls += 1
-        self.drafted += n_drafts
-        grow = n_drafts - len(self.by_position_drafted)
-        if grow > 0:
-            self.by_position_drafted.extend([0] * grow)
-            self.by_position_accepted.extend([0] * grow)
         for i in range(n_drafts):
-            self.by_position_drafted[i] += 1
             r = reasons[i]
+            if forced is not None and forced[i]:
+                self.forced += 1
+                self.forced_accepted += bool(r) and i < emitted
+                continue
+            if i >= len(self.by_position_drafted):
+                grow = i + 1 - len(self.by_position_drafted)
+                self.by_position_drafted.extend([0] * grow)
+                self.by_position_accepted.extend([0] * grow)
+            self.drafted += 1
+            self.by_position_drafted[i] += 1
             if r:
                 self.by_position_accepted[i] += 1
                 if r == 1:
@@ -160,6 +168,9 @@ class Stats:
             "fuzzy_share": self.accepted_fuzzy / self.accepted if self.accepted else 0.0,
             "mean_tokens_per_round": self.tokens / self.rounds if self.rounds else 0.0,
             "target_calls": self.target_calls,
+            "forced": self.forced,
+            "forced_accepted": self.forced_accepted,
+            "forced_share": self.forced_accepted / self.tokens if self.tokens else 0.0,
             "acceptance_by_position": [
                 a / d if d else 0.0 for a, d in zip(self.by_position_accepted, self.by_position_drafted)
             ],

@@ -10,7 +10,7 @@ which comes first):
    state by)
 1. kernels/ (Numba), llama/ (llama.cpp through its C API)
 2. settings, tools/
-3. drafting/, pairs/, chain, round, policy
+3. drafting/, pairs/, chain, round, policy, device_picks
 4. the engine: engine, generation, batching
 5. bench/, server/
 6. cli/
@@ -62,7 +62,7 @@ LAYERS = (  # bottom first: names under fsd_local (a package stands for every mo
     ),
     ("kernels", "llama"),
     ("settings", "tools"),
-    ("drafting", "pairs", "chain", "round", "policy"),
+    ("drafting", "pairs", "chain", "round", "policy", "device_picks"),
     ("engine", "generation", "batching"),
     ("bench", "server"),
     ("cli",),

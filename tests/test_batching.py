@@ -1,6 +1,7 @@
 """Several calls on one Engine at once (batching.py) on tiny F32 and F16 GGUFs: a call's greedy token ids alone
 equal its ids among four in one batch (ar, sd, fsd); calls that join, leave or are cancelled mid-stream leave
-the others' ids as they were; the batch policy's choice under load on injected costs. Nothing is timed."""
+the others' ids as they were; a grammar's forced tokens proposed in a batch as alone; the batch policy's choice
+under load on injected costs. Nothing is timed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from fsd_local.drafting.cost_model import VerifyCost
 from fsd_local.errors import FSDError
 from support.batchsim import WIDE_DRAFT, WIDE_TARGET, extend
 from support.tinymodels import write_tiny_gguf
+from tests.test_forced import PROFILE
 
 PROMPTS = ["the cat sat", "a dog ran far", "once upon a time", "hello there my"]
 GREEDY = {"temperature": 0.0, "draft_policy": "fixed", "draft_max": 4, "max_tokens": 24, "ignore_eos": True}
@@ -125,6 +127,36 @@ def test_calls_that_join_leave_or_are_cancelled_mid_stream_leave_the_others_alon
     for i in (2, 3):
         ids = out[i][0]
         assert 0 < len(ids) < 40 and ids == alone[i][: len(ids)]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_forced_tokens_of_a_grammar_are_proposed_in_a_batch_as_alone(pairs, mode):
+    """Two calls under a JSON schema with jump_forward beside two plain ones: each writes its ids alone, the
+    schema calls' forced tokens verified in the batch's target decode (ar's as its proposal, sd/fsd's after and
+    between the drafts, decoded by the draft model with its next draw)."""
+    plain = {**GREEDY, **MODES[mode]}
+    schema = {**plain, "json_schema": PROFILE, "max_tokens": 60, "ignore_eos": False}
+    per = [schema if i % 2 == 0 else plain for i in range(4)]
+    with _engine(pairs["f32"]) as eng:
+        alone = [eng.generate(p, **kw) for p, kw in zip(PROMPTS, per)]
+    with _engine(pairs["f32"], parallel=4) as eng:
+        out = [None] * 4
+
+        def run(i):
+            out[i] = [p for p in eng.stream(PROMPTS[i], **per[i])][-1].completion
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        with eng.batch.paused():
+            for t in threads:
+                t.start()
+            while len(eng.batch.waiting) < 4:
+                time.sleep(0.001)
+        for t in threads:
+            t.join(60)
+        assert eng.batch.peak == 4
+    assert [c.token_ids for c in out] == [c.token_ids for c in alone]
+    for i in (0, 2):
+        assert out[i].stats["forced_accepted"] > 0 and out[i].stats["forced"] == alone[i].stats["forced"]
 
 
 def test_a_bad_call_fails_alone(pairs):

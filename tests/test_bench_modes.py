@@ -57,14 +57,21 @@ def test_serve_answers_every_request_of_concurrent_clients(models):
 
 
 def test_overhead_splits_the_loop_by_phase(models):
+    """With no sampling option, every configuration under the three samplings a user meets (greedy, a temperature
+    alone as OpenAI's API sends, chat's defaults); with one, that sampling alone. Each row has its phases and the
+    call's own time taken from outside (generate's wall time minus llama.cpp's)."""
     args = ["bench", "--overhead", *models, "--taus", "0.3", "--draft-max", "2", "--draft-policy", "fixed"]
     result = invoke(args + ["--max-tokens", "6", "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     labels = [r["config"] for r in rows]
-    assert "ar T 0" in labels and "fsd js tau 0.3 fixed k 2 T 0" in labels
+    for case in ("greedy", "T 0.7 alone (API default)", "chat defaults"):
+        assert f"ar {case}" in labels and f"fsd js tau 0.3 fixed k 2 {case}" in labels
     for r in rows:
         assert r["rounds"] > 0 and r["tokens"] > 0 and 0 <= r["own_share_of_wall"] <= 1
+        assert 0 < r["call_us_per_round_best"] and r["verify_us_per_round"] > 0
+    one = invoke(args + ["--max-tokens", "6", "--json", "--temp", "0.5"])
+    assert [r["config"] for r in json.loads(one.stdout)][:2] == ["ar T 0.5", "sd fixed k 2 T 0.5"]
 
 
 def test_each_measurement_takes_its_own_options(models):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
 TINY = ["--threads", "1"]
 
 
@@ -49,6 +50,10 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
         "first_token": (pair + TINY + ["--repeats", "1", "--tokens", "2", "--empty-store"], "first request"),
         "chat_loops": (pair + TINY + ["--seeds", "1", "--only", "greedy", "--prompts", "1", "--max-tokens", "4"], "1 "),
         "json_overhead": (pair + TINY + ["--repeats", "1", "--people", "1", "--max-tokens", "6"], "json ms/tok"),
+        "jump_forward": (
+            pair + TINY + ["--prompts", "1", "--tokens", "8", "--configs", "ar,sd-k4", "--sampling", "greedy,chat"],
+            "sd-k4     chat",
+        ),
         "record_traces": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--out", str(tmp / "t.json")], "written"),
         "repack_cost": (pair + TINY + ["--tokens", "4", "--repeats", "1"], "no-repack / repack"),
         "rules_frontier": (
@@ -61,6 +66,10 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
         "onehot_speed": (["--n", "4096", "--repeats", "2"], "one-hot divergences, n=4096"),
         "policy_cost": (["--k-max", "4", "--rounds", "5"], "us a round (k_max 4"),
         "serve_overhead": (pair + TINY + ["--repeats", "1", "--max-tokens", "4", "--restarts", "1"], "restart_seconds"),
+        "sampled_overhead": (
+            pair + TINY + ["--repeats", "1", "--tokens", "4", "--prompts", "1", "--light", "--against", str(ROOT)],
+            "T 0.7 fsd js 0.3",
+        ),
     }[name]
 
 

@@ -12,6 +12,7 @@ import pytest
 from fsd_local.kernels import sampling as S
 from fsd_local.kernels.accept import Drafts, Rule, Sampling, accept_round, round_out
 from fsd_local.kernels.budget import new_budget
+from fsd_local.kernels.dense import new_summaries
 from fsd_local.kernels.names import DIVERGENCES, MODES
 from fsd_local.kernels.rows import copy_max_argmax, max_argmax
 from support.reference import divergence as ref_divergence
@@ -130,9 +131,9 @@ def test_the_copying_pick_is_the_pick(recorded, gemma_rows, t, top_k, top_p, min
         x = np.ascontiguousarray(x)
         n, u = x.shape[0], rng.random()
         stats, kept = np.zeros(3, np.float32), np.empty(S.KEPT_MAX, np.int64)
-        ref = S.pick_kept(x, n, t, top_k, top_p, min_p, u, stats, kept, want_top)
+        ref = S.pick_kept(x, n, t, top_k, top_p, min_p, u, stats, kept, want_top, new_summaries(1)[0])
         stats2, kept2, y = np.zeros(3, np.float32), np.empty(S.KEPT_MAX, np.int64), np.zeros(n, np.float32)
-        got = S.pick_kept_copy(x, n, t, top_k, top_p, min_p, u, stats2, kept2, want_top, y)
+        got = S.pick_kept_copy(x, n, t, top_k, top_p, min_p, u, stats2, kept2, want_top, y, new_summaries(1)[0])
         assert got == ref and np.array_equal(stats2, stats) and np.array_equal(y, x)
         if ref[3] > 0:
             assert list(kept2[: ref[3]]) == list(kept[: ref[3]])
@@ -207,7 +208,9 @@ def _sampled_rounds(P, Q, k, sampling, rng):
         stats = np.zeros((k + 1, 3), np.float32)
         drafts, probs = np.empty(k, np.int32), np.empty(k)
         for i in range(k):
-            drafts[i], probs[i], _, _ = S.pick_kept(q[i], n, *sampling, rng.random(), stats[i], kept, False)
+            drafts[i], probs[i], _, _ = S.pick_kept(
+                q[i], n, *sampling, rng.random(), stats[i], kept, False, new_summaries(1)[0]
+            )
         yield rows, q, Drafts(q, drafts, probs, stats, np.zeros(k, np.uint8))
 
 

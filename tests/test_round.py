@@ -77,6 +77,8 @@ def wide_vocab_pair(tmp_path_factory):
 SETTINGS = {
     "greedy sd": {"mode": "sd"},
     "greedy fsd": {"mode": "fsd", "tau": 0.3},
+    "a temperature alone, sd": {"mode": "sd", "temperature": 0.7},  # OpenAI's API: untruncated rows
+    "a temperature alone, fsd": {"mode": "fsd", "tau": 0.3, "temperature": 0.7},
     "chat defaults": {
         "mode": "sd",
         "temperature": 0.8,

@@ -4,13 +4,16 @@ The loop's own time is measured from outside the kernels that matter: wall time 
 decode calls (each Model counts its own, llama/model.py), split by phase (Stats.phases): drafting (the draft
 model's picks, row copies and bookkeeping between its decodes), verifying (the acceptance kernel and the round's
 record), the policy's bookkeeping, and the work after every round (the text, both caches cut back, the stream).
+The same time is also taken from outside the loop: each `Engine.generate` call's wall time minus the time inside
+llama.cpp's decode and synchronize calls (the call's set-up and completion included), best of the repeats.
 On a CPU target a round takes 40-150 ms and this is noise; on a GPU a round takes 10-20 ms and every
 millisecond here comes straight off the speed-up: this is the number to read on a GPU machine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from time import perf_counter
 
 from fsd_local.stats import PHASES
 
@@ -30,6 +33,7 @@ class Overhead:
     verify: float = 0.0  # the verifying phase, the target's decode excluded
     policy: float = 0.0
     advance: float = 0.0
+    calls: list[tuple[float, int]] = field(default_factory=list)  # per repeat: (generate's own seconds, rounds)
 
     def add(self, stats: dict) -> None:
         ph, sec = stats["phase_seconds"], stats["seconds"]
@@ -52,14 +56,23 @@ class Overhead:
         """Wall seconds outside llama.cpp's decodes."""
         return self.wall - self.draft_decode - self.target_decode
 
+    def call(self, repeat: int, own: float, rounds: int) -> None:
+        """One generate call's wall time outside llama.cpp's calls, counted to repeat `repeat`."""
+        while len(self.calls) <= repeat:
+            self.calls.append((0.0, 0))
+        s, r = self.calls[repeat]
+        self.calls[repeat] = (s + own, r + rounds)
+
     def row(self) -> dict:
         per_round = 1e6 / max(1, self.rounds)
+        best = min((s * 1e6 / r for s, r in self.calls if r), default=None)
         return {
             "config": self.label,
             "rounds": self.rounds,
             "drafted": self.drafted,
             "tokens": self.tokens,
             "own_us_per_round": self.own * per_round,
+            "call_us_per_round_best": best,
             **{f"{p}_us_per_round": getattr(self, p) * per_round for p in PHASES},
             "draft_us_per_draft_token": self.draft * 1e6 / self.drafted if self.drafted else None,
             "own_share_of_wall": self.own / self.wall if self.wall else None,
@@ -70,24 +83,31 @@ class Overhead:
 def measure(engine, prompts: list[list[int]], configs: list[tuple[str, dict]], max_tokens: int, repeats: int = 1):
     """Run each (label, settings) on every prompt (token ids) `repeats` times, from an empty cache (an untimed
     short run of each first: kernels and caches warm); returns one Overhead row per configuration."""
+    models = [m for m in (engine.target, engine.draft) if m is not None]
     rows = []
     for label, settings in configs:
         engine.reset()
         engine.generate(prompts[0], **{**settings, "max_tokens": 4})  # untimed: JIT cache, first decodes
         o = Overhead(label)
-        for _ in range(repeats):
+        for repeat in range(repeats):
             for p in prompts:
                 engine.reset()
-                o.add(engine.generate(p, **{**settings, "max_tokens": max_tokens}).stats)
+                inside = sum(m.decode_seconds for m in models)
+                t = perf_counter()
+                stats = engine.generate(p, **{**settings, "max_tokens": max_tokens}).stats
+                wall = perf_counter() - t
+                o.add(stats)
+                o.call(repeat, wall - (sum(m.decode_seconds for m in models) - inside), stats["rounds"])
         rows.append(o.row())
     return rows
 
 
 def format_rows(rows: list[dict]) -> str:
     cols = [
-        ("config", 34, lambda r: r["config"]),
+        ("config", 40, lambda r: r["config"]),
         ("rounds", 6, lambda r: str(r["rounds"])),
         ("own us/round", 12, lambda r: f"{r['own_us_per_round']:.0f}"),
+        ("call us/round", 13, lambda r: _f(r["call_us_per_round_best"], ".0f")),
         ("draft", 7, lambda r: f"{r['draft_us_per_round']:.0f}"),
         ("verify", 7, lambda r: f"{r['verify_us_per_round']:.0f}"),
         ("policy", 7, lambda r: f"{r['policy_us_per_round']:.0f}"),

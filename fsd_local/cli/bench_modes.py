@@ -65,8 +65,11 @@ def overhead(a: dict) -> None:
     _no_csv(a, "overhead")
     configs = configs_of(a, a["drafters"], ["cold"])
     # what a request costs that asks for no log-probabilities (bench's own runs ask: its logp/tok column)
-    common = {**sampling_of(a)[0], "logprobs": False}
-    labelled = [(_label(c), {**c.settings(a["max_tokens"], a["seed"]), **common}) for c in configs]
+    labelled = [
+        (_label(c, case), {**c.settings(a["max_tokens"], a["seed"]), **sampling, "logprobs": False})
+        for case, sampling in _sampling_cases(a)
+        for c in configs
+    ]
     prompts = load_prompts(a["prompts_file"])[: a["limit"]]
     with engine(model_kwargs(a), needs_draft=any(d != "ngram" for d in a["drafters"])) as eng:
         tokens = prompt_tokens(eng, prompts, a["chat"])
@@ -109,11 +112,30 @@ def serve(a: dict) -> None:
     click.echo(json.dumps(out, indent=1) if a["as_json"] else bench_serve.format_result(out))
 
 
-def _label(c) -> str:
+# --overhead with no sampling option: the three ways a user's requests sample, each at the pair's vocabulary
+SAMPLING_CASES: tuple[tuple[str, dict], ...] = (
+    ("greedy", {"temperature": 0.0}),
+    ("T 0.7 alone (API default)", {"temperature": 0.7}),  # OpenAI's API: a temperature, no top-k, top-p 1
+    ("chat defaults", {}),  # settings.CHAT_DEFAULTS, filled in below
+)
+
+
+def _sampling_cases(a: dict) -> list[tuple[str | None, dict]]:
+    """(name, settings) of each sampling the configurations run under: what the options ask (name None: the
+    configuration's own temperature), or with none of them the three SAMPLING_CASES."""
+    from fsd_local.cli.options import BENCH_SAMPLING
+    from fsd_local.settings import CHAT_DEFAULTS
+
+    if a["chat_sampling"] or given("temperatures") or any(a[k] is not None for k in BENCH_SAMPLING):
+        return [(None, sampling_of(a)[0])]
+    return [(name, s or dict(CHAT_DEFAULTS)) for name, s in SAMPLING_CASES]
+
+
+def _label(c, case: str | None = None) -> str:
     parts = [c.mode] + ([c.divergence] if c.divergence else []) + ([f"tau {c.tau:g}"] if c.tau is not None else [])
     parts += [f"B {c.budget:g}"] if c.budget is not None else []
     parts += [f"{c.policy} k {c.draft_max}"] if c.draft_max else []
-    return " ".join(parts + [f"T {c.temperature:g}"])
+    return " ".join(parts + [case or f"T {c.temperature:g}"])
 
 
 MODES = {"kernels": kernels, "overhead": overhead, "costs": costs, "serve": serve}

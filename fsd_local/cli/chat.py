@@ -52,7 +52,7 @@ HELP = "\n".join(
         "a command without a value shows the current one; start a message with // to send a literal leading /",
     ]
 )
-COLOURS = {"sd": "green", "fuzzy": "yellow", "draft": "cyan", "target": None}
+COLOURS = {"sd": "green", "fuzzy": "yellow", "forced": "magenta", "draft": "cyan", "target": None}
 LEGEND = (
     "colours: "
     + click.style("green", fg="green")

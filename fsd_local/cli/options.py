@@ -81,8 +81,9 @@ def _setting_option(f, chat: bool = False, unset: bool = False) -> Callable:
         default = s.chat_default
     if unset:
         default = None
-    if kind is bool:
-        return click.option(cli, f.name, is_flag=True, help=s.help)
+    if kind is bool:  # a setting on by default is turned off with --no-...
+        flag = f"{cli}/--no-{cli[2:]}" if f.default else cli
+        return click.option(flag, f.name, is_flag=True, default=default, help=s.help)
     if kind is tuple:
         return click.option(cli, f.name, multiple=True, metavar=s.metavar, help=s.help)
     if s.cli_file:

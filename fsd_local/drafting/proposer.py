@@ -10,13 +10,13 @@ import numpy as np
 
 from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
-from fsd_local.kernels.accept import Drafts
+from fsd_local.kernels.accept import ONE_HOT, Drafts
 from fsd_local.kernels.budget import threshold
 from fsd_local.kernels.names import DIVERGENCE_MODES
 from fsd_local.kernels.sampling import pick_kept, pick_kept_copy
 from fsd_local.kernels.score import score_slots
 from fsd_local.llama.model import Model
-from fsd_local.round import Proposal, RoundContext, Step
+from fsd_local.round import Proposal, RoundContext, Step, force, forced_flags
 
 MODEL: Source = ("model", 0)
 # the target's rows of the latest plain steps kept for scoring the draft model's catch-up (length.py): a probe
@@ -33,37 +33,48 @@ def rows_needed(ctx: RoundContext) -> bool:
 
 
 class DraftPicks:
-    """One sequence's draws from the draft model in one round: `pick(row)` takes the model's row for the next
-    slot and returns the token to decode next (None: drafting stops); `n` drafts are in the buffers."""
+    """One sequence's draws from the draft model in one round: `pick(row)` takes the model's row for slot `n`
+    (`picked(token)`: the token its backend sampler chose, no row read) and returns the token drafted there (None:
+    none); `n` slots are in the buffers (`made` by the model, the rest forced); `done`: no further draft may follow."""
 
-    __slots__ = ("chain", "copy", "drafts", "k", "n", "n_vocab", "p_min", "sampled", "us")
+    __slots__ = ("chain", "copy", "done", "drafts", "k", "made", "n", "n_vocab", "p_min", "sampled", "us")
 
-    def __init__(self, ctx: RoundContext, n_vocab: int, k: int) -> None:
+    def __init__(self, ctx: RoundContext, n_vocab: int, k: int, n: int = 0) -> None:
         s = ctx.sampling
-        self.chain, self.drafts, self.n_vocab, self.k, self.n = ctx.chain, ctx.buffers.drafts, n_vocab, k, 0
+        self.chain, self.drafts, self.n_vocab, self.k, self.n = ctx.chain, ctx.buffers.drafts, n_vocab, k, n
+        self.made, self.done = 0, False
         self.copy = rows_needed(ctx)
-        self.us = ctx.random.take(k)
+        self.us = ctx.random.take(k)  # one per draw (forced slots draw nothing)
         self.p_min = ctx.settings.draft_p_min
         self.sampled = (s.temperature, s.top_k, s.top_p, s.min_p)
 
     def pick(self, row: np.ndarray) -> int | None:
-        i, d = self.n, self.drafts
+        i, d, u = self.n, self.drafts, self.us[self.made]
         self.chain.draft_row(row, i)
         want_top = self.p_min > 0
         if self.copy:  # the kernel reads the row after the draft's next decode has overwritten llama.cpp's buffer
             tok, p_tok, p_top, d.kept_n[i] = pick_kept_copy(
-                row, self.n_vocab, *self.sampled, self.us[i], d.stats[i], d.kept[i], want_top, d.rows[i]
+                row, self.n_vocab, *self.sampled, u, d.stats[i], d.kept[i], want_top, d.rows[i], d.summary
             )
         else:
             tok, p_tok, p_top, d.kept_n[i] = pick_kept(
-                row, self.n_vocab, *self.sampled, self.us[i], d.stats[i], d.kept[i], want_top
+                row, self.n_vocab, *self.sampled, u, d.stats[i], d.kept[i], want_top, d.summary
             )
+        return self._keep(tok, p_tok, p_top)
+
+    def picked(self, tok: int) -> int | None:
+        """A greedy pick made on the device (device_picks.py: only where no draft row and no p_min is read)."""
+        return self._keep(tok, 1.0, 1.0)
+
+    def _keep(self, tok: int, p_tok: float, p_top: float) -> int | None:
+        i, d = self.n, self.drafts
         if p_top < self.p_min:
+            self.done = True
             return None
         d.tokens[i], d.prob[i], d.onehot[i] = tok, p_tok, 0
-        self.n = i + 1
-        if not self.chain.push(tok) or self.n == self.k:  # a complete grammar: only the reply's end may follow
-            return None
+        self.n, self.made = i + 1, self.made + 1
+        # a complete grammar: only the reply's end may follow
+        self.done = not self.chain.push(tok) or self.made == self.k
         return int(tok)
 
 
@@ -78,12 +89,13 @@ class Proposer:
         self._kept_pos = np.full(ROWS_KEPT, -1, np.int64)
         self.keeps_rows = False
 
-    def start(self, ctx: RoundContext) -> None:
-        """A new generation: no kept row applies to its text; keep rows only where a probe may use them."""
+    def start(self, ctx: RoundContext, target_rows: bool = True) -> None:
+        """A new generation: no kept row applies to its text; keep rows only where a probe may use them (and
+        `target_rows`: the target's plain steps bring their rows to the host, not picked on its device)."""
         s = ctx.settings
         self._kept_pos[:] = -1
         drafting = self.draft is not None and s.drafter != "ngram"
-        self.keeps_rows = drafting and s.draft_policy == "auto" and ctx.chain.constraint is None
+        self.keeps_rows = drafting and s.draft_policy == "auto" and ctx.chain.constraint is None and target_rows
 
     # ------------------------------------------------------------------ one round
     def propose(self, ctx: RoundContext) -> Proposal:
@@ -91,7 +103,10 @@ class Proposer:
         how far to trust it), then the draft model unless the drafter is `ngram` alone."""
         t0 = perf_counter()
         s, seq, room = ctx.settings, ctx.seq, ctx.room
-        if s.drafter != "model":
+        forced = force(ctx, 0, 0)  # what the grammar forces first: no drafter proposes it
+        if forced and s.drafter == "ngram":
+            return Proposal(len(forced), None, 0, perf_counter() - t0, forced=forced_flags(ctx, len(forced)))
+        if s.drafter != "model" and not forced:  # a lookup follows the text, not text still unverified
             if self.ngram is None or (self.ngram.ngram_min, self.ngram.ngram_max) != (s.ngram_min, s.ngram_max):
                 self.ngram = NgramDrafter(s.ngram_min, s.ngram_max)
             self.lengths.score_shadow(seq)
@@ -104,10 +119,13 @@ class Proposer:
             ctx.chain.admit(tokens)  # only what the grammar allows
             if tokens or s.drafter == "ngram":
                 _one_hot(ctx.buffers.drafts, tokens)
-                return Proposal(len(tokens), source if tokens else None, k, perf_counter() - t0)
-        return self._draft_model(ctx, t0)
+                n = len(tokens) + len(force(ctx, len(tokens), 0)) if tokens else 0  # and what it forces after them
+                return Proposal(n, source if tokens else None, k, perf_counter() - t0, forced=forced_flags(ctx, n))
+        return self._draft_model(ctx, t0, forced)
 
-    def _draft_model(self, ctx: RoundContext, t0: float) -> Proposal:
+    def _draft_model(self, ctx: RoundContext, t0: float, forced: list[int]) -> Proposal:
+        """The draft model's drafts after the `forced` slots, each followed by what the grammar then forces: the
+        model decodes forced tokens in the batch of its next draw, never draws them."""
         d, seq = self.draft, ctx.seq
         assert d is not None, "the model drafter has a draft (Settings.check_draft)"
         caught_up, probed = 0.0, 0
@@ -115,19 +133,31 @@ class Proposer:
         if self.keeps_rows and self.lengths.probe(MODEL, behind, len(self._scorable(seq)), ctx.room + 1):
             caught_up, probed = self.catch_up(ctx)  # what the skipped text says is worth its catch-up
             behind = 0
-        k = self.lengths.choose(MODEL, ctx.room, behind=behind)
-        n = 0
+        n, used = len(forced), len(forced)
+        k = self.lengths.choose(MODEL, ctx.room - n, behind=behind)
         if k > 0:
             if len(seq) - len(d.tokens) > PENDING_MAX:  # it skipped rounds: catch up, scoring them
                 seconds, scored = self.catch_up(ctx)
                 caught_up, probed = caught_up + seconds, probed + scored
+                if forced:
+                    d.decode(forced, "last")
             else:
-                d.decode(seq[len(d.tokens) :], "last")
-            picks = DraftPicks(ctx, self.n_vocab, k)  # the draft's last row is the first slot's
-            while (tok := picks.pick(d.logits(1)[0])) is not None:
-                d.decode_one(tok)
+                d.decode([*seq[len(d.tokens) :], *forced], "last")
+            picks = DraftPicks(ctx, self.n_vocab, k, n)  # the draft's last row is the first draw's
+            device = d.sampler.active  # greedy picks made on the device, no draft row read (device_picks.py)
+            while (tok := picks.picked(d.sampler.take()) if device else picks.pick(d.logits(1)[0])) is not None:
+                run = force(ctx, picks.n, used)  # the grammar extends the proposal where it decides alone
+                picks.n, used = picks.n + len(run), used + len(run)
+                if picks.done or picks.n >= ctx.room:  # forced slots take the room of the drafts after them
+                    break
+                if run:
+                    d.decode([tok, *run], "last")
+                else:
+                    d.decode_one(tok)
             n = picks.n
-        return Proposal(n, MODEL if n else None, k, perf_counter() - t0, caught_up, probed)
+        made = n - used
+        flags = forced_flags(ctx, n)
+        return Proposal(n, MODEL if made else None, k, perf_counter() - t0, caught_up, probed, flags)
 
     def observe(self, ctx: RoundContext, step: Step) -> None:
         """After a verified round that drafted nothing: keep the target's row for the draft model's catch-up."""
@@ -174,8 +204,9 @@ class Proposer:
         p_idx = np.array([p % ROWS_KEPT for p in scored], np.int64)
         assert self._kept is not None, "scored positions have kept rows"
         tau = _threshold(ctx)
-        stats = ctx.buffers.row_stats
-        score_slots(self._kept, p_idx, rows, q_idx, self.n_vocab, ctx.rule, ctx.sampling, tau, us, stats, out)
+        out_ = ctx.buffers.out  # its kept tokens and summaries are free scratch while the round drafts
+        scratch = (ctx.buffers.row_stats, out_.kept[0], out_.summaries[0])
+        score_slots(self._kept, p_idx, rows, q_idx, self.n_vocab, ctx.rule, ctx.sampling, tau, us, *scratch, out)
         self.lengths.observe_stream(MODEL, out)
         return seconds, n
 
@@ -183,7 +214,7 @@ class Proposer:
 def _one_hot(drafts: Drafts, tokens: list[int]) -> None:
     """Prompt-lookup drafts: q is one-hot on each proposed token, so the kernels need no row for it."""
     for i, tok in enumerate(tokens):
-        drafts.tokens[i], drafts.prob[i], drafts.onehot[i] = tok, 1.0, 1
+        drafts.tokens[i], drafts.prob[i], drafts.onehot[i] = tok, 1.0, ONE_HOT
         drafts.stats[i] = 0.0  # processed one-hot row: max 0, only logits >= 0 kept, log-normaliser 0
 
 

@@ -7,11 +7,31 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.budget import TAU, end_round, kept_union, new_budget, open_share, plan_round, sampled_loss
+from fsd_local.kernels.budget import (
+    TAU,
+    end_round,
+    kept_union,
+    open_share,
+    plan_round,
+    rescue_floor,
+    sampled_loss,
+)
+from fsd_local.kernels.dense import (
+    PARTS,
+    SUMMARY_BLOCKS,
+    dense_draft,
+    dense_loss,
+    draw,
+    draw_without,
+    residual_draw,
+    summarise_round,
+)
 from fsd_local.kernels.divergence import BOUNDS
-from fsd_local.kernels.emit import cached_lse, emit_one, fill_top
+from fsd_local.kernels.emit import cached_lse, fill_top
 from fsd_local.kernels.names import (  # noqa: F401
     AR,
+    BY_FUZZY,
+    BY_SD,
     CASCADE,
     DIVERGENCES,
     DRAFT_ONLY,
@@ -19,6 +39,7 @@ from fsd_local.kernels.names import (  # noqa: F401
     FSD_ENTROPY,
     FSD_PAPER,
     MODES,
+    REJECTED,
     RELAXED,
     RELAXED_K_DEFAULT,
     SD,
@@ -30,18 +51,16 @@ from fsd_local.kernels.rows import max_argmax, max_argmax_rows
 from fsd_local.kernels.rules import rescue, target_only
 from fsd_local.kernels.sampling import (
     KEPT_MAX,
-    pick,
-    pick_kept,
-    pick_kept_copy,
     prob,
     processed_kept,
     residual_kept,
     sample_kept,
+    untruncated,
 )
-from fsd_local.kernels.score import score_slots
 
-# why a slot was accepted (the core statistic)
-REJECTED, BY_SD, BY_FUZZY = 0, 1, 2
+# Drafts.onehot: a drafter's row (0), a one-hot q without a row (1: prompt lookup), or a token the grammar forced
+# (2: one-hot too, and judged exactly: never rescued, never charged to a budget)
+ONE_HOT, FORCED = 1, 2
 
 
 class Rule(NamedTuple):
@@ -70,8 +89,9 @@ class Sampling(NamedTuple):
 class Drafts(NamedTuple):
     """A round's drafts: the draft's raw rows (copied only where the rule reads them), the tokens, each one's
     draft probability, the (max, cut-off, log-normaliser) of each processed draft row, whether a row is one-hot
-    (prompt lookup: no row), where the draft sampled, each row's kept tokens (sorted; -1: not truncated), and
-    which slots only the lossless test may accept (a token that would end the reply: round.py sets them)."""
+    (ONE_HOT: prompt lookup, no row; FORCED: the grammar's, judged exactly), where the draft sampled, each row's
+    kept tokens (sorted; -1: not truncated), and which slots only the lossless test may accept (a token that would
+    end the reply: round.py sets them)."""
 
     rows: np.ndarray
     tokens: np.ndarray
@@ -80,6 +100,7 @@ class Drafts(NamedTuple):
     onehot: np.ndarray
     kept: np.ndarray = np.zeros((0, 0), np.int64)
     kept_n: np.ndarray = np.zeros(0, np.int64)
+    summary: np.ndarray = np.zeros((3, SUMMARY_BLOCKS), np.float32)  # the untruncated pick's scratch (dense.py)
     lossless: np.ndarray = np.zeros(0, np.uint8)  # 1: only the lossless test may accept the slot (none stored: 0)
 
 
@@ -90,7 +111,8 @@ NO_TOP_LOGPROB = np.zeros((0, 0))
 class RoundOut(NamedTuple):
     """What accept_round writes, allocated once (`round_out`): why each slot was accepted, its divergence (NaN:
     not computed), each emitted token's log-probability and top alternatives where asked, its gap to the
-    target's top token; then the kernel's scratch (log-partitions, maxima, argmaxes, kept tokens)."""
+    target's top token; then the kernel's scratch (log-partitions, maxima, argmaxes, kept tokens, and an
+    untruncated sampled round's block summaries, row stats and pass scratch: kernels/dense.py)."""
 
     reason: np.ndarray  # REJECTED, BY_SD or BY_FUZZY per slot
     divergence: np.ndarray  # NaN: not computed; the target's rules (rules.py): the smallest tau that rescues
@@ -105,6 +127,11 @@ class RoundOut(NamedTuple):
     kept: np.ndarray
     kept_n: np.ndarray
     union: np.ndarray
+    summaries: np.ndarray
+    rstats: np.ndarray
+    dense: np.ndarray
+    masses: np.ndarray
+    sums: np.ndarray
 
 
 def round_out(k: int, n_top: int = 0, logprobs: bool = True) -> RoundOut:
@@ -124,6 +151,11 @@ def round_out(k: int, n_top: int = 0, logprobs: bool = True) -> RoundOut:
         np.empty((k + 1, KEPT_MAX), np.int64),
         np.empty(k + 1, np.int64),
         np.empty(2 * KEPT_MAX, np.int64),
+        np.zeros((k + 1, 3, SUMMARY_BLOCKS), np.float32),
+        np.zeros((k + 1, 3), np.float32),
+        np.zeros(k + 1, np.uint8),
+        np.zeros(SUMMARY_BLOCKS, np.float32),
+        np.zeros((PARTS, 6)),
     )
 
 
@@ -146,9 +178,14 @@ def sampling_of(settings) -> Sampling:
 @njit(cache=True)
 def _row_stats(x, i, n, sampling, out):
     """What the rule reads of target row i, computed once: greedy, its max and argmax (one pass at memory speed);
-    sampled, the processed distribution (kept tokens and stats in out.kept[i], out.pstats) and the raw max."""
+    sampled, the processed distribution (kept tokens and stats in out.kept[i], out.pstats; an untruncated row's
+    from its summary) and the raw max."""
     if sampling.temperature <= 0.0:
         out.row_max[i], out.top[i] = max_argmax(x, n)
+    elif out.dense[i]:  # summarised with the round's other rows (dense.summarise_round)
+        st = out.rstats[i]
+        out.row_max[i], out.kept_n[i] = st[0], -1
+        out.pstats[0], out.pstats[1], out.pstats[2] = st[0], st[1], st[2]
     else:
         mx, cut, lz, m = processed_kept(
             x, n, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, out.kept[i]
@@ -174,6 +211,8 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
     planned = greedy and budget.bound > 0.0
     if greedy:  # every row's argmax at once, in parallel (a rejection early in the round wastes a little)
         max_argmax_rows(P, n_drafts + 1, n, out.row_max, out.top)
+    elif untruncated(sampling.top_k, sampling.top_p, sampling.min_p):  # every row's summary at once, likewise
+        summarise_round(P, n_drafts + 1, n, sampling.temperature, out)
     accepted = 0
     while accepted < n_drafts:
         why = _judge(P, draft, accepted, n_drafts, n, rule, sampling, tau, uniforms, out, budget)
@@ -199,6 +238,7 @@ def _clear(out, loss, n_drafts):
     for i in range(n_drafts + 1):
         out.lse[i] = np.nan
         out.top[i] = -1
+        out.dense[i] = 0
         loss[i] = 0.0
         if i < n_drafts:
             out.reason[i] = REJECTED
@@ -250,8 +290,9 @@ def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget)
 
 @njit(inline="always")
 def lossless_only(draft, i):
-    """Whether slot i may be accepted by the lossless SD test alone (Drafts.lossless; none stored: no)."""
-    return draft.lossless.shape[0] > i and draft.lossless[i] != 0
+    """Whether slot i may be accepted by the lossless SD test alone: a token the grammar forced, or a slot
+    Drafts.lossless flags (none stored: no)."""
+    return draft.onehot[i] == FORCED or (draft.lossless.shape[0] > i and draft.lossless[i] != 0)
 
 
 @njit(cache=True)
@@ -302,6 +343,24 @@ def _slot_loss(draft, i, x, n, rule, sampling, tau, out):
     else:
         m = -1
     lx = out.lse[i]
+    if m < 0 and out.dense[i] and dense_draft(draft, i):  # one vectorised pass over both rows, on every core
+        shift = lx if lx == lx else float(out.pstats[0])  # any shift cancels for the divergence rules
+        floor = rescue_floor(rule.mode, x, shift, n, tau, rule.relaxed_k, rule.typical_eps, rule.typical_alpha)
+        y, d = draft.rows[i], draft.tokens[i]
+        return dense_loss(
+            rule.mode,
+            x,
+            shift,
+            y,
+            n,
+            sampling.temperature,
+            out.pstats,
+            draft.stats[i],
+            floor,
+            out.sums,
+            draft.onehot[i],
+            d,
+        )
     return sampled_loss(
         rule.mode,
         x,
@@ -328,18 +387,27 @@ def _slot_loss(draft, i, x, n, rule, sampling, tau, out):
 @njit(cache=True)
 def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
     """The one extra token of the round: the bonus after a full accept, otherwise the replacement at the failed
-    slot (greedy: the argmax; sampled: the residual norm(max(p~ - q~, 0)), or p~ itself for fsd-paper)."""
+    slot (greedy: the argmax; sampled: the residual norm(max(p~ - q~, 0)), or p~ itself for fsd-paper but at a
+    forced slot)."""
     x = P[accepted]
     temperature = sampling.temperature
-    if accepted == n_drafts or mode == FSD_PAPER or temperature <= 0.0:
+    paper = mode == FSD_PAPER and (accepted == n_drafts or draft.onehot[accepted] != FORCED)  # forced: residual
+    if accepted == n_drafts or paper or temperature <= 0.0:
         if accepted == n_drafts or temperature <= 0.0:  # a row not read yet (the bonus), or read greedily
             if out.top[accepted] < 0 or temperature > 0.0:
                 _row_stats(x, accepted, n, sampling, out)
         if temperature <= 0.0:
             return out.top[accepted]
         pst = out.pstats
+        if out.dense[accepted]:
+            return draw(x, n, 1.0 / temperature, pst[0], out.summaries[accepted], u)
         return sample_kept(x, n, temperature, pst[0], pst[1], pst[2], out.kept[accepted], out.kept_n[accepted], u)
     pst = out.pstats  # the stats of row `accepted`: the last row _row_stats read
+    if out.dense[accepted] and dense_draft(draft, accepted):  # one pass over both rows
+        if draft.onehot[accepted]:
+            return draw_without(x, n, 1.0 / temperature, pst[0], out.summaries[accepted], u, draft.tokens[accepted])
+        t = residual_draw(x, draft.rows[accepted], n, temperature, pst, draft.stats[accepted], u, out.masses)
+        return t if t >= 0 else draw(x, n, 1.0 / temperature, pst[0], out.summaries[accepted], u)
     return residual_kept(
         x,
         draft.rows[accepted],
@@ -356,42 +424,3 @@ def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
         draft.rows[0],
         -1,
     )
-
-
-_warm = False
-
-
-def warm_up() -> None:
-    """Compile (or load from numba's cache) every kernel the loop uses, with the loop's exact argument
-    types, so the first generation does not pay for it inside its timed span. Once per process."""
-    global _warm
-    if _warm:
-        return
-    n, k = 64, 2
-    rng = np.random.default_rng(0)
-    P = rng.standard_normal((k + 1, n)).astype(np.float32)
-    Q = rng.standard_normal((k, n)).astype(np.float32)
-    q_stats = np.zeros((k + 1, 3), np.float32)
-    q_prob = np.ones(k)
-    drafts = np.zeros(k, np.int32)
-    for onehot in (0, 1):
-        draft = Drafts(Q, drafts, q_prob, q_stats, np.full(k, onehot, np.uint8))
-        out = round_out(k, 2 * onehot)  # with and without top alternatives (the same types)
-        budgets = (new_budget(None, k), new_budget(0.1, k))
-        for temperature in (0.0, 1.0):
-            sampling = Sampling(temperature, 0, 1.0, 0.0)
-            pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], False)
-            pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], True)
-            pick_kept(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], out.kept[0], False)
-            pick_kept(Q[0], n, temperature, 8, 0.9, 0.05, 0.5, q_stats[0], out.kept[0], True)
-            pick_kept_copy(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], out.kept[0], False, Q[1])
-            pick_kept_copy(Q[0], n, temperature, 8, 0.9, 0.05, 0.5, q_stats[0], out.kept[0], True, Q[1])
-            emit_one(P[0], n, sampling, 0.5, q_stats[0], out)
-            for mode in (FSD, FSD_PAPER, SD, TYPICAL, CASCADE, RELAXED, FSD_ENTROPY):
-                for budget in budgets:
-                    accept_round(P, draft, k, n, Rule(mode, 0, 1.0, 50), sampling, np.full(k + 1, 0.5), out, budget)
-                idx = np.arange(k, dtype=np.int64)
-                scored = np.zeros(k, np.uint8)
-                rule, us = Rule(mode, 0, 1.0, 50), np.full((k, 2), 0.5)
-                score_slots(P, idx, Q, idx, n, rule, sampling, 1.0, us, q_stats[0], scored)
-    _warm = True

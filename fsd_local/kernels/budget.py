@@ -150,6 +150,24 @@ def _rescuable(mode, xv, lx, lpmax, kth, m, tau):
 
 
 @njit(cache=True)
+def rescue_floor(mode, x, lx, n, tau, relaxed_k, eps, alpha):
+    """The lowest raw logit the rule rescues at threshold tau (`_rescuable` as one compare, for the vectorised
+    kernels/dense.py): every target rule's test is p(t) >= some c, i.e. x_t >= lx + log c; the divergence rules
+    rescue every token the target does not mask (-inf: the caller also requires x_t > -inf)."""
+    if not (mode == TYPICAL or mode == CASCADE or mode == RELAXED):
+        return -np.inf
+    lpmax, kth, m = _row_constants(mode, x, lx, n, relaxed_k, eps, alpha)
+    if mode == TYPICAL:  # (1 - p) / (1 - m) <= tau
+        c = 1.0 - tau * (1.0 - m)
+    elif mode == CASCADE:  # p / max p >= 1 - tau
+        c = (1.0 - tau) * math.exp(lpmax)
+    else:  # p >= max p - tau, among the top k
+        c = math.exp(lpmax) - tau
+    floor = lx + math.log(c) if c > 0.0 else -np.inf
+    return max(floor, kth) if mode == RELAXED else floor
+
+
+@njit(cache=True)
 def kept_union(p_kept, m_p, q_kept, m_q, out):
     """out[:m] = the sorted union of p_kept[:m_p] and q_kept[:m_q] (both sorted); returns m."""
     i = j = m = 0

@@ -15,11 +15,11 @@ NaN, `divergence` returns NaN for it, and the acceptance rule treats NaN as "rej
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from fsd_local.kernels.fastmath import EXP_MIN, kernel, log_mid, radd, vexp, vexp_finite, wide
 from fsd_local.kernels.names import DIVERGENCES, JS, KL, PAPER_JS, RKL, TOPK_DEFAULT, TOPK_JS, TOPK_KL, TOPK_TV, TV  # noqa: F401
-from fsd_local.kernels.rows import BLOCK, row_lse  # noqa: F401  (row_lse: callers pair it with divergence)
+from fsd_local.kernels.rows import BLOCK, PARALLEL_MIN, PARALLEL_PARTS, row_lse  # noqa: F401  (row_lse: callers pair it with divergence)
 from fsd_local.kernels.topk import top_indices
 
 T_CAP = -EXP_MIN  # |lp - lq| capped here (inf where one row masks a token): exp(-t) stays in range
@@ -147,6 +147,29 @@ assert len(BOUNDS) == len(DIVERGENCES)
 
 
 @njit(cache=True)
+def _full(kind, x, hx, lox, y, hy, loy, c, n):
+    """A full-vocabulary divergence of x[:n] and y[:n] given their split log-partitions (divergence's)."""
+    if kind == JS:
+        return 0.5 * _js(x, hx, lox, y, hy, loy, c, n)
+    if kind == KL:
+        return _kl(x, hx, lox, y, hy, loy, c, n)
+    if kind == RKL:
+        return _kl(y, hy, loy, x, hx, lox, -c, n)
+    if kind == TV:
+        return 0.5 * _tv(x, hx, lox, y, hy, loy, c, n)
+    return 0.5 * _paper_js(x, hx, lox, y, hy, loy, c, n)
+
+
+@njit(parallel=True, cache=True)
+def _full_parts(kind, x, hx, lox, y, hy, loy, c, n, out):
+    """_full of each of PARALLEL_PARTS parts of the rows, on every core: a sum over entries splits at any point."""
+    step = (n + PARALLEL_PARTS - 1) // PARALLEL_PARTS
+    for p in prange(PARALLEL_PARTS):
+        lo, hi = min(p * step, n), min(p * step + step, n)
+        out[p] = _full(kind, x[lo:hi], hx, lox, y[lo:hi], hy, loy, c, hi - lo) if hi > lo else 0.0
+
+
+@njit(cache=True)
 def divergence(kind, x, lx, y, ly, n, topk):
     """Divergence of kind `kind` between target row x and draft row y over their first n entries.
     lx, ly: log-partition of each row over those n entries (row_lse). Never negative; NaN on bad input."""
@@ -156,16 +179,14 @@ def divergence(kind, x, lx, y, ly, n, topk):
         hx, hy = np.float32(lx), np.float32(ly)  # lx = hx + lox to float64 accuracy, lox tiny
         lox, loy = np.float32(lx - float(hx)), np.float32(ly - float(hy))
         c = np.float32((lx - float(hx)) - (ly - float(hy)))
-        if kind == JS:
-            d = 0.5 * _js(x, hx, lox, y, hy, loy, c, n)
-        elif kind == KL:
-            d = _kl(x, hx, lox, y, hy, loy, c, n)
-        elif kind == RKL:
-            d = _kl(y, hy, loy, x, hx, lox, -c, n)
-        elif kind == TV:
-            d = 0.5 * _tv(x, hx, lox, y, hy, loy, c, n)
+        if n >= PARALLEL_MIN:  # a long row: its parts on every core
+            parts = np.empty(PARALLEL_PARTS)
+            _full_parts(kind, x, hx, lox, y, hy, loy, c, n, parts)
+            d = 0.0
+            for p in range(PARALLEL_PARTS):
+                d += parts[p]
         else:
-            d = 0.5 * _paper_js(x, hx, lox, y, hy, loy, c, n)
+            d = _full(kind, x, hx, lox, y, hy, loy, c, n)
     else:
         d = _topk(kind, x, lx, y, ly, n, topk)
     return max(d, 0.0) if d == d else np.nan

@@ -5,7 +5,9 @@ once per row and only where asked (out.lse caches it, NaN until then)."""
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels.rows import row_lse, row_max
+from fsd_local.kernels.budget import end_round
+from fsd_local.kernels.names import BY_SD, REJECTED
+from fsd_local.kernels.rows import row_lse_wide, row_max
 from fsd_local.kernels.sampling import pick_kept
 from fsd_local.kernels.topk import top_indices
 
@@ -31,11 +33,23 @@ def emit_one(x, n, sampling, u, stats, out):
     """Plain decoding (the ar and draft-only baselines): (token, raw log-prob of the token, NaN when not asked);
     out.logprob[0], out.gap[0] and the top alternatives (out.top_ids[0]) as accept_round (kernels/accept.py) fills
     them."""
+    temperature = sampling.temperature
     t, _, _, _ = pick_kept(
-        x, n, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, u, stats, out.kept[0], False
+        x,
+        n,
+        temperature,
+        sampling.top_k,
+        sampling.top_p,
+        sampling.min_p,
+        u,
+        stats,
+        out.kept[0],
+        False,
+        out.summaries[0],
     )
     out.lse[0] = np.nan
-    out.gap[0] = float(row_max(x, n)) - float(x[t])
+    mx = row_max(x, n) if temperature <= 0.0 else stats[0]  # a sampled pick wrote the row's max
+    out.gap[0] = float(mx) - float(x[t])
     lp = np.nan
     if out.logprob.shape[0] > 0:
         lp = out.logprob[0] = float(x[t]) - cached_lse(x, n, 0, out)
@@ -48,5 +62,25 @@ def emit_one(x, n, sampling, u, stats, out):
 def cached_lse(x, n, i, out):
     """Row x's log-partition, computed once per round slot i (out.lse[i] is NaN until then)."""
     if not out.lse[i] == out.lse[i]:
-        out.lse[i] = row_lse(x, n)
+        out.lse[i] = row_lse_wide(x, n)
     return out.lse[i]
+
+
+@njit(cache=True)
+def accept_tops(drafts, n_drafts, out, budget):
+    """A greedy round of the lossless rule from the target's argmax of each row in out.top[:n_drafts + 1] (picked
+    on the device by llama.cpp's backend samplers: no row came to the host): the drafts up to the first that is not
+    its row's argmax, then that argmax. Each emitted token is its row's argmax: gap and loss 0. Returns
+    (n_accepted, next_token), as accept_round."""
+    accepted = 0
+    for i in range(n_drafts):
+        out.divergence[i] = np.nan
+        out.reason[i] = REJECTED
+    while accepted < n_drafts and drafts[accepted] == out.top[accepted]:
+        out.reason[accepted] = BY_SD
+        accepted += 1
+    for j in range(accepted + 1):
+        out.gap[j] = 0.0
+        budget.loss[j] = 0.0
+    end_round(budget, accepted + 1, n_drafts, accepted)
+    return accepted, out.top[accepted]

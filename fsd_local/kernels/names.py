@@ -9,6 +9,7 @@ TARGET_RULES = ("typical", "cascade", "relaxed")
 DIVERGENCE_MODES = ("fsd", "fsd-paper", "fsd-entropy")  # the modes whose output depends on the divergence
 TAU_MODES = DIVERGENCE_MODES + TARGET_RULES  # the modes whose output depends on tau
 SPECULATIVE_MODES = ("sd",) + TAU_MODES  # a drafter proposes, the target verifies
+REJECTED, BY_SD, BY_FUZZY = 0, 1, 2  # why a slot was accepted (the core statistic)
 
 DIVERGENCES = ("js", "kl", "rkl", "tv", "topk-js", "topk-kl", "topk-tv", "paper-js")
 JS, KL, RKL, TV, TOPK_JS, TOPK_KL, TOPK_TV, PAPER_JS = range(8)

@@ -224,3 +224,36 @@ def copy_row(x, n, y):
     xb, yb = x[:n], y[:n]
     for i in range(xb.shape[0]):
         yb[i] = xb[i]
+
+
+@njit(parallel=True, cache=True)
+def _part_lse(x, n, mx, s):
+    step = (n + PARALLEL_PARTS - 1) // PARALLEL_PARTS
+    for p in prange(PARALLEL_PARTS):
+        lo, hi = min(p * step, n), min(p * step + step, n)
+        m = row_max(x[lo:hi], hi - lo) if hi > lo else np.float32(-np.inf)
+        mx[p] = m
+        s[p] = sum_exp(x[lo:hi], hi - lo, m) if m > -np.inf and m < np.inf else (0.0 if m == -np.inf else np.nan)
+
+
+@njit(cache=True)
+def row_lse_wide(x, n):
+    """row_lse of one long row read by every core: each part's max and sum of exp (one read of the part; its
+    second pass finds it in the core's cache), combined. Short rows: row_lse."""
+    if n < PARALLEL_MIN:
+        return row_lse(x, n)
+    mx = np.empty(PARALLEL_PARTS, np.float32)
+    s = np.empty(PARALLEL_PARTS)
+    _part_lse(x, n, mx, s)
+    m = np.float32(-np.inf)
+    for p in range(PARALLEL_PARTS):
+        if not (mx[p] == mx[p] and s[p] == s[p]):
+            return np.nan
+        m = max(m, mx[p])
+    if m == -np.inf:
+        return -np.inf
+    total = 0.0
+    for p in range(PARALLEL_PARTS):
+        if s[p] > 0.0:
+            total += s[p] * math.exp(float(mx[p]) - float(m))
+    return float(m) + math.log(total)

@@ -26,7 +26,7 @@ from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache direc
 from fsd_local.kernels.divergence import divergence
 from fsd_local.kernels.names import CASCADE, FSD_ENTROPY, RELAXED, TYPICAL
 from fsd_local.kernels.onehot import divergence_onehot
-from fsd_local.kernels.rows import row_entropy, row_lse, row_max
+from fsd_local.kernels.rows import row_entropy, row_lse_wide, row_max
 from fsd_local.kernels.topk import count_greater
 
 
@@ -95,7 +95,7 @@ def rescue(rule, x, lx, y, onehot, d, n, tau):
     if onehot:
         dv = divergence_onehot(rule.divergence, x, lx, d, n, rule.divergence_topk)
     else:
-        dv = divergence(rule.divergence, x, lx, y, row_lse(y, n), n, rule.divergence_topk)
+        dv = divergence(rule.divergence, x, lx, y, row_lse_wide(y, n), n, rule.divergence_topk)
     if mode == FSD_ENTROPY:
         return entropy_scaled(dv, x, lx, n, tau)
     return dv <= tau, dv  # NaN compares False: never accepts

@@ -13,6 +13,7 @@ import math
 import numpy as np
 from numba import njit
 
+from fsd_local.kernels.dense import draw, summarise
 from fsd_local.kernels.fastmath import from_order_key, kernel, radd, vexp, wide
 from fsd_local.kernels.rows import copy_max_argmax, copy_row, max_argmax_wide, row_max
 from fsd_local.kernels.topk import BLOCK as TOPK_BLOCK
@@ -342,29 +343,57 @@ def residual_kept(x, y, n, temperature, px, py, kept, m, u, onehot, d, q_kept, q
 
 
 @njit(cache=True)
-def pick_kept(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top=True):
-    """`pick` with the kept-set path: one token from row x (argmax when greedy, at memory speed), writing (mx,
-    cutoff, lz) to out_stats and the kept tokens to kept; returns (token, p~(token), p~ of the most likely token,
-    how many tokens are kept: -1 when not truncated, or greedy)."""
+def pick_kept(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top, summary):
+    """`pick` with the fast paths: one token from row x (argmax when greedy, at memory speed; with nothing
+    truncated, a draw from the row's block summary, kernels/dense.py, built in one pass on every core into the
+    scratch `summary`), writing (mx, cutoff, lz) to out_stats and the kept tokens to kept; returns (token, p~(token),
+    p~ of the most likely token, how many tokens are kept: -1 when not truncated, or greedy)."""
     if temperature <= 0.0:
         mx, t = max_argmax_wide(x, n)
         return _greedy_pick(x, n, mx, t, want_top, out_stats)
+    if untruncated(top_k, top_p, min_p):
+        t, p_t, p_top, ok = _pick_dense(x, n, temperature, u, out_stats, summary, x, False)
+        if ok:
+            return t, p_t, p_top, -1
     mx, cutoff, lz, m = processed_kept(x, n, temperature, top_k, top_p, min_p, kept)
     out_stats[0], out_stats[1], out_stats[2] = mx, cutoff, lz
     t = sample_kept(x, n, temperature, mx, cutoff, lz, kept, m, u)
     return t, prob(x, t, temperature, mx, cutoff, lz), math.exp(-lz), m
 
 
+@njit(inline="always")
+def untruncated(top_k, top_p, min_p):
+    """Whether a sampled distribution keeps every token (a temperature alone): kernels/dense.py's rows."""
+    return top_k <= 0 and top_p >= 1.0 and min_p <= 0.0
+
+
 @njit(cache=True)
-def pick_kept_copy(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top, y):
+def _pick_dense(x, n, temperature, u, out_stats, summary, y, copy):
+    """A draw from x's untruncated p~ through its block summary (copying x into y in the same pass where `copy`):
+    (token, p~(token), p~ of the most likely token, whether the summary held: else nothing was drawn)."""
+    mx, lz, _, ok = summarise(x, n, 1.0 / temperature, False, summary, y, copy)
+    if not ok:
+        return -1, 0.0, 0.0, False
+    out_stats[0], out_stats[1], out_stats[2] = mx, -np.inf, lz
+    t = draw(y if copy else x, n, 1.0 / temperature, mx, summary, u)
+    return t, prob(x, t, temperature, mx, -np.inf, lz), math.exp(-lz), True
+
+
+@njit(cache=True)
+def pick_kept_copy(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top, y, summary):
     """pick_kept of row x, leaving a copy of x[:n] in y[:n] (a draft's row that the acceptance kernel reads after
-    the draft's next decode has overwritten llama.cpp's buffer): greedy, the argmax pass copies the row (one
-    read of it, not two); sampled, the row is copied first and then read from the copy, warm."""
+    the draft's next decode has overwritten llama.cpp's buffer): greedy, the argmax pass copies the row, and
+    with nothing truncated the summary's (one read of it, not two); otherwise the row is copied first and then
+    read from the copy, warm."""
     if temperature <= 0.0:
         mx, t = copy_max_argmax(x, n, y)
         return _greedy_pick(y, n, mx, t, want_top, out_stats)
+    if untruncated(top_k, top_p, min_p):
+        t, p_t, p_top, ok = _pick_dense(x, n, temperature, u, out_stats, summary, y, True)
+        if ok:
+            return t, p_t, p_top, -1
     copy_row(x, n, y)
-    return pick_kept(y, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top)
+    return pick_kept(y, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top, summary)
 
 
 @njit(cache=True)

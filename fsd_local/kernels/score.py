@@ -1,34 +1,49 @@
 """Teacher-forced scoring of a drafter (drafting/proposer.py `catch_up`), jitted: would the round's rule have
 accepted the draft's own pick at a slot of text it did not draft?"""
 
+import numpy as np
 from numba import njit
 
 from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
+from fsd_local.kernels.dense import summarise
 from fsd_local.kernels.names import FSD_PAPER, SD
-from fsd_local.kernels.rows import row_lse
+from fsd_local.kernels.rows import row_lse_wide
 from fsd_local.kernels.rules import rescue
-from fsd_local.kernels.sampling import argmax, pick, prob, processed
+from fsd_local.kernels.sampling import argmax, pick_kept, prob, processed, untruncated
 
 
 @njit(cache=True)
-def score_slots(P, p_idx, Q, q_idx, n, rule, sampling, tau, us, q_stats, out):
+def _p_of(x, t, n, sampling, summary):
+    """p~(t) of row x: from its summary where nothing is truncated (one pass, kernels/dense.py), else the plain
+    processed triple."""
+    temperature = sampling.temperature
+    if untruncated(sampling.top_k, sampling.top_p, sampling.min_p):
+        mx, lz, _, ok = summarise(x, n, 1.0 / temperature, False, summary, x, False)
+        if ok:
+            return prob(x, t, temperature, mx, -np.inf, lz)
+    mx, cut, lz = processed(x, n, temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+    return prob(x, t, temperature, mx, cut, lz)
+
+
+@njit(cache=True)
+def score_slots(P, p_idx, Q, q_idx, n, rule, sampling, tau, us, q_stats, kept, summary, out):
     """Teacher-forced scoring of a drafter on text it did not draft (drafting/proposer.py `catch_up`): out[i] = 1
     where the rule, at threshold tau, would accept the draft's own pick from row Q[q_idx[i]] at a slot whose
     target row is P[p_idx[i]], else 0. The pick is the draft's (argmax, or a draw with us[i, 0]), the SD test
     that of accept_round (us[i, 1]), then the rescue. Given the text before each slot, that is the chance the
-    round would have had there; a budget's refusals are not modelled (its threshold is)."""
+    round would have had there; a budget's refusals are not modelled (its threshold is). kept and summary: the
+    picks' scratch (sampling.pick_kept)."""
     temperature, top_k, top_p, min_p = sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
     greedy = temperature <= 0.0
     for i in range(p_idx.shape[0]):
         x, y = P[p_idx[i]], Q[q_idx[i]]
-        d, q_p, _ = pick(y, n, temperature, top_k, top_p, min_p, us[i, 0], q_stats, False)
+        d, q_p, _, _ = pick_kept(y, n, temperature, top_k, top_p, min_p, us[i, 0], q_stats, kept, False, summary)
         ok = False
         if rule.mode != FSD_PAPER:
             if greedy:
                 ok = argmax(x, n) == d
             else:
-                mx, cut, lz = processed(x, n, temperature, top_k, top_p, min_p)
-                ok = us[i, 1] * q_p < prob(x, d, temperature, mx, cut, lz)
+                ok = us[i, 1] * q_p < _p_of(x, d, n, sampling, summary)
         if not ok and rule.mode != SD and tau > 0.0:
-            ok, _ = rescue(rule, x, row_lse(x, n), y, 0, d, n, tau)
+            ok, _ = rescue(rule, x, row_lse_wide(x, n), y, 0, d, n, tau)
         out[i] = ok

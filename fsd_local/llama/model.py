@@ -21,6 +21,7 @@ from fsd_local.llama.bindings import clear_log, default_threads, init_backend, l
 from fsd_local.llama.cpu_features import repack_choice
 from fsd_local.llama.kv_cache import SEQ, SequenceCache
 from fsd_local.llama.options import KV_TYPES, SPLIT_MODES, UNQUANTISED_KV, ModelOptions
+from fsd_local.llama.samplers import BackendSampler, wanted
 
 MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ
 
@@ -128,6 +129,7 @@ class Model(SequenceCache):
         # other build synchronises through llama_get_logits every time.
         self._host_only = not lc.llama_supports_gpu_offload() and not opts.rpc_servers
         self._view_rows = 0  # rows known to fit the buffer at _view_addr (0: read the address again)
+        self.sampler = BackendSampler(self.ctx, SEQ, self._device_sampling)  # llama/samplers.py
 
     def _load_weights(self, opts: ModelOptions, role: str) -> None:
         mp = lc.llama_model_default_params()
@@ -172,6 +174,9 @@ class Model(SequenceCache):
         cp.n_threads = opts.n_threads or default_threads()
         cp.n_threads_batch = opts.n_threads_batch or cp.n_threads
         cp.no_perf = True
+        self._device_sampling = wanted(opts.n_gpu_layers, bool(opts.rpc_servers), self.n_layer)
+        if self._device_sampling:  # a backend sampler picks a token for every output row: a verify batch's too
+            cp.n_outputs_max_per_seq = opts.n_batch
         if opts.flash_attn is not None:
             cp.flash_attn_type = (
                 lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -345,6 +350,7 @@ class Model(SequenceCache):
         if self.ctx:
             lc.llama_free(self.ctx)
             self.ctx = None
+            self.sampler.close()  # after the context that held it
         if self.model:
             lc.llama_model_free(self.model)
             self.model = None

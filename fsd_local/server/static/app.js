@@ -181,7 +181,7 @@ function addMessage(role, text) {
 function scrollDown() { const log = $("log"); log.scrollTop = log.scrollHeight; }
 
 // Released text is matched to the tokens that produced it, character by character: every token becomes one
-// element (data-origin = target | sd | fuzzy), even when its text arrives over two chunks.
+// element (data-origin = target | sd | fuzzy | forced), even when its text arrives over two chunks.
 class ReplyView {
   constructor(msg) {
     this.msg = msg;
@@ -242,7 +242,7 @@ class LiveStats {
     this.start = performance.now();
     this.first = null;
     this.tokens = 0;
-    this.byOrigin = { target: 0, sd: 0, fuzzy: 0, draft: 0 };
+    this.byOrigin = { target: 0, sd: 0, fuzzy: 0, forced: 0, draft: 0 };
     this.rounds = 0;
     this.drafted = [];
     this.accepted = [];
