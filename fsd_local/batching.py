@@ -41,8 +41,14 @@ from fsd_local.settings import Settings
 NOTHING = Proposal(0, None, 0, 0.0)  # a sequence that drafts nothing this round: its plain step rides along
 
 
-def check_batchable(s: Settings) -> None:
-    """Refuse, in words, settings a batched round cannot run (yet): they run on an engine with parallel=1."""
+def check_batchable(s: Settings, across: bool = False) -> None:
+    """Refuse, in words, settings a batched round cannot run (yet): they run on an engine with parallel=1
+    (`across`: the draft's vocabulary is not the target's)."""
+    if across and s.mode in SPECULATIVE_MODES:
+        raise FSDError(
+            "a draft of another vocabulary drafts for one call at a time: use mode='ar' in a batch, or an Engine "
+            "with parallel=1 (or a draft of the target's tokenizer)"
+        )
     if s.mode == "draft-only":
         raise FSDError("draft-only generations run one at a time: use an Engine with parallel=1 for them")
     if s.mode in SPECULATIVE_MODES and s.drafter != "model":
@@ -107,7 +113,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ calls in, pieces out
     def submit(self, prompt, s: Settings, cancel: CancelToken | None, dropped: int = 0) -> Generator[Piece]:
-        check_batchable(s)
+        check_batchable(s, self.eng.across is not None)
         req = Request(prompt, s, cancel, dropped)
         with self._cond:
             self.waiting.append(req)

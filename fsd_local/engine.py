@@ -15,9 +15,10 @@ from fsd_local.batching import Scheduler
 from fsd_local.chain import Chain
 from fsd_local.conversation import fit_conversation, reply_room
 from fsd_local.device_picks import plan as plan_picks
+from fsd_local.drafting.across import Across
 from fsd_local.drafting.calibration import CostStore
 from fsd_local.drafting.proposer import Proposer
-from fsd_local.errors import FSDError
+from fsd_local.errors import ConfigError, FSDError
 from fsd_local.generation import Generation
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.penalties import warm_up as warm_chain
@@ -47,6 +48,18 @@ def _options(model, n_ctx, n_threads, n_gpu_layers, parallel: int = 1) -> ModelO
         n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers,
         n_seq=parallel,
     )
+
+
+def _check_smaller(draft: Model, target: Model) -> None:
+    """A draft across tokenizers is a smaller model: a larger one costs more than the target it drafts for."""
+    import llama_cpp as lc
+
+    d, t = lc.llama_model_n_params(draft.model), lc.llama_model_n_params(target.model)
+    if d > t:
+        raise ConfigError(
+            f"draft {draft.path} ({d:,} parameters) is larger than target {target.path} ({t:,}): a draft must be "
+            "the smaller model; swap --draft and --target, or pick a smaller draft (`fsd-local models --local`)"
+        )
 
 
 class Engine:
@@ -82,6 +95,7 @@ class Engine:
         # n_ctx is then every call's tokens together (one unified KV cache a model)
         self.defaults = (settings or Settings()).with_(**setting_overrides)
         self.draft = None
+        self.across: Across | None = None  # a draft of another vocabulary (drafting/across.py)
         # before loading: close() (also called when loading fails) takes the lock
         self._lock = threading.RLock()
         self._cancel = CancelToken()
@@ -91,15 +105,20 @@ class Engine:
             if draft is not None:
                 draft_gpu = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
                 self.draft = Model(_options(draft, n_ctx, n_threads, draft_gpu, parallel), "draft")
-                check_compatible(self.draft, self.target)
+                vm = check_compatible(self.draft, self.target).vocab_map
+                if vm is not None:
+                    _check_smaller(self.draft, self.target)
+                    self.across = Across(self.draft, self.target, vm)
         except BaseException:
             self.close()
             raise
-        # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries)
-        self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if self.draft else self.target.n_vocab
+        # speculative modes work on the shared vocabulary (sizes may differ by up to 128 padding entries); a draft
+        # of another vocabulary proposes the target's tokens, so they work on the target's
+        one = self.draft is not None and self.across is None
+        self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if one and self.draft else self.target.n_vocab
         # the policy state (draft length, measured costs kept on disk per model and machine, budgets' gains)
         self._policy = Policy(CostStore.for_models(self.target, self.draft))
-        self._proposer = Proposer(self.draft, self.n_vocab, self._policy.length)
+        self._proposer = Proposer(self.draft, self.n_vocab, self._policy.length, self.across)
         self._buffers_key: tuple | None = None  # the round buffers (owned here, lent to each call) fit these settings
         self._batch = Scheduler(self, parallel) if parallel > 1 else None
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
@@ -152,6 +171,11 @@ class Engine:
             s = s.with_(**overrides)
         s.check_draft(self.draft is not None)
         s.check_vocab(self.n_vocab)
+        if self.across is not None and s.mode == "draft-only":
+            raise ConfigError(
+                "draft-only decodes the draft's own tokens, and this draft's vocabulary is not the target's; "
+                "use a speculative mode (sd, fsd, ...) or a draft of the target's tokenizer"
+            )
         return s
 
     def chat_template(self) -> ChatTemplate:
@@ -325,6 +349,8 @@ class Engine:
                 for m in g.models if not self._closed else ():  # close() from this thread while a stream was paused
                     m.forget_unknown_tail()  # whatever happened (Ctrl-C, errors), leave each cache a prefix of seq
                     m.keep_common_prefix(g.seq)
+                if self.across is not None and not self._closed:
+                    self.across.draft.forget_unknown_tail()  # its own ids: the follower trims it to the text
             self._policy.save()
 
     def _start(self, prompt, s: Settings, dropped: int) -> Generation:
@@ -334,6 +360,8 @@ class Engine:
         if s.needs_draft:  # the draft model runs (prompt lookup alone needs none)
             assert self.draft is not None, "stream() checked that this mode has its draft"
             models = [self.target, self.draft] if s.mode in SPECULATIVE_MODES else [self.draft]
+            if self.across is not None:  # its cache holds its own ids of the text: the follower keeps it
+                models = [self.target]
         else:
             models = [self.target]
         seq = self.prompt_tokens(prompt, models)
@@ -367,4 +395,6 @@ class Engine:
                 self._policy.observe_prompt(len(todo), perf_counter() - t)
             if m is g.models[0]:
                 g.stats.prompt_evaluated = len(todo) + 1
+        if self.across is not None and g.speculative and g.s.needs_draft:
+            self.across.sync(g.seq[:-1])  # the draft's own tokens of the prompt's text
         g.stats.prompt_seconds = perf_counter() - t0

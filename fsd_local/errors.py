@@ -14,7 +14,8 @@ class ModelLoadError(FSDError):
 
 
 class VocabularyMismatchError(FSDError):
-    """Draft and target do not share a tokenizer, so draft tokens mean nothing to the target."""
+    """The draft cannot draft for the target: too little of its vocabulary is shared, or its text cannot be
+    aligned with the target's."""
 
 
 class ContextOverflowError(FSDError):

@@ -273,7 +273,10 @@ def plain_emit(
     of `batch` tokens in `seconds`, the round begun at perf_counter() t0)."""
     ctx.chain.target_rows(rows, 0)  # the same processing as every target row
     out = ctx.buffers.out
-    tok, _ = emit_one(rows[0], n_vocab, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
+    # within the vocabulary the pair shares: a target with padding entries past the draft's never emits them,
+    # so every id of the text is one a next turn's prompt check accepts
+    n = min(n_vocab, ctx.n_vocab)
+    tok, _ = emit_one(rows[0], n, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
     return _emit(ctx, rows, tok, decoder, batch, seconds, t0)
 
 

@@ -48,6 +48,17 @@ def small_vocab_pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def cross_pair(tmp_path_factory):
+    """(spm, bpe): two tiny models of different tokenizers (tinymodels.py): SentencePiece with byte fallback and a
+    <|im_end|> control token, and byte-level BPE with whole-word merges, ChatML's control tokens and template."""
+    d = tmp_path_factory.mktemp("cross")
+    return (
+        str(write_tiny_gguf(d / "spm.gguf", seed=1, control=("<|im_end|>",))),
+        str(write_tiny_gguf(d / "bpe.gguf", seed=3, tokenizer="bpe")),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_engine(tiny_pair):
     from fsd_local import Engine
 

@@ -20,6 +20,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
     """The smallest run of each script and a piece of what it must print."""
     pair = ["--target", target, "--draft", draft]
     return {
+        "across_pair": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--k", "2"], "tokens per target call"),
         "auto_goals": (pair + TINY + ["--prompts", prompts, "--tokens", "4", "--fixed", "2", "--k-max", "3"], "auto "),
         "batch_costs": (
             ["--target", target] + TINY + ["--rows", "3", "--seqs", "1,2", "--context", "8", "--passes", "1"],
@@ -39,6 +40,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             "loss per rescue",
         ),
         "budget_bound": (pair + TINY + ["--prompts", prompts, "--tokens", "6", "--budgets", "0.1"], "B 0.1, "),
+        "carry_cost": (["--draft-vocab", "50", "--target-vocab", "80", "--repeats", "1"], "us a round of 4"),
         "cold_auto": (
             pair
             + TINY
@@ -47,6 +49,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             "auto ",
         ),
         "eos_rescue": (pair + TINY + ["--prompts", "2", "--tokens", "4", "--modes", "fsd:0.4"], "ended at an end of"),
+        "follow_cost": (pair + TINY + ["--context", "40", "--rounds", "3", "--k", "2"], "re-decoded tokens"),
         "first_token": (pair + TINY + ["--repeats", "1", "--tokens", "2", "--empty-store"], "first request"),
         "chat_loops": (pair + TINY + ["--seeds", "1", "--only", "greedy", "--prompts", "1", "--max-tokens", "4"], "1 "),
         "json_overhead": (pair + TINY + ["--repeats", "1", "--people", "1", "--max-tokens", "6"], "json ms/tok"),

@@ -167,7 +167,8 @@ def measure_costs(lengths: DraftLength, target: Model, draft: Model | None, n_hi
         lengths.verify.observe(n, seconds)
     cm = lengths.cost(("model", 0))
     if draft is not None and not cm.draft_measured:
-        timed = time_sizes(draft, [1, CATCH_UP_BATCH], token)
+        # the draft's own BOS: a draft of another vocabulary may not have the target's id
+        timed = time_sizes(draft, [1, CATCH_UP_BATCH], draft.bos if draft.bos >= 0 else 0)
         if 1 in timed:
             cm.observe_draft(1, timed[1])
         if CATCH_UP_BATCH in timed:

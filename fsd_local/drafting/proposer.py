@@ -8,6 +8,7 @@ from time import perf_counter
 
 import numpy as np
 
+from fsd_local.drafting.across import Across
 from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
 from fsd_local.kernels.accept import ONE_HOT, Drafts
@@ -34,8 +35,9 @@ def rows_needed(ctx: RoundContext) -> bool:
 
 class DraftPicks:
     """One sequence's draws from the draft model in one round: `pick(row)` takes the model's row for slot `n`
-    (`picked(token)`: the token its backend sampler chose, no row read) and returns the token drafted there (None:
-    none); `n` slots are in the buffers (`made` by the model, the rest forced); `done`: no further draft may follow."""
+    (`picked(token)`: its backend sampler's token; `put(token)`: a greedy token where `bare`, no row read) and returns
+    the token drafted there (None: none); `n` slots are in the buffers (`made` by the model, the rest forced);
+    `done`: no further draft may follow."""
 
     __slots__ = ("chain", "copy", "done", "drafts", "k", "made", "n", "n_vocab", "p_min", "sampled", "us")
 
@@ -47,6 +49,11 @@ class DraftPicks:
         self.us = ctx.random.take(k)  # one per draw (forced slots draw nothing)
         self.p_min = ctx.settings.draft_p_min
         self.sampled = (s.temperature, s.top_k, s.top_p, s.min_p)
+
+    @property
+    def bare(self) -> bool:
+        """Greedy, no row kept, no chain, no confidence floor: a draft is its row's argmax and nothing else."""
+        return not self.copy and self.sampled[0] <= 0 and self.p_min <= 0 and not self.chain.active
 
     def pick(self, row: np.ndarray) -> int | None:
         i, d, u = self.n, self.drafts, self.us[self.made]
@@ -67,11 +74,16 @@ class DraftPicks:
         return self._keep(tok, 1.0, 1.0)
 
     def _keep(self, tok: int, p_tok: float, p_top: float) -> int | None:
-        i, d = self.n, self.drafts
         if p_top < self.p_min:
             self.done = True
             return None
+        return self.put(tok, p_tok)
+
+    def put(self, tok: int, p_tok: float = 1.0) -> int | None:
+        i, d = self.n, self.drafts
         d.tokens[i], d.prob[i], d.onehot[i] = tok, p_tok, 0
+        if self.bare:
+            d.kept_n[i] = -1
         self.n, self.made = i + 1, self.made + 1
         # a complete grammar: only the reply's end may follow
         self.done = not self.chain.push(tok) or self.made == self.k
@@ -80,10 +92,11 @@ class DraftPicks:
 
 class Proposer:
     """The drafters of one engine: `propose` fills a sequence's draft buffers, sized by the policy's
-    DraftLength (which drafting asks for k and tells what a catch-up measured)."""
+    DraftLength (which drafting asks for k and tells what a catch-up measured). `across`: the draft model is of
+    another vocabulary (drafting/across.py)."""
 
-    def __init__(self, draft: Model | None, n_vocab: int, lengths: DraftLength) -> None:
-        self.draft, self.n_vocab, self.lengths = draft, n_vocab, lengths
+    def __init__(self, draft: Model | None, n_vocab: int, lengths: DraftLength, across: Across | None = None) -> None:
+        self.draft, self.n_vocab, self.lengths, self.across = draft, n_vocab, lengths, across
         self.ngram: NgramDrafter | None = None
         self._kept: np.ndarray | None = None  # (ROWS_KEPT, n_vocab): target rows of plain steps, by position
         self._kept_pos = np.full(ROWS_KEPT, -1, np.int64)
@@ -95,7 +108,12 @@ class Proposer:
         s = ctx.settings
         self._kept_pos[:] = -1
         drafting = self.draft is not None and s.drafter != "ngram"
-        self.keeps_rows = drafting and s.draft_policy == "auto" and ctx.chain.constraint is None and target_rows
+        # a probe scores the draft's rows of skipped positions against the target's: one vocabulary only
+        self.keeps_rows = (
+            drafting and s.draft_policy == "auto" and ctx.chain.constraint is None and target_rows and not self.across
+        )
+        if self.across is not None:
+            self.across.start()
 
     # ------------------------------------------------------------------ one round
     def propose(self, ctx: RoundContext) -> Proposal:
@@ -126,6 +144,8 @@ class Proposer:
     def _draft_model(self, ctx: RoundContext, t0: float, forced: list[int]) -> Proposal:
         """The draft model's drafts after the `forced` slots, each followed by what the grammar then forces: the
         model decodes forced tokens in the batch of its next draw, never draws them."""
+        if self.across is not None:
+            return self._draft_across(ctx, self.across, t0, forced)
         d, seq = self.draft, ctx.seq
         assert d is not None, "the model drafter has a draft (Settings.check_draft)"
         caught_up, probed = 0.0, 0
@@ -158,6 +178,31 @@ class Proposer:
         made = n - used
         flags = forced_flags(ctx, n)
         return Proposal(n, MODEL if made else None, k, perf_counter() - t0, caught_up, probed, flags)
+
+    def _draft_across(self, ctx: RoundContext, a: Across, t0: float, forced: list[int]) -> Proposal:
+        """The draft model of another vocabulary: its cache brought to the text, its rows carried onto the
+        target's ids, each proposed target token decoded as its own token of the same bytes. A round the grammar
+        opens with forced tokens proposes them alone (the draft follows them as text next round)."""
+        if forced:
+            return Proposal(len(forced), None, 0, perf_counter() - t0, forced=forced_flags(ctx, len(forced)))
+        d = a.draft
+        k = self.lengths.choose(MODEL, ctx.room, behind=max(0, len(ctx.seq) - a.followed))
+        n = 0
+        if k > 0 and a.sync(ctx.seq):
+            picks = DraftPicks(ctx, self.n_vocab, min(k, a.room() + 1))  # the last draft is not decoded
+            # greedy with nothing reading the row: the argmax of the carried row without writing it (the draft's
+            # row read once, not the target's vocabulary written and read)
+            bare = picks.bare
+            while True:
+                row = d.logits(1)[0]
+                tok = (None if (t := a.argmax(row)) < 0 else picks.put(t)) if bare else picks.pick(a.carry(row))
+                if tok is None or picks.done or a.draft_token(tok) < 0:
+                    break
+                d.decode_one(a.draft_token(tok))
+            n = picks.n
+            if n and a.draft_token(int(ctx.buffers.drafts.tokens[n - 1])) < 0:
+                n -= 1  # drawn from a row with no shared token left (a grammar allowing only the target's own)
+        return Proposal(n, MODEL if n else None, k, perf_counter() - t0, forced=forced_flags(ctx, n))
 
     def observe(self, ctx: RoundContext, step: Step) -> None:
         """After a verified round that drafted nothing: keep the target's row for the draft model's catch-up."""

@@ -12,7 +12,7 @@ from fsd_local import __version__
 from fsd_local.llama import backend, cpu_features, gguf_info, placement
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
-from fsd_local.llama.vocab import compatibility_problem
+from fsd_local.llama.vocab import Pairing, pairing
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -39,13 +39,13 @@ def model_summary(path: str, role: str) -> dict:
     }
 
 
-def compatibility(draft: str, target: str) -> str | None:
-    """None when the draft can draft for the target, else the reason (vocab.compatibility_problem)."""
+def compatibility(draft: str, target: str) -> Pairing:
+    """The path the pair takes (vocab.pairing): the same tokenizer, the vocabulary map, or refused."""
     d = t = None
     try:
         d = Model(ModelOptions(draft, vocab_only=True), "draft")
         t = Model(ModelOptions(target, vocab_only=True), "target")
-        return compatibility_problem(d, t)
+        return pairing(d, t)
     finally:
         for m in (d, t):
             if m is not None:
@@ -72,8 +72,14 @@ def report(target: str | None = None, draft: str | None = None, n_ctx: int = 409
         if path:
             out["models"][role] = model_summary(path, role)
     if target and draft:
-        problem = compatibility(draft, target)
-        out["compatible"], out["compatibility_problem"] = problem is None, problem
+        p = compatibility(draft, target)
+        # compatible: the engine runs the pair, with one tokenizer or through the vocabulary map
+        out["compatible"], out["compatibility_problem"] = p.path != "refused", p.reason
+        sizes = [out["models"][r]["size_bytes"] for r in ("draft", "target")]
+        if p.path == "map" and sizes[0] > sizes[1]:  # the engine refuses a draft with more parameters
+            out["compatible"] = False
+            out["compatibility_problem"] = f"{p.reason}; the draft's file is larger than the target's"
+        out["pairing"] = p.to_dict() | {"description": p.describe()}
     if target:
         t, d, summary = placement.resolve(
             ModelOptions(target, n_ctx=n_ctx),
@@ -150,10 +156,13 @@ def render(r: dict) -> str:
             f"  vocabulary {m['vocab_size']} tokens, {m['tokenizer']}; chat template {_yes(m['chat_template'])}",
         ]
     if "compatible" in r:
+        path, problem = r["pairing"]["path"], r["compatibility_problem"]
+        verdict = "compatible across tokenizers" if path == "map" and r["compatible"] else "INCOMPATIBLE"
         lines.append(
-            "draft -> target: "
-            + ("compatible (same tokenizer)" if r["compatible"] else f"INCOMPATIBLE: {r['compatibility_problem']}")
+            "draft -> target: " + ("compatible (same tokenizer)" if path == "same" else f"{verdict}: {problem}")
         )
+        if path != "same":
+            lines.append(f"  across tokenizers: {r['pairing']['description']}")
     if "placement" in r:
         lines.append(f"auto placement at --ctx {r['placement']['n_ctx']}: {r['placement']['summary']}")
     return "\n".join(lines)

@@ -90,6 +90,26 @@ def _device_list(opts: ModelOptions):
     return (ctypes.c_void_p * (len(local) + 1))(*local, None)
 
 
+def _vocab_size(path: str) -> int | None:
+    """The size of the file's vocabulary, loaded alone (None: not even that loads)."""
+    mp = lc.llama_model_default_params()
+    mp.vocab_only = True
+    model = lc.llama_model_load_from_file(path.encode(), mp)
+    if not model:
+        return None
+    try:
+        return lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    finally:
+        lc.llama_model_free(model)
+
+
+def _no_tokenizer(role: str, path: str) -> str:
+    return (
+        f"{role} model {path} has no tokenizer (no token list in the GGUF): fsd-local needs the model's vocabulary; "
+        "convert it again with its tokenizer, or use a GGUF from the model's publisher"
+    )
+
+
 # llama_get_logits returning the address itself (llama-cpp-python's binding returns a float pointer to cast)
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
     ctypes.cast(lc.llama_get_logits, ctypes.c_void_p).value or 0
@@ -109,6 +129,9 @@ class Model(SequenceCache):
         self._load_weights(opts, role)
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        if self.n_vocab <= 0:  # vocabulary-only, llama.cpp loads it, then aborts the process at the first tokenisation
+            self.close()
+            raise ModelLoadError(_no_tokenizer(role, opts.path))
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
         if opts.vocab_only:
@@ -151,6 +174,8 @@ class Model(SequenceCache):
         clear_log()
         self.model = lc.llama_model_load_from_file(opts.path.encode(), mp)
         if not self.model:
+            if not opts.vocab_only and _vocab_size(opts.path) == 0:  # its embeddings cannot fit no vocabulary
+                raise ModelLoadError(_no_tokenizer(role, opts.path))
             raise ModelLoadError(
                 f"llama.cpp could not load {role} model {opts.path} (corrupt, truncated, or an architecture "
                 f"this llama.cpp build does not know): {recent_log() or 'no details logged'}"

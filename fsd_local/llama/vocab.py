@@ -1,12 +1,17 @@
-"""Can the draft speak to the target? The same checks llama.cpp's speculative example makes, with the reason."""
+"""Can the draft speak to the target, and how: the same vocabulary (llama.cpp's speculative example's checks, with
+the reason), or different tokenizers through the vocabulary map (llama/vocab_map.py), or not at all."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsd_local.errors import VocabularyMismatchError
+
+if TYPE_CHECKING:
+    from fsd_local.llama.vocab_map import VocabMap
+    from fsd_local.llama.vocab_table import VocabTable
 
 MAX_SIZE_DIFFERENCE = 128  # Qwen2.5 0.5B vs 7B differ by exactly 128 padding entries
 FIRST_CHECKED_TOKEN = 5  # ids below are control tokens that families renumber freely
@@ -73,13 +78,78 @@ def compatibility_problem(draft, target) -> str | None:
     return _problem(facts(draft), facts(target), tokens_differ)
 
 
-def check_compatible(draft, target) -> None:
-    problem = compatibility_problem(draft, target)
-    if problem:
-        raise VocabularyMismatchError(
-            f"draft {draft.path} cannot draft for target {target.path}: {problem}. "
-            "Pick a draft from the same model family (same tokenizer), e.g. a pair from `fsd-local models`."
+# Below this share of a probe text's draft tokens carried, most of what the draft proposes is not the target's:
+# across tokenizers the pair is refused (vocab_map.VocabMap.probe_share)
+MIN_PROBE_SHARE = 0.5
+PATHS = ("same", "map", "refused")
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """The path a pair takes: "same" (one vocabulary: the draft's ids are the target's), "map" (different
+    tokenizers: the draft's rows carried onto the target's vocabulary, its cache following the text), or
+    "refused". `reason`: the check that made it not "same", and for "refused" why the map cannot carry it."""
+
+    path: str
+    reason: str | None = None
+    vocab_map: VocabMap | None = None
+
+    def describe(self) -> str:
+        """The path and what the map shares, in words (the reason is not repeated)."""
+        if self.path == "same":
+            return "the same tokenizer: the draft proposes the target's own tokens"
+        shares = self.vocab_map.describe() if self.vocab_map is not None else "no map"
+        return f"the vocabulary map ({shares})" + ("" if self.path == "map" else ": too little to draft with")
+
+    def to_dict(self) -> dict:
+        vm = self.vocab_map.to_dict() if self.vocab_map is not None else None
+        return {"path": self.path, "reason": self.reason, "map": vm}
+
+
+def map_refusal(vm: VocabMap, draft: VocabTable) -> str | None:
+    """Why a pair of different tokenizers cannot draft through the map (None: it can)."""
+    if not draft.every_byte:
+        return (
+            "the draft's SentencePiece vocabulary has no byte-fallback tokens, so llama.cpp cannot tokenise text "
+            "outside its vocabulary with it"
         )
+    if not draft.reads_back:
+        return (
+            "the draft's tokenizer does not give back the text it reads (it normalises text), so its text cannot "
+            "be aligned with the target's"
+        )
+    if vm.probe_share < MIN_PROBE_SHARE:
+        return (
+            f"only {vm.probe_share:.0%} of the draft's tokens of a probe text exist in the target's vocabulary "
+            f"(at least {MIN_PROBE_SHARE:.0%} needed)"
+        )
+    return None
+
+
+def pairing(draft, target) -> Pairing:
+    """Which path two loaded models (vocabulary-only is enough) take; the map is built or read from the cache."""
+    from fsd_local.llama.vocab_map import map_between
+    from fsd_local.llama.vocab_table import table_of
+
+    problem = compatibility_problem(draft, target)
+    if problem is None:
+        return Pairing("same")
+    vm = map_between(draft.path, target.path, draft, target)
+    refusal = map_refusal(vm, table_of(draft.path, draft))
+    return Pairing("refused", f"{problem}; {refusal}", vm) if refusal else Pairing("map", problem, vm)
+
+
+def check_compatible(draft, target) -> Pairing:
+    """The pair's path ("same", or "map" with its map), or VocabularyMismatchError naming what stops it and what
+    to do."""
+    p = pairing(draft, target)
+    if p.path != "refused":
+        return p
+    raise VocabularyMismatchError(
+        f"draft {draft.path} cannot draft for target {target.path}: {p.reason}. Pick a draft from the "
+        "target's family (same tokenizer) or one that writes the target's language, e.g. from "
+        "`fsd-local models --local`."
+    )
 
 
 # ------------------------------------------------------------------ the same checks on GGUF headers

@@ -51,6 +51,7 @@ class LocalModel:
     tokenizer: str | None = None
     vocab: HeaderVocab | None = field(default=None, repr=False)
     drafts: list[str] = field(default_factory=list)  # names of listed models that can draft for this one
+    across: list = field(default_factory=list)  # models of other vocabularies (across.AcrossDraft), when asked
     also_in: list[str] = field(default_factory=list)  # other stores holding a model of the same name
 
     @property
@@ -68,6 +69,7 @@ class LocalModel:
         }
         out.update(n_layer=self.n_layer, n_vocab=self.n_vocab, tokenizer=self.tokenizer, drafts=self.drafts)
         out["also_in"] = self.also_in
+        out["drafts_across"] = [a.to_dict() for a in self.across]
         return out
 
 
@@ -192,6 +194,8 @@ def format_listing(listing: Listing) -> str:
         lines.append(f"  {m.path}")
         if m.drafts:
             lines.append(f"  drafts: {', '.join(m.drafts)}")
+        if m.across:
+            lines.append(f"  across tokenizers: {', '.join(a.text() for a in m.across)}")
         if m.also_in:
             lines.append(f"  the same name is in {', '.join(m.also_in)}: give the path to choose this one")
     if not listing.models:

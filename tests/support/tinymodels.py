@@ -40,6 +40,63 @@ def add_tokenizer(w, tokens, scores, types) -> None:
     w.add_add_bos_token(True)
 
 
+# A second tokenizer, byte-level BPE ("gpt2") as SmolLM2, Qwen and Llama 3 use, to test drafting across
+# vocabularies against the SentencePiece one above: every byte is a token (GPT-2's byte-to-character table),
+# merges make whole words that the SentencePiece vocabulary splits into letters, and the two end a turn with
+# different tokens. Ids differ from the SentencePiece vocabulary's throughout.
+BPE_WORDS = ["the", "he", " the", " a", "an", " an", "and", " and", "ab", " cab", "é", " é"]
+BPE_CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # eos: <|im_end|>
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def byte_chars() -> list[str]:
+    """GPT-2's byte-to-character table: byte b is written as chr(table[b]) in a byte-level BPE vocabulary."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def bpe_vocabulary(words=BPE_WORDS, control=BPE_CONTROL):
+    """(tokens, types, merges): the control tokens first, the 256 bytes in a shuffled order (so no id means
+    the same as in the SentencePiece vocabulary), then each word with the merges that build it left to right."""
+    table = byte_chars()
+    order = np.random.default_rng(7).permutation(256)
+    tokens = list(control) + [table[b] for b in order]
+    types = [3] * len(control) + [1] * 256
+    merges: list[str] = []
+    for word in words:
+        chars = [table[b] for b in word.encode("utf-8")]
+        for i in range(2, len(chars) + 1):
+            left, right = "".join(chars[: i - 1]), chars[i - 1]
+            if left + right not in tokens:
+                tokens.append(left + right)
+                types.append(1)
+                merges.append(f"{left} {right}")
+    return tokens, types, merges
+
+
+def add_bpe_tokenizer(w, tokens, types, merges) -> None:
+    """Byte-level BPE metadata: no BOS added, <|im_end|> ends a turn (the chat template's end of turn)."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokens.index("<|im_start|>"))
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+
+
 def write_tiny_gguf(
     path,
     *,
@@ -58,12 +115,16 @@ def write_tiny_gguf(
     dtype=np.float32,
     control=(),
     split_max_tensors: int = 0,
+    tokenizer: str = "spm",
 ) -> Path:
     """split_max_tensors > 0: written as llama.cpp's split files (PATH-00001-of-0000N.gguf, ...); the first
-    part's path is returned."""
+    part's path is returned. tokenizer "bpe": the byte-level BPE vocabulary (bpe_vocabulary) instead."""
     import gguf
 
-    tokens, scores, types = vocabulary(byte_tokens, words, control)
+    if tokenizer == "bpe":
+        tokens, types, merges = bpe_vocabulary()
+    else:
+        tokens, scores, types = vocabulary(byte_tokens, words, control)
     n_vocab = len(tokens)
     base = np.random.default_rng(base_seed)
     mine = np.random.default_rng(seed)
@@ -87,7 +148,10 @@ def write_tiny_gguf(
     w.add_head_count_kv(n_kv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(n_embd // n_head)
-    add_tokenizer(w, tokens, scores, types)
+    if tokenizer == "bpe":
+        add_bpe_tokenizer(w, tokens, types, merges)
+    else:
+        add_tokenizer(w, tokens, scores, types)
     w.add_tensor("token_embd.weight", weight(n_vocab, n_embd, scale=1.0))
     ones = np.ones(n_embd, dtype=np.float32)
     for i in range(n_layer):

@@ -1,0 +1,226 @@
+"""A draft of another vocabulary runs in the engine (drafting/across.py): its rows carried onto the target's ids,
+its cache following the text. Greedy `sd` and `fsd` at tau 0 emit `ar`'s ids on tiny F32 pairs of two tokenizers
+(shared tokens, the target's own tokens, byte fallback, words split differently, ends of generation); the
+divergences that are infinite off the shared tokens rescue nothing; bad pairs get one-line errors; SmolLM2
+drafts for Gemma 3."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats as sps
+
+import support.tinymodels as tm
+from fsd_local import ConfigError, Engine, VocabularyMismatchError
+from fsd_local.errors import FSDError
+from fsd_local.llama.model import Model
+from fsd_local.llama.options import ModelOptions
+from fsd_local.llama.vocab import check_compatible
+
+PROMPT = "the cab and a cab, the end. the ab and é! a € and ü ß the band"
+
+
+def _eos_at_im_end(w, tokens, scores, types) -> None:
+    """The SentencePiece metadata of tinymodels.add_tokenizer, but ending a turn with <|im_end|>."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_add_bos_token(True)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, cross_pair, monkeypatch_module):
+    """Three pairs through the map, each target at least as large as its draft: `twin` (the tiny draft's weights
+    and tokens, another EOS, for the noisy target of the same base: drafts accepted and rejected), `bpe` (byte-level
+    BPE for a larger SentencePiece target: the target writes bytes in byte-fallback tokens), `spm` (SentencePiece
+    for a larger BPE target: whole-word tokens the draft spells in letters)."""
+    d = tmp_path_factory.mktemp("across_engine")
+    spm, bpe = cross_pair
+    control = ("<|im_end|>",)
+    monkeypatch_module.setattr(tm, "add_tokenizer", _eos_at_im_end)
+    twin = str(tm.write_tiny_gguf(d / "twin.gguf", seed=1, control=control))
+    monkeypatch_module.undo()
+    return {
+        "twin": (twin, str(tm.write_tiny_gguf(d / "noisy.gguf", seed=2, noise=0.1, control=control))),
+        "bpe": (bpe, str(tm.write_tiny_gguf(d / "big.gguf", seed=4, n_layer=3, n_embd=128, control=control))),
+        "spm": (spm, str(tm.write_tiny_gguf(d / "bigbpe.gguf", seed=5, n_layer=3, n_embd=128, tokenizer="bpe"))),
+        "letters": str(tm.write_tiny_gguf(d / "letters.gguf", seed=5, n_layer=1, n_embd=16, byte_tokens=False)),
+    }
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def engine(pair, n_ctx: int = 512, **kw) -> Engine:
+    draft, target = pair
+    return Engine(target=target, draft=draft, n_ctx=n_ctx, n_threads=1, draft_policy="fixed", draft_max=4, **kw)
+
+
+def check_follows(eng: Engine) -> None:
+    """After a call, the draft's cache brought to the text holds the draft's own tokens of it, nothing else (of a
+    text ending inside a character: of its longest whole prefix)."""
+    a = eng.across
+    assert a is not None
+    text = eng.cached_tokens()
+    a.start()
+    while not a.sync(text):  # a text ending inside a character is followed up to it
+        text = text[:-1]
+        a.start()
+    assert eng.draft is not None and eng.draft.tokens == a.follower.ids
+
+
+@pytest.mark.parametrize("name", ["twin", "bpe", "spm"])
+def test_greedy_sd_and_fsd_at_tau_0_emit_ars_ids(files, name):
+    with engine(files[name]) as eng:
+        a = eng.across
+        assert a is not None and eng.n_vocab == eng.target.n_vocab
+        ar = eng.generate(PROMPT, max_tokens=40, mode="ar", temperature=0)
+        sd = eng.generate(PROMPT, max_tokens=40, mode="sd", temperature=0)
+        check_follows(eng)
+        fsd = eng.generate(PROMPT, max_tokens=40, mode="fsd", tau=0.0, temperature=0)
+        assert sd.token_ids == ar.token_ids == fsd.token_ids
+        assert sd.stats["drafted"] > 0 and fsd.stats["accepted_fuzzy"] == 0
+        if name == "twin":  # the same weights and tokens: drafts are accepted and, with the noisy target, rejected
+            assert 0.2 < sd.stats["acceptance_rate"] < 1.0 and sd.stats["target_calls"] < len(sd.token_ids)
+        else:  # tokens the draft has no id for (byte-fallback twins, whole words) in the target's reply
+            assert any(a.draft_token(t) < 0 for t in ar.token_ids)
+
+
+def test_a_model_drafting_for_itself_through_the_map_accepts_every_greedy_token(files, cross_pair):
+    """The twin is the tiny SentencePiece model but for its EOS id: the map's path, the same distributions."""
+    with engine((files["twin"][0], cross_pair[0])) as eng:
+        assert eng.across is not None
+        out = eng.generate(PROMPT, max_tokens=40, mode="sd", temperature=0)
+        assert out.stats["acceptance_rate"] == 1.0 and out.stats["accepted_sd"] == out.stats["drafted"] > 0
+
+
+def test_the_reply_ends_at_the_targets_end_of_turn(files):
+    with engine(files["twin"]) as eng:
+        a = eng.across
+        assert a is not None and eng.draft is not None
+        # the draft's end of turn (its EOS, <|im_end|>) is carried to the target's own <|im_end|>
+        im_end = eng.target.tokenize("<|im_end|>", add_special=False)
+        assert len(im_end) == 1 and a.draft_token(im_end[0]) == eng.draft.eos
+        ar = eng.generate(PROMPT, max_tokens=200, mode="ar", temperature=0, logit_bias={im_end[0]: 4.0})
+        sd = eng.generate(PROMPT, max_tokens=200, mode="sd", temperature=0, logit_bias={im_end[0]: 4.0})
+        assert sd.token_ids == ar.token_ids and sd.finish_reason == ar.finish_reason
+
+
+def test_fsd_js_rescues_and_kl_rescues_nothing_off_the_shared_tokens(files):
+    with engine(files["twin"]) as eng:
+        js = eng.generate(PROMPT, max_tokens=40, mode="fsd", divergence="js", tau=0.6, temperature=0)
+        kl = eng.generate(PROMPT, max_tokens=40, mode="fsd", divergence="kl", tau=50.0, temperature=0)
+        sd = eng.generate(PROMPT, max_tokens=40, mode="sd", temperature=0)
+    assert js.stats["accepted_fuzzy"] > 0
+    # KL(p || q') is infinite (q' is 0 on the target's own tokens): no tau passes it, fsd is sd
+    assert kl.stats["accepted_fuzzy"] == 0 and kl.token_ids == sd.token_ids
+
+
+def test_sampled_sd_runs_on_the_targets_vocabulary(files):
+    with engine(files["spm"]) as eng:
+        out = eng.generate(PROMPT, max_tokens=40, mode="sd", temperature=0.9, seed=5, ignore_eos=True)
+        assert len(out.token_ids) == 40 and all(0 <= t < eng.target.n_vocab for t in out.token_ids)
+        check_follows(eng)
+
+
+def test_sampled_sd_keeps_the_targets_distribution(files):
+    """The first token of sampled `sd` (a full round: drafted, judged, the residual drawn where rejected) against
+    the target's own softmax; the target's own tokens (q' = 0 there: the byte-fallback twins of its letters) are
+    reached only through the residual."""
+    draft, target = files["bpe"]
+    m = Model(ModelOptions(target, n_ctx=128, n_threads=1), "target")
+    try:
+        prompt = m.tokenize("the cab and")
+        m.decode(prompt, "last")
+        row = m.logits(1)[0].astype(np.float64)
+    finally:
+        m.close()
+    p = np.exp(row - row.max())
+    p /= p.sum()
+    n = 1500
+    counts = np.zeros(p.shape[0], np.int64)
+    with engine((draft, target), n_ctx=128) as eng:
+        a = eng.across
+        assert a is not None
+        for seed in range(n):
+            out = eng.generate(prompt, max_tokens=4, mode="sd", temperature=1.0, seed=seed, ignore_eos=True)
+            assert out.stats["drafted"] >= 1
+            counts[out.token_ids[0]] += 1
+        own = np.array([a.draft_token(t) < 0 for t in range(p.shape[0])])
+    expected = p * n
+    big = expected >= 5  # the rare tokens merged into one bin, so the chi-square approximation holds
+    obs, exp = np.append(counts[big], counts[~big].sum()), np.append(expected[big], expected[~big].sum())
+    assert sps.chisquare(obs, exp).pvalue > 1e-3
+    assert p[own].sum() > 0.01 and counts[own].sum() > 0  # the test reaches them: 2% of p here, ~30 draws
+
+
+def test_ar_ids_beyond_the_drafts_vocabulary_are_a_valid_next_prompt(files):
+    """The target's vocabulary (293) is larger than the draft's (277): `ar` may emit any of its ids, and a next
+    turn's prompt holding them is checked against the target's vocabulary."""
+    with engine(files["bpe"]) as eng:
+        assert eng.draft is not None and eng.target.n_vocab > eng.draft.n_vocab
+        prompt = eng.tokenize(PROMPT)
+        out = eng.generate(prompt, max_tokens=40, mode="ar", temperature=0)
+        assert max(out.token_ids) >= eng.draft.n_vocab
+        nxt = eng.generate(prompt + out.token_ids, max_tokens=8, mode="sd", temperature=0)
+        assert nxt.finish_reason == "length"
+
+
+def test_bad_pairs_are_refused_in_one_line(files):
+    spm, bigbpe = files["spm"]
+    bpe, _ = files["bpe"]
+    with pytest.raises(ConfigError, match=r"is larger than target .* swap --draft and --target") as e:
+        engine((bigbpe, spm))
+    assert "\n" not in str(e.value)
+    with pytest.raises(VocabularyMismatchError, match="no byte-fallback tokens") as v:
+        engine((files["letters"], bpe))
+    assert "\n" not in str(v.value)
+    with engine(files["spm"]) as eng, pytest.raises(ConfigError, match="draft-only decodes the draft's own"):
+        eng.generate(PROMPT, max_tokens=4, mode="draft-only")
+
+
+def test_a_batch_refuses_drafting_across_tokenizers_in_words_and_runs_ar(files):
+    """Engine(parallel=2) on a map pair: a speculative call is refused in words (the follower keeps one draft
+    cache), an `ar` call runs in the batch and writes its ids alone."""
+    kw = dict(mode="ar", temperature=0.0, max_tokens=12, ignore_eos=True)
+    with engine(files["bpe"]) as eng:
+        alone = eng.generate("the cat sat", **kw).token_ids
+    with engine(files["bpe"], n_ctx=1024, parallel=2) as eng:
+        assert eng.batch is not None and eng.across is not None
+        with pytest.raises(FSDError, match="another vocabulary"):
+            eng.stream("the cat sat", mode="sd")
+        assert eng.generate("the cat sat", **kw).token_ids == alone
+
+
+def test_the_pairing_is_the_map(files):
+    draft, target = files["spm"]
+    d, t = (Model(ModelOptions(p, vocab_only=True), r) for p, r in ((draft, "draft"), (target, "target")))
+    try:
+        p = check_compatible(d, t)
+        assert p.path == "map" and p.vocab_map is not None
+    finally:
+        d.close()
+        t.close()
+
+
+@pytest.mark.real
+def test_smollm2_drafts_for_gemma_3(real_pair, gemma_path):
+    with Engine(
+        target=gemma_path, draft=real_pair[0], n_ctx=1024, n_threads=2, draft_policy="fixed", draft_max=4
+    ) as eng:
+        assert eng.across is not None and eng.n_vocab == 262144
+        messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+        sd = eng.chat(messages, max_tokens=32, mode="sd", temperature=0)
+        assert sd.stats["accepted_sd"] > 0 and sd.stats["target_calls"] < len(sd.token_ids)
+        assert all(0 <= t < 262144 for t in sd.token_ids) and sd.text.strip()
+        fsd = eng.chat(messages, max_tokens=32, mode="fsd", divergence="js", tau=0.3, temperature=0)
+        assert len(fsd.token_ids) == 32 or fsd.finish_reason == "stop"
+        check_follows(eng)
