@@ -7,9 +7,11 @@ import os
 import threading
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
+from fsd_local.batching import Scheduler
 from fsd_local.chain import Chain
 from fsd_local.conversation import fit_conversation, reply_room
 from fsd_local.device_picks import plan as plan_picks
@@ -36,11 +38,15 @@ if TYPE_CHECKING:
 __all__ = ["CancelToken", "Completion", "Engine", "Piece"]
 
 
-def _options(model, n_ctx, n_threads, n_gpu_layers) -> ModelOptions:
+def _options(model, n_ctx, n_threads, n_gpu_layers, parallel: int = 1) -> ModelOptions:
     if isinstance(model, ModelOptions):
-        return model
+        return model if parallel == 1 else replace(model, n_seq=parallel)
     return ModelOptions(
-        path=str(model), n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers
+        path=str(model),
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers,
+        n_seq=parallel,
     )
 
 
@@ -77,9 +83,12 @@ class Engine:
         n_threads: int | None = None,
         n_gpu_layers: int | None = -1,
         draft_n_gpu_layers: int | None = None,
+        parallel: int = 1,
         settings: Settings | None = None,
         **setting_overrides: Any,
     ):
+        # parallel > 1: that many calls at once, from different threads, advanced in one batch (batching.py);
+        # n_ctx is then every call's tokens together (one unified KV cache a model)
         self.defaults = (settings or Settings()).with_(**setting_overrides)
         self.draft = None
         self.across: Across | None = None  # a draft of another vocabulary (drafting/across.py)
@@ -88,14 +97,10 @@ class Engine:
         self._cancel = CancelToken()
         self._closed = False
         try:
-            self.target = Model(_options(target, n_ctx, n_threads, n_gpu_layers), "target")
+            self.target = Model(_options(target, n_ctx, n_threads, n_gpu_layers, parallel), "target")
             if draft is not None:
-                self.draft = Model(
-                    _options(
-                        draft, n_ctx, n_threads, n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
-                    ),
-                    "draft",
-                )
+                draft_gpu = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
+                self.draft = Model(_options(draft, n_ctx, n_threads, draft_gpu, parallel), "draft")
                 vm = check_compatible(self.draft, self.target).vocab_map
                 if vm is not None:
                     _check_smaller(self.draft, self.target)
@@ -111,6 +116,7 @@ class Engine:
         self._policy = Policy(CostStore.for_models(self.target, self.draft))
         self._proposer = Proposer(self.draft, self.n_vocab, self._policy.length, self.across)
         self._buffers_key: tuple | None = None  # the round buffers (owned here, lent to each call) fit these settings
+        self._batch = Scheduler(self, parallel) if parallel > 1 else None
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
         warm_chain()
 
@@ -149,7 +155,10 @@ class Engine:
         **overrides: Any,
     ) -> Generator[Piece, None, None]:
         """Yield pieces as tokens are accepted; the last piece carries `.completion`. The engine's lock is held
-        from the first piece until the stream ends or is closed: iterate it in one thread, to the end or close()."""
+        from the first piece until the stream ends or is closed: iterate it in one thread, to the end or close().
+        With parallel > 1 calls from several threads run batched, each stream read in its own thread."""
+        if self._batch is not None:
+            return self._batch.submit(prompt, self._settings(settings, overrides), cancel)
         return self._run(prompt, self._settings(settings, overrides), cancel)
 
     def _settings(self, settings: Settings | None, overrides: Mapping[str, Any]) -> Settings:
@@ -206,7 +215,14 @@ class Engine:
         n_ctx = loaded_context(self)
         room = reply_room(s.max_tokens, n_ctx)
         tokens, dropped = fit_conversation(self.chat_prompt, messages, n_ctx, room, self.cached_tokens())
+        if self._batch is not None:
+            return self._batch.submit(tokens, s, cancel, dropped)
         return self._run(tokens, s, cancel, dropped)
+
+    @property
+    def batch(self) -> Scheduler | None:
+        """The batch of calls at once (parallel > 1; batching.py), else None."""
+        return self._batch
 
     @property
     def policy(self) -> Policy:

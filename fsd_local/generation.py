@@ -34,6 +34,7 @@ class Generation:
     buffers: Buffers  # the engine's, lent for this call
     chain: Chain
     dropped: int = 0  # chat: the oldest messages left out to fit the context
+    seq_id: int = 0  # the KV sequence of each model that holds this call's text (several at once: batching.py)
     ctx: RoundContext = field(init=False)
     stats: Stats = field(init=False)
     text: TextStream = field(init=False)
@@ -83,7 +84,7 @@ class Generation:
         self.seq.extend(new)
         self.ctx.room = self.room
         for m in self.models:  # trim: each cache keeps its longest common prefix with the accepted text
-            m.keep_common_prefix(self.seq, start - 1)
+            m.keep_common_prefix(self.seq, start - 1, self.seq_id)
         emitted = step.emitted if shown == len(new) else step.emitted.head(shown)
         self.reply.extend(emitted)
         released = self.text.push(b"".join(self.target.piece(t) for t in emitted.tokens))

@@ -260,20 +260,32 @@ def plain_step(model: Model, ctx: RoundContext, decoder: str) -> Step:
     model.decode(todo, "last")
     model.synchronize()
     seconds = perf_counter() - t
-    out = ctx.buffers.out
     if model.sampler.active:  # picked on the device: no row comes to the host (device_picks.py)
-        rows, tok = NO_ROWS, model.sampler.take()
-    else:
-        rows = model.logits(1)
-        ctx.chain.target_rows(rows, 0)  # the same processing as every target row
-        # within the vocabulary the pair shares: a target with padding entries past the draft's never emits them,
-        # so every id of the text is one a next turn's prompt check accepts
-        n = min(model.n_vocab, ctx.n_vocab)
-        tok, _ = emit_one(rows[0], n, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
+        return _emit(ctx, NO_ROWS, model.sampler.take(), decoder, len(todo), seconds, t0)
+    return plain_emit(ctx, model.logits(1), model.n_vocab, decoder, len(todo), seconds, t0)
+
+
+def plain_emit(
+    ctx: RoundContext, rows: np.ndarray, n_vocab: int, decoder: str, batch: int, seconds: float, t0: float
+) -> Step:
+    """A plain step's token from the deciding model's one row over its n_vocab, on the host (decoded in a batch
+    of `batch` tokens in `seconds`, the round begun at perf_counter() t0)."""
+    ctx.chain.target_rows(rows, 0)  # the same processing as every target row
+    out = ctx.buffers.out
+    # within the vocabulary the pair shares: a target with padding entries past the draft's never emits them,
+    # so every id of the text is one a next turn's prompt check accepts
+    n = min(n_vocab, ctx.n_vocab)
+    tok, _ = emit_one(rows[0], n, ctx.sampling, ctx.random.take(1)[0], ctx.buffers.row_stats, out)
+    return _emit(ctx, rows, tok, decoder, batch, seconds, t0)
+
+
+def _emit(ctx: RoundContext, rows: np.ndarray, tok: int, decoder: str, batch: int, seconds: float, t0: float) -> Step:
+    """A plain step's Step for its token `tok`."""
+    out = ctx.buffers.out
     ctx.chain.settle(0, tok)
     emitted = _emitted([int(tok)], out, 0, 0, ctx.logprobs)
     emitted.origins[0] = decoder
-    return Step(emitted, 0, NO_LOSS, len(todo), seconds, perf_counter() - t0, rows, out, None, decoder)
+    return Step(emitted, 0, NO_LOSS, batch, seconds, perf_counter() - t0, rows, out, None, decoder)
 
 
 def _emitted(tokens: list[int], out: RoundOut, accepted: int, n_drafts: int, logprobs: bool) -> Emitted:

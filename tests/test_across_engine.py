@@ -12,6 +12,7 @@ import scipy.stats as sps
 
 import support.tinymodels as tm
 from fsd_local import ConfigError, Engine, VocabularyMismatchError
+from fsd_local.errors import FSDError
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import check_compatible
@@ -184,6 +185,19 @@ def test_bad_pairs_are_refused_in_one_line(files):
     assert "\n" not in str(v.value)
     with engine(files["spm"]) as eng, pytest.raises(ConfigError, match="draft-only decodes the draft's own"):
         eng.generate(PROMPT, max_tokens=4, mode="draft-only")
+
+
+def test_a_batch_refuses_drafting_across_tokenizers_in_words_and_runs_ar(files):
+    """Engine(parallel=2) on a map pair: a speculative call is refused in words (the follower keeps one draft
+    cache), an `ar` call runs in the batch and writes its ids alone."""
+    kw = dict(mode="ar", temperature=0.0, max_tokens=12, ignore_eos=True)
+    with engine(files["bpe"]) as eng:
+        alone = eng.generate("the cat sat", **kw).token_ids
+    with engine(files["bpe"], n_ctx=1024, parallel=2) as eng:
+        assert eng.batch is not None and eng.across is not None
+        with pytest.raises(FSDError, match="another vocabulary"):
+            eng.stream("the cat sat", mode="sd")
+        assert eng.generate("the cat sat", **kw).token_ids == alone
 
 
 def test_the_pairing_is_the_map(files):

@@ -11,7 +11,7 @@ which comes first):
 1. kernels/ (Numba), llama/ (llama.cpp through its C API)
 2. settings, tools/
 3. drafting/, pairs/, chain, round, policy, device_picks
-4. the engine: engine, generation
+4. the engine: engine, generation, batching
 5. bench/, server/
 6. cli/
 
@@ -63,7 +63,7 @@ LAYERS = (  # bottom first: names under fsd_local (a package stands for every mo
     ("kernels", "llama"),
     ("settings", "tools"),
     ("drafting", "pairs", "chain", "round", "policy", "device_picks"),
-    ("engine", "generation"),
+    ("engine", "generation", "batching"),
     ("bench", "server"),
     ("cli",),
 )

@@ -22,6 +22,15 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
     return {
         "across_pair": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--k", "2"], "tokens per target call"),
         "auto_goals": (pair + TINY + ["--prompts", prompts, "--tokens", "4", "--fixed", "2", "--k-max", "3"], "auto "),
+        "batch_costs": (
+            ["--target", target] + TINY + ["--rows", "3", "--seqs", "1,2", "--context", "8", "--passes", "1"],
+            "rows | one-seq ctx",
+        ),
+        "batch_policy": (["--gpu", "--seeds", "1", "--tokens", "8"], "best fixed k"),
+        "batch_clients": (
+            pair + TINY + ["--clients", "2", "--requests", "2", "--prompts", "1", "--tokens", "4"],
+            "ar: 2 at once / one at a time",
+        ),
         "cache_refill": (
             pair + TINY + ["--repeats", "2", "--tokens", "4", "--prompts", "1", "--light-vocab", "400"],
             "own us/round",

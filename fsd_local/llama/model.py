@@ -1,6 +1,6 @@
-"""One GGUF model through llama-cpp-python's low-level API: its own model, context, batch and one KV sequence.
-The list `tokens` mirrors what the KV cache holds, so the engine rewinds by position (`truncate`) and
-reuses the longest common prefix (`keep_common_prefix`)."""
+"""One GGUF model through llama-cpp-python's low-level API: its own model, context, batch and KV sequences.
+`tokens` mirrors what sequence 0's cache holds (`seqs`, one list per sequence, where ModelOptions.n_seq > 1), so
+the engine rewinds by position (`truncate`) and reuses the longest common prefix (`keep_common_prefix`)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from fsd_local.errors import CacheTruncationError, ContextOverflowError, ModelLoadError
+from fsd_local.errors import CacheTruncationError, ModelLoadError
 from fsd_local.llama import backend
 from fsd_local.llama.bindings import clear_log, default_threads, init_backend, lc, recent_log
 from fsd_local.llama.cpu_features import repack_choice
+from fsd_local.llama.kv_cache import SEQ, SequenceCache
 from fsd_local.llama.options import KV_TYPES, SPLIT_MODES, UNQUANTISED_KV, ModelOptions
 from fsd_local.llama.samplers import BackendSampler, wanted
 
-SEQ = 0
+MAX_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ
 
 
 def check_gguf_file(path: str, role: str = "model") -> None:
@@ -53,6 +54,8 @@ def _check_options(opts: ModelOptions, role: str) -> None:
             f"{role}: a quantised V cache ({opts.cache_type_v}) needs flash attention; "
             "use --flash-attn on or auto, or an f16 V cache"
         )
+    if not 1 <= opts.n_seq <= MAX_SEQ:
+        raise ModelLoadError(f"{role}: {opts.n_seq} sequences asked; a context holds 1 to {MAX_SEQ} (--parallel)")
     if opts.split_mode not in SPLIT_MODES:
         raise ModelLoadError(f"{role}: unknown split mode {opts.split_mode!r}; choose one of {', '.join(SPLIT_MODES)}")
     if opts.tensor_split and (
@@ -107,7 +110,7 @@ _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
 )
 
 
-class Model:
+class Model(SequenceCache):
     def __init__(self, opts: ModelOptions, role: str = "model"):
         self.opts = opts
         self.role = role
@@ -129,6 +132,8 @@ class Model:
             return
         self._create_context(opts)
         self.tokens: list[int] = []
+        # what each sequence's cache holds; edited in place, so seqs[0] stays the list `tokens` names
+        self.seqs: list[list[int]] = [self.tokens] + [[] for _ in range(1, self.n_seq)]
         self.n_outputs = 0
         self.decode_seconds = 0.0  # time spent inside llama.cpp's decode calls, for the loop's own time (stats)
         self._view: np.ndarray | None = None  # the output buffer as an array, kept while llama.cpp keeps it
@@ -178,11 +183,13 @@ class Model:
             )
 
     def _create_context(self, opts: ModelOptions) -> None:
-        """The context (one sequence, opts' sizes and KV types) and its batch, filled by vector writes."""
+        """The context (opts' sequences, sizes and KV types) and its batch for sequence 0, filled by vector
+        writes."""
         cp = lc.llama_context_default_params()
         cp.n_ctx = opts.n_ctx
         cp.n_batch = cp.n_ubatch = opts.n_batch
-        cp.n_seq_max = 1
+        cp.n_seq_max = opts.n_seq
+        cp.kv_unified = opts.kv_unified
         cp.n_threads = opts.n_threads or default_threads()
         cp.n_threads_batch = opts.n_threads_batch or cp.n_threads
         cp.no_perf = True
@@ -198,7 +205,10 @@ class Model:
         if not self.ctx:
             self.close()
             raise ModelLoadError(f"llama.cpp could not create a context for {opts.path}: {recent_log()}")
-        self.n_ctx: int = lc.llama_n_ctx(self.ctx)
+        self.n_ctx: int = lc.llama_n_ctx_seq(self.ctx)  # the most one sequence holds
+        self.n_cells: int = lc.llama_n_ctx(self.ctx)  # every sequence's together
+        self.n_seq: int = lc.llama_n_seq_max(self.ctx)
+        self._shared = self.n_cells < self.n_seq * self.n_ctx  # a unified cache: the sequences share its cells
         self.n_batch: int = opts.n_batch
         self.mem: Any = lc.llama_get_memory(self.ctx)
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)
@@ -270,63 +280,6 @@ class Model:
     def detokenize(self, tokens) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
 
-    # ---------------------------------------------------------------- KV cache
-    def truncate(self, n: int) -> None:
-        """Drop every cached position >= n. llama.cpp answers False when it cannot drop a partial range."""
-        if n >= len(self.tokens):
-            return
-        if not lc.llama_memory_seq_rm(self.mem, SEQ, n, -1):
-            raise CacheTruncationError(
-                f"{self.role} model {self.path}: llama.cpp refused to drop KV positions >= {n}; this model's "
-                "cache cannot be rewound, so it cannot be used for speculative decoding"
-            )
-        del self.tokens[n:]
-
-    def forget_unknown_tail(self) -> None:
-        """After an interruption: drop any cache positions beyond what `tokens` records."""
-        lc.llama_memory_seq_rm(self.mem, SEQ, len(self.tokens), -1)
-
-    def clear(self) -> None:
-        lc.llama_memory_clear(self.mem, True)
-        self.tokens.clear()
-
-    def keep_common_prefix(self, seq, start: int = 0) -> int:
-        """Truncate the cache to its longest common prefix with seq[:-1] (known equal below `start`).
-        The last token of seq is never kept: its logits are what the next decode must produce."""
-        toks = self.tokens
-        n = min(len(toks), len(seq) - 1)
-        i = min(start, n)
-        while i < n and toks[i] == seq[i]:
-            i += 1
-        self.truncate(i)
-        return i
-
-    def reuse_after_cut(self, seq, min_reuse: int = 8) -> int:
-        """Where seq is the cached text with a span cut out after their common prefix, remove that span and shift what
-        follows back; returns how many cached tokens now match seq. Nothing changes when less than `min_reuse`
-        tokens would be saved or the cache cannot shift. Approximate, hence opt-in (context_shift)."""
-        toks = np.asarray(self.tokens, dtype=np.int64)
-        want = np.asarray(seq[:-1], dtype=np.int64)
-        n = min(len(toks), len(want))
-        diff = np.flatnonzero(toks[:n] != want[:n])
-        a = int(diff[0]) if diff.size else n
-        if a >= len(want) or a >= len(toks) - min_reuse or not lc.llama_memory_can_shift(self.mem):
-            return a
-        best_b, best_m = 0, 0
-        for b in a + 1 + np.flatnonzero(toks[a + 1 :] == want[a]):  # where the rest of seq could resume
-            m = min(len(toks) - b, len(want) - a)
-            miss = np.flatnonzero(toks[b : b + m] != want[a : a + m])
-            m = int(miss[0]) if miss.size else m
-            if m > best_m:
-                best_b, best_m = int(b), m
-        if best_m < min_reuse:
-            return a
-        if not lc.llama_memory_seq_rm(self.mem, SEQ, a, best_b):
-            return a
-        lc.llama_memory_seq_add(self.mem, SEQ, best_b, -1, a - best_b)
-        self.tokens = self.tokens[:a] + self.tokens[best_b:]
-        return a + best_m
-
     def decode(self, tokens, logits: str = "last") -> None:
         """Append tokens to the cache. logits: 'last', 'none', or 'from:J' (rows for tokens[J:])."""
         if not tokens:
@@ -374,21 +327,13 @@ class Model:
         self.tokens.append(token)
         self.n_outputs = 1
 
-    def _check_room(self, n: int) -> None:
-        if len(self.tokens) + n > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.role} context is full ({self.n_ctx} tokens); start a new conversation or raise --ctx"
-            )
-
-    def _failed(self, rc: int) -> None:
+    def _failed(self, rc: int, seq_ids=(SEQ,)) -> None:
         # on failure llama.cpp restores the cache except after an abort or a fatal error; it may have grown (moved)
         # its output buffer before failing, so the view is read again
         self._view_rows = 0
-        self.tokens = self.tokens[: self._pos_max() + 1]
+        for s in seq_ids:
+            del self.seqs[s][self._pos_max(s) + 1 :]
         raise RuntimeError(f"llama_decode failed for the {self.role} model (code {rc}): {recent_log()}")
-
-    def _pos_max(self) -> int:
-        return lc.llama_memory_seq_pos_max(self.mem, SEQ)
 
     def synchronize(self) -> None:
         t = perf_counter()

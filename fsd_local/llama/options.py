@@ -24,6 +24,11 @@ class ModelOptions:
     n_threads_batch: int | None = None
     n_gpu_layers: int = -1
     n_batch: int = 512
+    # sequences the context holds at once (llama.cpp's n_seq_max; llama/seq_batch.py decodes several in one batch).
+    # n_ctx is then every sequence's cells together: shared when kv_unified, else n_ctx / n_seq each (llama.cpp
+    # rounds a sequence's share up to 256)
+    n_seq: int = 1
+    kv_unified: bool = True
     main_gpu: int = 0
     split_mode: str = "layer"
     tensor_split: list[float] | None = None

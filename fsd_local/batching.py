@@ -1,0 +1,400 @@
+"""Several generations of one Engine advanced together: each round one draft decode per draft position and one
+target decode holding every sequence's input, each k from the batch policy; sequences join and leave between
+rounds, each in its own KV sequence of both models (docs/design.md, "Several conversations at once")."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any
+
+from fsd_local.chain import Chain
+from fsd_local.drafting.batch_length import BatchPlan, plan_from_costs
+from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost
+from fsd_local.drafting.proposer import MODEL, DraftPicks
+from fsd_local.errors import ContextOverflowError, FSDError
+from fsd_local.generation import Generation
+from fsd_local.kernels.names import SPECULATIVE_MODES
+from fsd_local.llama.model import Model
+from fsd_local.llama.seq_batch import SeqBatch
+from fsd_local.results import CancelToken, Piece
+from fsd_local.round import (
+    Proposal,
+    Step,
+    force,
+    forced_flags,
+    forced_run,
+    judge,
+    new_buffers,
+    plain_emit,
+    target_input,
+)
+from fsd_local.round import slots as n_slots
+from fsd_local.settings import Settings
+
+NOTHING = Proposal(0, None, 0, 0.0)  # a sequence that drafts nothing this round: its plain step rides along
+
+
+def check_batchable(s: Settings, across: bool = False) -> None:
+    """Refuse, in words, settings a batched round cannot run (yet): they run on an engine with parallel=1
+    (`across`: the draft's vocabulary is not the target's)."""
+    if across and s.mode in SPECULATIVE_MODES:
+        raise FSDError(
+            "a draft of another vocabulary drafts for one call at a time: use mode='ar' in a batch, or an Engine "
+            "with parallel=1 (or a draft of the target's tokenizer)"
+        )
+    if s.mode == "draft-only":
+        raise FSDError("draft-only generations run one at a time: use an Engine with parallel=1 for them")
+    if s.mode in SPECULATIVE_MODES and s.drafter != "model":
+        raise FSDError(
+            f"drafter={s.drafter!r}: batched generations draft with the draft model only; use drafter='model' "
+            "or an Engine with parallel=1"
+        )
+
+
+class BatchPrices:
+    """What the batch policy prices a round by: seconds of a target decode of n rows and of a draft decode of m
+    rows, learned from the batch's own decodes unless `frozen` (a test's injected costs)."""
+
+    def __init__(self, verify: VerifyCost, draft: VerifyCost | None = None, frozen: bool = False) -> None:
+        self.verify, self.draft, self.frozen = verify, draft if draft is not None else VerifyCost(), frozen
+
+    def observe(self, curve: VerifyCost, n: int, seconds: float) -> None:
+        if not self.frozen:
+            curve.observe(n, seconds)
+
+
+@dataclass(eq=False)
+class Request:
+    """A call waiting for a slot, and the queue its pieces (then a final piece, or an exception) go to."""
+
+    prompt: Any
+    s: Settings
+    cancel: CancelToken | None
+    dropped: int = 0
+    out: queue.Queue = field(default_factory=queue.Queue)
+    closed: CancelToken = field(default_factory=CancelToken)  # its reader stopped reading
+
+
+@dataclass(eq=False)
+class Slot:
+    """An active call: its generation (in KV sequence g.seq_id), its acceptance estimate and adaptive k."""
+
+    req: Request
+    g: Generation
+    cm: CostModel | None
+    k: int
+    clock: Any
+
+
+class Scheduler:
+    """The batch of an Engine made with parallel > 1: `submit` queues a call and returns its stream of pieces;
+    one worker thread (started on demand, gone when idle) runs the rounds under the engine's lock."""
+
+    def __init__(self, engine: Any, n_seq: int) -> None:
+        self.eng = engine
+        self.free = list(range(n_seq))
+        self.waiting: deque[Request] = deque()
+        self.active: list[Slot] = []
+        self.batches = {m.role: SeqBatch(m) for m in engine._models()}
+        self.prices = BatchPrices(engine.policy.length.verify)
+        # the batch policy's latest choices (rounds where a call is `auto`), each with the calls it priced
+        self.plans: deque[tuple[int, BatchPlan]] = deque(maxlen=256)
+        self.rounds = 0
+        self.peak = 0  # the most calls one round has advanced
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ calls in, pieces out
+    def submit(self, prompt, s: Settings, cancel: CancelToken | None, dropped: int = 0) -> Generator[Piece]:
+        check_batchable(s, self.eng.across is not None)
+        req = Request(prompt, s, cancel, dropped)
+        with self._cond:
+            self.waiting.append(req)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="fsd-local-batch", daemon=True)
+                self._thread.start()
+        return _pieces(req)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No round runs inside: calls submitted meanwhile wait, and join the batch together after."""
+        with self.eng._lock:
+            yield
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the worker is idle (every call answered)."""
+        with self._cond:
+            t = self._thread
+        if t is not None:
+            t.join(timeout)
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if not self.waiting and not self.active:
+                    self._thread = None
+                    return
+            try:
+                with self.eng._lock:
+                    if self.eng._closed:  # close(): every call gets the engine's error in words
+                        self._close()
+                        continue
+                    self._admit()
+                    self._stop_cancelled()
+                    if self.active:
+                        self._round()
+            except Exception as e:  # a failed batch decode: every call in it gets the error, the slots are freed
+                for sl in list(self.active):
+                    self._leave(sl)
+                    sl.req.out.put(e)
+
+    def _close(self) -> None:
+        error = FSDError("this Engine was closed while the call ran (its models were freed); load a new one")
+        with self._cond:
+            waiting, self.waiting = list(self.waiting), deque()
+        for req in [sl.req for sl in self.active] + waiting:
+            req.out.put(error)
+        self.active.clear()
+
+    # ------------------------------------------------------------------ joining and leaving
+    def _admit(self) -> None:
+        while self.free and self.waiting:
+            with self._cond:
+                req = self.waiting.popleft()
+            if req.closed.is_set():  # its reader is gone
+                continue
+            try:
+                self.active.append(self._join(req))
+            except Exception as e:  # a bad prompt or a full context: this call's error, no other call's
+                req.out.put(e)
+
+    def _join(self, req: Request) -> Slot:
+        eng, s = self.eng, req.s
+        models = [eng.target, eng.draft] if s.mode in SPECULATIVE_MODES else [eng.target]
+        seq = eng.prompt_tokens(req.prompt, models)
+        sid = self._slot_for(seq)
+        try:
+            buffers = new_buffers(n_slots(s), eng.n_vocab, s.top_logprobs, s.logprobs)  # drafts and forced tokens
+            chain = Chain(s, eng.n_vocab, eng.target).start(seq)
+            budget = eng.policy.start(s)
+            g = Generation(s, seq, models, eng.target, eng.n_vocab, budget, buffers, chain, req.dropped, seq_id=sid)
+            for m in models:  # a batch reads every row on the host: no backend sampler picks (device_picks.py)
+                m.sampler.use(None)
+            cm = eng.policy.length.cost(MODEL).fork() if g.speculative else None
+            self._prefill(g)
+        except BaseException:
+            self.free.append(sid)
+            raise
+        return Slot(req, g, cm, s.draft_max, g.stats.start_clock(eng.target, eng.draft))
+
+    def _slot_for(self, seq: Sequence[int]) -> int:
+        """The free sequence whose target cache shares the longest prefix with seq (a chat's next turn)."""
+        cached = self.eng.target.seqs
+
+        def common(i: int) -> int:
+            n = 0
+            for a, b in zip(cached[i], seq):
+                if a != b:
+                    break
+                n += 1
+            return n
+
+        sid = max(self.free, key=common)
+        self.free.remove(sid)
+        return sid
+
+    def _prefill(self, g: Generation) -> None:
+        """Each model's sequence made to hold seq[:-1] (its common prefix kept), in decodes of n_batch tokens;
+        idle sequences' caches are dropped when the shared cells would not hold this call."""
+        t0 = perf_counter()
+        for m in g.models:
+            need = len(g.seq) + g.s.max_tokens + g.s.draft_max
+            if m._shared and sum(map(len, m.seqs)) + need > m.n_cells:
+                for i in self.free:
+                    m.drop(i)
+            todo = g.seq[m.keep_common_prefix(g.seq, 0, g.seq_id) : -1]
+            b = self.batches[m.role]
+            for i in range(0, len(todo), m.n_batch):
+                b.add(g.seq_id, todo[i : i + m.n_batch], "none")
+                b.decode()
+            if m is g.models[0]:
+                g.stats.prompt_evaluated = len(todo) + 1
+        g.stats.prompt_seconds = perf_counter() - t0
+
+    def _stop_cancelled(self) -> None:
+        """Calls cancelled (their own token, a closed stream, Engine.cancel for all) or at their length end."""
+        everyone = self.eng._cancel
+        for sl in list(self.active):
+            finish = sl.g.stop_reason(everyone, sl.req.cancel, sl.req.closed)
+            if finish is not None:
+                self._finish(sl, finish)
+        if not self.eng._closed:
+            everyone.clear()
+
+    def _finish(self, sl: Slot, finish: str) -> None:
+        g = sl.g
+        self._leave(sl)
+        tail = g.text.flush()
+        self.eng.policy.save()
+        sl.req.out.put(Piece(tail, [], [], g.completion(finish, self.eng.policy.plain_rate)))
+
+    def _leave(self, sl: Slot) -> None:
+        """The slot freed; its caches cut back to a prefix of its text (kept for a next turn that extends it)."""
+        g = sl.g
+        self.active.remove(sl)
+        for m in g.models:
+            m.forget_unknown_tail(g.seq_id)
+            m.keep_common_prefix(g.seq, 0, g.seq_id)
+        self.free.append(g.seq_id)
+
+    # ------------------------------------------------------------------ one round of every active call
+    def _round(self) -> None:
+        slots, target = list(self.active), self.eng.target
+        t0 = perf_counter()
+        proposals = self._draft(slots, self._ks(slots))
+        for i, sl in enumerate(slots):  # ar verifies what a grammar forces as its proposal (round.forced_run)
+            if not sl.g.speculative:
+                proposals[i] = forced_run(sl.g.ctx) or NOTHING
+        tb, live = self.batches["target"], []
+        for sl, p in zip(slots, proposals):
+            part = target_input(sl.g.ctx, len(target.seqs[sl.g.seq_id]), p)
+            try:
+                tb.add(sl.g.seq_id, part.tokens, f"from:{part.first_row}")
+            except ContextOverflowError:  # the shared cells are full: this call ends at its length
+                self._finish(sl, "length")
+                continue
+            live.append((sl, p))
+        n = tb.n
+        t = perf_counter()
+        tb.decode()
+        target.synchronize()
+        seconds = perf_counter() - t
+        self.prices.observe(self.prices.verify, n, seconds)
+        self.rounds += 1
+        self.peak = max(self.peak, len(live))
+        for sl, p in live:
+            g = sl.g
+            rows = tb.rows(g.seq_id)
+            if g.speculative or p.n:
+                step = judge(g.ctx, p, rows, n, seconds, t0)
+            else:
+                step = plain_emit(g.ctx, rows, target.n_vocab, "target", n, seconds, t0)
+            self._learn(sl, p, step)
+            t = perf_counter()
+            finish, piece = g.advance(step)
+            sl.clock.tick(perf_counter() - t)
+            if piece is not None:
+                sl.req.out.put(piece)
+            if finish is not None:
+                self._finish(sl, finish)
+
+    def _ks(self, slots: list[Slot]) -> list[int]:
+        """Each call's k: fixed or adaptive as its settings say; `auto` calls by the batch policy, the others'
+        rows priced as plain steps."""
+        limits = [max(0, min(sl.g.s.draft_max, sl.g.room)) if sl.g.speculative else 0 for sl in slots]
+        ks = [min(sl.k, lim) for sl, lim in zip(slots, limits)]
+        auto = [sl.g.speculative and sl.g.s.draft_policy == "auto" for sl in slots]
+        if any(auto):
+            self._prime_draft_cost()
+            costs = [sl.cm if a else None for sl, a in zip(slots, auto)]
+            plan = plan_from_costs(costs, limits, self.prices.verify, self.prices.draft)
+            self.plans.append((len(slots), plan))
+            ks = [p if a else k for p, k, a in zip(plan.ks, ks, auto)]
+        return ks
+
+    def _prime_draft_cost(self) -> None:
+        """Before the batch has timed a draft decode: one row at what the engine measured a draft token costs."""
+        if self.prices.draft.measured:
+            return
+        per_token = self.eng.policy.length.cost(MODEL).draft_seconds_per_token()
+        if per_token <= 0.0:
+            per_token = MODEL_DRAFT_COST_PRIOR * self.prices.verify.curve(1)[1]
+        self.prices.draft.observe(1, per_token)
+
+    def _draft(self, slots: list[Slot], ks: list[int]) -> list[Proposal]:
+        """Every drafting call's proposal: its grammar's forced tokens first, then one draft decode per position for
+        all calls (the first also evaluating what each draft cache lacks), each call picking from its own row and its
+        grammar's run after each draft decoded with it next, as drafting/proposer.py does for one call."""
+        proposals = [NOTHING] * len(slots)
+        d: Model | None = self.eng.draft
+        if d is None:
+            return proposals
+        db, picks, used = self.batches["draft"], {}, {}
+        t0 = perf_counter()
+        for i, (sl, k) in enumerate(zip(slots, ks)):
+            if not sl.g.speculative:
+                continue
+            ctx, sid = sl.g.ctx, sl.g.seq_id
+            forced = force(ctx, 0, 0)  # no drafter proposes what the grammar forces
+            n = len(forced)
+            proposals[i] = Proposal(n, None, 0, 0.0, forced=forced_flags(ctx, n)) if n else NOTHING
+            if min(k, ctx.room - n) <= 0:
+                continue
+            try:
+                db.add(sid, [*ctx.seq[len(d.seqs[sid]) :], *forced], "last")
+            except ContextOverflowError:
+                continue
+            picks[i], used[i] = DraftPicks(ctx, self.eng.n_vocab, min(k, ctx.room - n), n), n
+        going = dict(picks)
+        while going:
+            rows_only = db.n == db.n_rows  # one token a sequence: a price for the batch policy
+            m, t = db.n_rows, perf_counter()
+            db.decode()
+            d.synchronize()
+            if rows_only:
+                self.prices.observe(self.prices.draft, m, perf_counter() - t)
+            going = {i: pk for i, pk in going.items() if self._next_draft(slots[i], pk, used, i)}
+        share = (perf_counter() - t0) / len(picks) if picks else 0.0
+        for i, pk in picks.items():
+            ctx = slots[i].g.ctx
+            proposals[i] = Proposal(pk.n, MODEL if pk.made else None, ks[i], share, forced=forced_flags(ctx, pk.n))
+        return proposals
+
+    def _next_draft(self, sl: Slot, pk: DraftPicks, used: dict[int, int], i: int) -> bool:
+        """One call's draft from its row of the last draft decode, and the grammar's run after it; whether it
+        drafts on (its draft and run then queued for the next decode)."""
+        ctx, sid, db = sl.g.ctx, sl.g.seq_id, self.batches["draft"]
+        tok = pk.pick(db.rows(sid)[-1])
+        if tok is None:
+            return False
+        run = force(ctx, pk.n, used[i])  # the grammar extends the proposal where it decides alone
+        pk.n, used[i] = pk.n + len(run), used[i] + len(run)
+        if pk.done or pk.n >= ctx.room:  # k drafts made, the grammar complete, or forced slots took the room
+            return False
+        try:
+            db.add(sid, [tok, *run], "last")
+        except ContextOverflowError:  # no room for the next draft: this call's drafts end here
+            return False
+        return True
+
+    def _learn(self, sl: Slot, p: Proposal, step: Step) -> None:
+        """A drafting call's outcome: its acceptance estimate, and adaptive's +2 / -1."""
+        made, accepted = p.drafter_counts(step.accepted)  # forced slots are no draft's evidence
+        if not made:
+            return
+        if sl.cm is not None:  # its own estimate, and the engine's evidence for the calls after it
+            sl.cm.observe_acceptance(made, accepted)
+            self.eng.policy.length.cost(MODEL).observe_acceptance(made, accepted)
+        s = sl.g.s
+        if s.draft_policy == "adaptive":
+            sl.k = min(sl.k + 2, s.draft_max) if accepted == made else max(sl.k - 1, s.draft_min)
+
+
+def _pieces(req: Request) -> Generator[Piece]:
+    """A call's pieces as the worker puts them; closing the stream frees its slot at the next round."""
+    try:
+        while True:
+            item = req.out.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.completion is not None:
+                return
+    finally:
+        req.closed.set()

@@ -1,0 +1,172 @@
+"""The draft length of every sequence in a batch, priced for the batch: the ks with the most expected tokens per
+second of rate(k_1..k_S) = sum_i E_i(k_i) / (sum_j d(m_j) + v(S + sum_i k_i) + sum_i c_i [k_i > 0])
+(docs/design.md, "Draft lengths for a batch": the terms, and why the search finds the best)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fsd_local.drafting.cost_model import CostModel, VerifyCost
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    ks: list[int]  # each sequence's draft length this round (0: a plain step)
+    rate: float  # expected tokens per second of the round
+    plain_rate: float  # the same round with every k = 0
+    tokens: float  # expected tokens the round emits
+    seconds: float  # its expected price
+
+
+def plan_batch(
+    acceptance: Sequence[Sequence[float]],
+    limits: Sequence[int],
+    verify: Sequence[float],
+    draft: Sequence[float],
+    *,
+    free: Sequence[bool] | None = None,
+    start: Sequence[float] | None = None,
+    round_seconds: float = 0.0,
+) -> BatchPlan:
+    """The ks with the highest expected tokens per second. acceptance[i]: sequence i's a_1..; limits[i]: its most
+    drafts (0: none); verify[n] / draft[m]: seconds of a target decode of n rows / a draft decode of m rows (index 0
+    unused); free[i]: it drafts without the draft model; start[i]: what drafting at all costs it this round."""
+    n = len(acceptance)
+    if len(limits) != n:
+        raise ValueError(f"{n} sequences' acceptance, {len(limits)} limits")
+    price = _Price(acceptance, limits, verify, draft, free, start, round_seconds)
+    # the order by survival cannot see that a free drafter's drafts cost less, nor that a sequence that must catch
+    # up may be worth leaving out: search those subsets too
+    subsets = [np.ones(len(price.s), bool)]
+    if price.free.any() and not price.free.all():
+        subsets.append(price.free[price.i])
+    waiting = np.flatnonzero(price.start)
+    if len(waiting):
+        ready = price.start[price.i] == 0.0
+        subsets.append(ready)
+        if len(waiting) > 1:  # each waiting sequence alone, and all but each
+            subsets += [keep for w in waiting for keep in (ready | (price.i == w), price.i != w)]
+    searched = {tuple(_search(price, keep)) for keep in subsets} | {(0,) * n}
+    ks = max((_improve(list(ks), price) for ks in searched), key=price.rate)
+    tokens, seconds = price(ks)
+    return BatchPlan(ks, tokens / seconds, price.rate([0] * n), tokens, seconds)
+
+
+class _Price:
+    """The drafts as arrays in falling survival (s, position - 1 j, sequence i) and the price of given ks."""
+
+    def __init__(self, acceptance, limits, verify, draft, free, start, round_seconds):
+        n = len(acceptance)
+        self.n, self.round_seconds = n, round_seconds
+        self.limits = [max(0, min(k, len(a))) for k, a in zip(limits, acceptance)]
+        self.free = np.zeros(n, bool) if free is None else np.asarray(free, bool)
+        self.start = np.zeros(n) if start is None else np.asarray(start, float)
+        self.verify, self.draft = np.asarray(verify, float), np.asarray(draft, float)
+        if len(self.verify) <= n + sum(self.limits) or len(self.draft) <= n - int(self.free.sum()):
+            raise ValueError(
+                f"cost curves too short: {n + sum(self.limits)} target rows and "
+                f"{n - int(self.free.sum())} draft rows possible"
+            )
+        surv = [np.cumprod(np.clip(np.asarray(a[:k], float), 0.0, 1.0)) for a, k in zip(acceptance, self.limits)]
+        # Python lists for the local search's scalar reads (a NumPy scalar read costs several times more)
+        self.gain = [[1.0, *(1.0 + np.cumsum(s)).tolist()] for s in surv]  # E_i(k)
+        self.v, self.d = self.verify.tolist(), self.draft.tolist()
+        self.model_at = [not f for f in self.free.tolist()]
+        self.start_at = self.start.tolist()
+        s = np.concatenate([*surv, np.zeros(0)])
+        j = np.concatenate([np.arange(len(x)) for x in surv] + [np.zeros(0, int)]).astype(int)
+        i = np.repeat(np.arange(n), [len(x) for x in surv])
+        order = np.lexsort((j, -s))  # the larger survival first; on ties the earlier position (prefixes)
+        self.s, self.j, self.i = s[order], j[order], i[order]
+
+    def __call__(self, ks) -> tuple[float, float]:
+        """(expected tokens, seconds) of a round drafting ks."""
+        tokens = sum(g[k] for g, k in zip(self.gain, ks))
+        seconds = self.v[self.n + sum(ks)] + self.round_seconds
+        seconds += sum(c for k, c in zip(ks, self.start_at) if k)
+        # one draft decode per position; with the model drafters' ks falling, the r widest decodes have r rows
+        drafted = sorted((k for k, m in zip(ks, self.model_at) if k and m), reverse=True)
+        drafted.append(0)
+        d = self.d
+        for r in range(len(drafted) - 1):
+            seconds += (drafted[r] - drafted[r + 1]) * d[r + 1]
+        return tokens, seconds
+
+    def rate(self, ks) -> float:
+        tokens, seconds = self(ks)
+        return tokens / seconds
+
+
+def _search(price: _Price, keep: np.ndarray) -> list[int]:
+    """The best allocation of the K first drafts (of those `keep` allows) at positions <= L, over every cap L on
+    the model drafters and total K: a row per cap, a column per draft, each priced at once."""
+    s, j, i = price.s[keep], price.j[keep], price.i[keep]
+    model = ~price.free[i]
+    n, caps = price.n, int(j.max(initial=-1)) + 1
+    if not caps:
+        return [0] * n
+    # the draft decode row a draft adds is the next of its position's (a cap drops whole positions, so the rank
+    # is the same under every cap); the first draft of a sequence adds its start cost
+    at = (j[:, None] == np.arange(caps)) & model[:, None]
+    rank = np.cumsum(at, axis=0)[np.arange(len(j)), j] * model
+    add = np.where(model, price.draft[rank] - price.draft[np.maximum(rank - 1, 0)] * (rank > 1), 0.0)
+    add += np.where(j == 0, price.start[i], 0.0)
+    taken = (j < np.arange(1, caps + 1)[:, None]) | ~model  # caps x drafts
+    count = np.cumsum(taken, axis=1)
+    tokens = n + np.cumsum(np.where(taken, s, 0.0), axis=1)
+    seconds = np.cumsum(np.where(taken, add, 0.0), axis=1) + price.verify[n + count] + price.round_seconds
+    rate = np.where(taken, tokens / seconds, 0.0)
+    cap, last = np.unravel_index(int(np.argmax(rate)), rate.shape)
+    ks = np.zeros(n, int)
+    if rate[cap, last] > n / (price.verify[n] + price.round_seconds):
+        sel = taken[cap, : last + 1]
+        np.maximum.at(ks, i[: last + 1][sel], j[: last + 1][sel] + 1)
+    return ks.tolist()
+
+
+def _improve(ks: list[int], price: _Price) -> list[int]:
+    """Local search: one sequence's k up or down by one or to 0, or one draft moved from a sequence to one that
+    drafts differently (free against model, or either must catch up), while that raises the rate."""
+    n, limits, model, start = price.n, price.limits, price.model_at, price.start_at
+    mixed = [
+        (a, b)
+        for a in range(n)
+        for b in range(n)
+        if a != b and limits[a] and limits[b] and (model[a] != model[b] or start[a] or start[b])
+    ]
+    best = price.rate(ks)
+    while True:
+        moves = [{a: k} for a in range(n) for k in {ks[a] - 1, ks[a] + 1, 0} if k != ks[a] and 0 <= k <= limits[a]]
+        moves += [{a: ks[a] - 1, b: ks[b] + 1} for a, b in mixed if ks[a] and ks[b] < limits[b]]
+        found = None
+        for move in moves:
+            new = [move.get(a, k) for a, k in enumerate(ks)]
+            rate = price.rate(new)
+            if rate > best * (1.0 + 1e-12):
+                best, found = rate, new
+        if found is None:
+            return ks
+        ks = found
+
+
+def plan_from_costs(
+    costs: Sequence[CostModel | None],
+    limits: Sequence[int],
+    verify: VerifyCost,
+    draft: VerifyCost,
+    *,
+    free: Sequence[bool] | None = None,
+    start: Sequence[float] | None = None,
+    round_seconds: float = 0.0,
+) -> BatchPlan:
+    """plan_batch on the online estimates: each sequence's CostModel's acceptance (None: a sequence that never
+    drafts, `ar`), the target's VerifyCost for a decode of n rows and the draft model's for a decode of m rows."""
+    n = len(costs)
+    acceptance = [cm.acceptance() if cm is not None else [] for cm in costs]
+    limits = [min(k, len(a)) for k, a in zip(limits, acceptance)]
+    v = verify.curve(n + sum(limits) + 1)
+    d = draft.curve(max(1, n) + 1)
+    return plan_batch(acceptance, limits, v, d, free=free, start=start, round_seconds=round_seconds)

@@ -1,0 +1,206 @@
+"""Several calls on one Engine at once (batching.py) on tiny F32 and F16 GGUFs: a call's greedy token ids alone
+equal its ids among four in one batch (ar, sd, fsd); calls that join, leave or are cancelled mid-stream leave
+the others' ids as they were; a grammar's forced tokens proposed in a batch as alone; the batch policy's choice
+under load on injected costs. Nothing is timed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from fsd_local import CancelToken, Engine
+from fsd_local.batching import BatchPrices
+from fsd_local.drafting.cost_model import VerifyCost
+from fsd_local.errors import FSDError
+from support.batchsim import WIDE_DRAFT, WIDE_TARGET, extend
+from support.tinymodels import write_tiny_gguf
+from tests.test_forced import PROFILE
+
+PROMPTS = ["the cat sat", "a dog ran far", "once upon a time", "hello there my"]
+GREEDY = {"temperature": 0.0, "draft_policy": "fixed", "draft_max": 4, "max_tokens": 24, "ignore_eos": True}
+MODES = {"ar": {"mode": "ar"}, "sd": {"mode": "sd"}, "fsd": {"mode": "fsd", "tau": 0.4}}
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("batching")
+    f16 = {"dtype": np.float16, "n_embd": 128, "n_ff": 256}
+    return {
+        "f32": (str(write_tiny_gguf(d / "d32.gguf", seed=1)), str(write_tiny_gguf(d / "t32.gguf", seed=2, noise=0.1))),
+        "f16": (
+            str(write_tiny_gguf(d / "d16.gguf", seed=1, **f16)),
+            str(write_tiny_gguf(d / "t16.gguf", seed=2, noise=0.1, **f16)),
+        ),
+    }
+
+
+def _engine(pair, parallel=1, **kw):
+    draft, target = pair
+    return Engine(target=target, draft=draft, n_ctx=2048 if parallel > 1 else 512, n_threads=1, parallel=parallel, **kw)
+
+
+def _alone(pair, prompts, settings):
+    with _engine(pair) as eng:
+        return [eng.generate(p, **settings).token_ids for p in prompts]
+
+
+def _together(eng, prompts, settings, each=None):
+    """Every prompt's call from its own thread, started together; `each(i, stream)` may read a stream itself."""
+    out: list = [None] * len(prompts)
+
+    def run(i):
+        stream = eng.stream(prompts[i], **settings)
+        out[i] = each(i, stream) if each else [p for p in stream][-1].completion
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    with eng.batch.paused():  # every call waiting before the first round: they run together from the start
+        for t in threads:
+            t.start()
+        while len(eng.batch.waiting) < len(prompts):
+            time.sleep(0.001)
+    for t in threads:
+        t.join(60)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_calls_tokens_alone_equal_its_tokens_in_a_batch_of_four(pairs, dtype, mode):
+    settings = {**GREEDY, **MODES[mode]}
+    alone = _alone(pairs[dtype], PROMPTS, settings)
+    with _engine(pairs[dtype], parallel=4) as eng:
+        out = _together(eng, PROMPTS, settings)
+        assert eng.batch.peak == 4  # the four ran in one batch
+    assert [c.token_ids for c in out] == alone
+    assert all(c.finish_reason == "length" and len(c.token_ids) == 24 for c in out)
+    if mode != "ar":
+        assert all(c.stats["drafted"] > 0 for c in out)
+
+
+def test_calls_that_join_leave_or_are_cancelled_mid_stream_leave_the_others_alone(pairs):
+    """Call 0 runs long; call 1 joins once 0 has streamed; call 2 is cancelled by its token after 3 pieces and
+    call 3 by closing its stream after 3: 0 and 1 write what they write alone, 2 and 3 a prefix of theirs, and
+    every slot is free again."""
+    settings = {**GREEDY, **MODES["fsd"], "max_tokens": 40}
+    alone = _alone(pairs["f32"], PROMPTS, settings)
+    started = threading.Event()
+    cancel = CancelToken()
+    with _engine(pairs["f32"], parallel=4) as eng:
+
+        def each(i, stream):
+            if i == 1:
+                started.wait(30)
+                stream = eng.stream(PROMPTS[1], **settings)  # joins a batch already running
+            ids = []
+            for n, piece in enumerate(stream):
+                ids += piece.token_ids
+                if i == 0:
+                    started.set()
+                if n == 2 and i == 2:
+                    cancel.set()
+                if n == 2 and i == 3:
+                    stream.close()
+                    return ids, None
+                if piece.completion is not None:
+                    return ids, piece.completion
+            return ids, None
+
+        per = [dict(settings, cancel=cancel) if i == 2 else settings for i in range(4)]
+        out = [None] * 4
+
+        def run(i):
+            out[i] = each(i, None if i == 1 else eng.stream(PROMPTS[i], **per[i]))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        eng.batch.join(30)
+        assert sorted(eng.batch.free) == [0, 1, 2, 3] and not eng.batch.active
+        assert eng.batch.peak >= 2
+    assert out[0][1].token_ids == alone[0] and out[1][1].token_ids == alone[1]
+    assert out[2][1].finish_reason == "cancelled"
+    for i in (2, 3):
+        ids = out[i][0]
+        assert 0 < len(ids) < 40 and ids == alone[i][: len(ids)]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_forced_tokens_of_a_grammar_are_proposed_in_a_batch_as_alone(pairs, mode):
+    """Two calls under a JSON schema with jump_forward beside two plain ones: each writes its ids alone, the
+    schema calls' forced tokens verified in the batch's target decode (ar's as its proposal, sd/fsd's after and
+    between the drafts, decoded by the draft model with its next draw)."""
+    plain = {**GREEDY, **MODES[mode]}
+    schema = {**plain, "json_schema": PROFILE, "max_tokens": 60, "ignore_eos": False}
+    per = [schema if i % 2 == 0 else plain for i in range(4)]
+    with _engine(pairs["f32"]) as eng:
+        alone = [eng.generate(p, **kw) for p, kw in zip(PROMPTS, per)]
+    with _engine(pairs["f32"], parallel=4) as eng:
+        out = [None] * 4
+
+        def run(i):
+            out[i] = [p for p in eng.stream(PROMPTS[i], **per[i])][-1].completion
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        with eng.batch.paused():
+            for t in threads:
+                t.start()
+            while len(eng.batch.waiting) < 4:
+                time.sleep(0.001)
+        for t in threads:
+            t.join(60)
+        assert eng.batch.peak == 4
+    assert [c.token_ids for c in out] == [c.token_ids for c in alone]
+    for i in (0, 2):
+        assert out[i].stats["forced_accepted"] > 0 and out[i].stats["forced"] == alone[i].stats["forced"]
+
+
+def test_a_bad_call_fails_alone(pairs):
+    """A prompt the context cannot hold and settings a batch cannot run are refused in words; the others run."""
+    settings = {**GREEDY, **MODES["sd"]}
+    with _engine(pairs["f32"], parallel=2) as eng:
+        with pytest.raises(FSDError, match="drafter='ngram'"):
+            eng.stream("x", drafter="ngram", **MODES["sd"])
+        with pytest.raises(FSDError, match="draft-only"):
+            eng.stream("x", mode="draft-only")
+        good = eng.generate(PROMPTS[0], **settings)
+        with pytest.raises(Exception, match="context"):
+            eng.generate("the " * 3000, **settings)
+        again = eng.generate(PROMPTS[0], **settings)
+    assert good.token_ids == again.token_ids == _alone(pairs["f32"], PROMPTS[:1], settings)[0]
+
+
+def _injected(eng, verify, draft, n):
+    """The batch policy prices rounds by these curves (seconds, index = rows) and learns no live timing."""
+    v, d = VerifyCost(), VerifyCost()
+    for i, s in enumerate(extend(verify, n)[1:], 1):
+        v.observe(i, s)
+    for i, s in enumerate(extend(draft, 16)[1:], 1):
+        d.observe(i, s)
+    eng.batch.prices = BatchPrices(v, d, frozen=True)
+
+
+def test_the_batch_policy_drafts_long_alone_and_stops_under_load(pairs):
+    """The wide pair's measured costs (a compute-poor host) injected, a draft that is the target (every draft
+    accepted) and the engine taught so by one fixed-k call: alone `auto` drafts long (>= 5), eight calls at once
+    draft nothing, and every call still writes the target's greedy text."""
+    draft, target = pairs["f32"]
+    settings = {**GREEDY, **MODES["sd"], "draft_policy": "auto", "draft_max": 8, "max_tokens": 32}
+    with Engine(target=target, draft=target, n_ctx=4096, n_threads=1, parallel=8) as eng:
+        _injected(eng, WIDE_TARGET, WIDE_DRAFT, 8 * 9 + 1)
+        eng.generate(PROMPTS[0], **{**settings, "draft_policy": "fixed", "max_tokens": 64})
+        alone = eng.generate(PROMPTS[1], **settings)
+        single = [plan.ks[0] for n, plan in eng.batch.plans if n == 1]
+        eng.batch.plans.clear()
+        out = _together(eng, [PROMPTS[i % 4] for i in range(8)], settings)
+        full = [plan.ks for n, plan in eng.batch.plans if n == 8]
+    assert single and single[0] >= 5
+    assert alone.stats["drafted"] > 0
+    assert full and all(ks == [0] * 8 for ks in full)
+    with _engine((target, target)) as plain:
+        want = [plain.generate(p, **{**settings, "mode": "ar"}).token_ids for p in PROMPTS]
+    assert [c.token_ids for c in out] == [want[i % 4] for i in range(8)]
