@@ -56,7 +56,7 @@ def test_no_model_arguments_runs_the_demo_pair_and_says_so(real_pair, args, inpu
 
 def test_readme_starts_with_the_demo_chat():
     first = re.search(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text(), re.S).group(1)
-    assert first == 'pip install -e ".[demo]" && fsd-local chat --tau 0.3'
+    assert first == 'pip install -e ".[demo]" && fsd-local chat --demo wide --quality-budget 0.15'
     assert "chat" in invoke(["--help"]).output
 
 
