@@ -45,8 +45,8 @@ class ToolStream:
 
 
 def call_stats(plan: ToolPlan, token_ids: Sequence[int], origins: Sequence[str]) -> dict[str, Any]:
-    """How the tokens inside the reply's tool calls came to be: their number and origins (target / sd /
-    fuzzy), and the share of them that were drafted and accepted."""
+    """How the tokens inside the reply's tool calls came to be: their number and origins (target / sd / fuzzy /
+    forced), and the share of them that were drafted and accepted (forced tokens are the grammar's, not drafted)."""
     first = plan.call_tokens(token_ids)
     inside = list(origins[first:])
     counts = {o: inside.count(o) for o in sorted(set(inside))}
