@@ -23,33 +23,14 @@ import argparse
 import json
 import os
 import tempfile
+from importlib.resources import files
 
 from fsd_local.chain import Chain
 from fsd_local.engine import Engine
 from fsd_local.pairs.demo import demo_pair
 from fsd_local.settings import CHAT_DEFAULTS, Settings
 
-PROFILE = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 32},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "languages": {
-            "type": "array",
-            "items": {"type": "string", "enum": ["English", "French", "Japanese", "Swahili", "Spanish"]},
-            "maxItems": 3,
-        },
-        "address": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 24}, "country": {"type": "string", "maxLength": 24}},
-            "required": ["city", "country"],
-            "additionalProperties": False,
-        },
-        "employed": {"type": "boolean"},
-    },
-    "required": ["name", "age", "languages", "address", "employed"],
-    "additionalProperties": False,
-}
+PROFILE = json.loads(files("fsd_local").joinpath("data/profile-schema.json").read_text())
 PEOPLE = [
     "a retired teacher from Lyon",
     "a young programmer in Tokyo",

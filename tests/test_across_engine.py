@@ -20,16 +20,12 @@ from fsd_local.llama.vocab import check_compatible
 PROMPT = "the cab and a cab, the end. the ab and é! a € and ü ß the band"
 
 
-def _eos_at_im_end(w, tokens, scores, types) -> None:
+_add_tokenizer = tm.add_tokenizer
+
+
+def _eos_at_im_end(w, tokens, scores, types, eos: int = 2) -> None:
     """The SentencePiece metadata of tinymodels.add_tokenizer, but ending a turn with <|im_end|>."""
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
-    w.add_add_bos_token(True)
+    _add_tokenizer(w, tokens, scores, types, eos=tokens.index("<|im_end|>"))
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ statistics that count forced tokens apart; and the setting on the command line a
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 
 import click
 import numpy as np
@@ -19,27 +20,7 @@ from fsd_local.settings import Settings
 from fsd_local.stats import Stats
 
 # a profile: 5 fields, among them an array of enum values, a nested object and a boolean
-PROFILE = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 32},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "languages": {
-            "type": "array",
-            "items": {"type": "string", "enum": ["English", "French", "Japanese", "Swahili", "Spanish"]},
-            "maxItems": 3,
-        },
-        "address": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 24}, "country": {"type": "string", "maxLength": 24}},
-            "required": ["city", "country"],
-            "additionalProperties": False,
-        },
-        "employed": {"type": "boolean"},
-    },
-    "required": ["name", "age", "languages", "address", "employed"],
-    "additionalProperties": False,
-}
+PROFILE = json.loads(files("fsd_local").joinpath("data/profile-schema.json").read_text())
 ANSWER = (
     '{"name":"Ana Silva","age":34,"languages":["English","French"],'
     '"address":{"city":"Lyon","country":"France"},"employed":true}'

@@ -28,15 +28,15 @@ def vocabulary(byte_tokens: bool = True, words=WORDS, control=()):
     return tokens, scores + [0.0] * len(control), types
 
 
-def add_tokenizer(w, tokens, scores, types) -> None:
-    """SPM ("llama") tokenizer metadata shared by every tiny model: <unk>=0, <s>=1 (added), </s>=2."""
+def add_tokenizer(w, tokens, scores, types, eos: int = 2) -> None:
+    """SPM ("llama") tokenizer metadata shared by every tiny model: <unk>=0, <s>=1 (added), `eos` (</s>=2)."""
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
     w.add_token_types(types)
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w.add_eos_token_id(eos)
     w.add_add_bos_token(True)
 
 
