@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -107,6 +108,7 @@ class Scheduler:
         self.plans: deque[tuple[int, BatchPlan]] = deque(maxlen=256)
         self.rounds = 0
         self.peak = 0  # the most calls one round has advanced
+        self._held = 0  # calls waiting to run alone (`alone`): no call joins the batch meanwhile
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -116,10 +118,44 @@ class Scheduler:
         req = Request(prompt, s, cancel, dropped)
         with self._cond:
             self.waiting.append(req)
+            self._cond.notify_all()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="fsd-local-batch", daemon=True)
                 self._thread.start()
         return _pieces(req)
+
+    def takes(self, s: Settings) -> bool:
+        """Whether a batched round can run a call of these settings (else it runs `alone`)."""
+        try:
+            check_batchable(s, self.eng.across is not None)
+        except FSDError:
+            return False
+        return True
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Inside, no batched call is active and none joins: a call the batch cannot run runs by itself in
+        sequence 0, the other sequences' caches dropped; the batch resumes after."""
+        with self._cond:
+            self._held += 1
+        try:
+            while True:  # the active calls finish (none is admitted meanwhile)
+                self.eng._lock.acquire()
+                if not self.active:
+                    break
+                self.eng._lock.release()
+                time.sleep(0.005)
+            try:
+                for m in self.eng._models():
+                    for i in range(1, len(m.seqs)):
+                        m.drop(i)
+                yield
+            finally:
+                self.eng._lock.release()
+        finally:
+            with self._cond:
+                self._held -= 1
+                self._cond.notify_all()
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -149,6 +185,9 @@ class Scheduler:
                     self._stop_cancelled()
                     if self.active:
                         self._round()
+                if not self.active:  # calls wait while one runs alone: no spinning meanwhile
+                    with self._cond:
+                        self._cond.wait(0.01)
             except Exception as e:  # a failed batch decode: every call in it gets the error, the slots are freed
                 for sl in list(self.active):
                     self._leave(sl)
@@ -164,7 +203,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ joining and leaving
     def _admit(self) -> None:
-        while self.free and self.waiting:
+        while self.free and self.waiting and not self._held:
             with self._cond:
                 req = self.waiting.popleft()
             if req.closed.is_set():  # its reader is gone
