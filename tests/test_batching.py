@@ -14,7 +14,6 @@ import pytest
 from fsd_local import CancelToken, Engine
 from fsd_local.batching import BatchPrices
 from fsd_local.drafting.cost_model import VerifyCost
-from fsd_local.errors import FSDError
 from support.batchsim import WIDE_DRAFT, WIDE_TARGET, extend
 from support.tinymodels import write_tiny_gguf
 from tests.test_forced import PROFILE
