@@ -170,7 +170,9 @@ def test_ollama_clients_at_once_with_a_schema_and_a_bad_prompt(server, alone):
     def schema():
         c = ollama.Client(host=server.url, timeout=TIMEOUT)
         fmt = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
-        r = c.chat(model="tiny", messages=chat("json please"), format=fmt, options={"num_predict": 64})
+        r = c.chat(
+            model="tiny", messages=chat("json please"), format=fmt, options={"num_predict": 64, "ignore_eos": False}
+        )
         out[3] = json.loads(r.message.content)
 
     def bad():
