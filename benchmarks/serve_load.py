@@ -78,10 +78,11 @@ class Server:
     def rss_mib(self) -> float:
         """Resident memory of the server process and its children (the model process)."""
         pids = [self.proc.pid]
-        try:
-            pids += [int(p) for p in Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()]
-        except OSError:
-            pass
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():  # children of any of its threads
+            try:
+                pids += [int(p) for p in (task / "children").read_text().split()]
+            except OSError:
+                pass
         total = 0.0
         for pid in pids:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
