@@ -215,7 +215,7 @@ class Supervisor:
             except (EOFError, OSError):
                 ended = True
                 raise self._died(child) from None
-            except FSDError:
+            except Exception:  # the call's own error: it ended in the child (GeneratorExit is no Exception)
                 ended = True
                 raise
             finally:
