@@ -17,7 +17,9 @@ from fsd_local.conversation import fit_conversation, reply_room
 from fsd_local.device_picks import plan as plan_picks
 from fsd_local.drafting.across import Across
 from fsd_local.drafting.calibration import CostStore
+from fsd_local.drafting.follow import Following
 from fsd_local.drafting.proposer import Proposer
+from fsd_local.drafting.text_draft import TextDraft
 from fsd_local.errors import ConfigError, FSDError
 from fsd_local.generation import Generation
 from fsd_local.kernels.names import SPECULATIVE_MODES
@@ -62,6 +64,19 @@ def _check_smaller(draft: Model, target: Model) -> None:
         )
 
 
+def _across(draft: Model, target: Model, want: str) -> Following | None:
+    """The draft's path to the target's tokens when their vocabularies differ (None: one vocabulary)."""
+    p = check_compatible(draft, target, want)
+    if p.vocab_map is None:
+        return None
+    _check_smaller(draft, target)
+    if p.path == "map":
+        return Across(draft, target, p.vocab_map)
+    from fsd_local.llama.vocab_table import table_of
+
+    return TextDraft(draft, target, table_of(target.path, target).end)
+
+
 class Engine:
     """A loaded draft/target pair: `Engine(target=..., draft=..., tau=0.3)`, then `generate`, `chat`, `stream`.
     Calls are serialised by a lock; settings may change on every call."""
@@ -84,14 +99,16 @@ class Engine:
         n_gpu_layers: int | None = -1,
         draft_n_gpu_layers: int | None = None,
         parallel: int = 1,
+        across: str = "auto",
         settings: Settings | None = None,
         **setting_overrides: Any,
     ):
         # parallel > 1: that many calls at once, from different threads, advanced in one batch (batching.py);
-        # n_ctx is then every call's tokens together (one unified KV cache a model)
+        # n_ctx is then every call's tokens together (one unified KV cache a model). across: the path a draft of
+        # another tokenizer takes (auto, map, text: llama/vocab.py choose_path)
         self.defaults = (settings or Settings()).with_(**setting_overrides)
         self.draft = None
-        self.across: Across | None = None  # a draft of another vocabulary (drafting/across.py)
+        self.across: Following | None = None  # a draft of another vocabulary (drafting/across.py, text_draft.py)
         # before loading: close() (also called when loading fails) takes the lock
         self._lock = threading.RLock()
         self._cancel = CancelToken()
@@ -101,10 +118,7 @@ class Engine:
             if draft is not None:
                 draft_gpu = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
                 self.draft = Model(_options(draft, n_ctx, n_threads, draft_gpu, parallel), "draft")
-                vm = check_compatible(self.draft, self.target).vocab_map
-                if vm is not None:
-                    _check_smaller(self.draft, self.target)
-                    self.across = Across(self.draft, self.target, vm)
+                self.across = _across(self.draft, self.target, across)
         except BaseException:
             self.close()
             raise
@@ -393,5 +407,18 @@ class Engine:
             if m is g.models[0]:
                 g.stats.prompt_evaluated = len(todo) + 1
         if self.across is not None and g.speculative and g.s.needs_draft:
-            self.across.sync(g.seq[:-1])  # the draft's own tokens of the prompt's text
+            self._follow_prompt(self.across, g.seq[:-1])
         g.stats.prompt_seconds = perf_counter() - t0
+
+    def _follow_prompt(self, a: Following, text: Sequence[int]) -> None:
+        """The draft's own tokens of the prompt's text; the batch it decodes prices its tokens for `auto` as a
+        draft of the target's vocabulary prices them from its prompt."""
+        d = a.draft
+        before = list(d.tokens)
+        t = perf_counter()
+        a.sync(text)
+        d.synchronize()
+        seconds = perf_counter() - t
+        common = next((i for i, (x, y) in enumerate(zip(before, d.tokens)) if x != y), min(len(before), len(d.tokens)))
+        if len(d.tokens) - common > 1:
+            self._policy.observe_prompt(len(d.tokens) - common, seconds)
