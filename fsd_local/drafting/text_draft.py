@@ -13,6 +13,7 @@ from fsd_local.llama.bindings import lc
 from fsd_local.llama.model import Model
 
 TAIL = 2  # accepted target tokens tokenised again with the draft's text, so a word they begin can merge on
+TAIL_MAX = 16  # how far back a tokenizer that writes a space first looks for a token starting at one
 
 
 class TextDraft(Following):
@@ -60,6 +61,15 @@ class TextDraft(Following):
         """Whether the target tokens ids render exactly `text`."""
         return self._target_text(ids) == text
 
+    def _backs(self, seq: Sequence[int]) -> list[int]:
+        """How many accepted tokens to tokenise again with the text, in the order tried (0: the text alone). A
+        tokenizer that writes a space first needs a tail that starts at a space."""
+        if not self.lead:
+            return [min(TAIL, len(seq)), 0]
+        render = self.follower.target_text
+        at = next((b for b in range(1, min(len(seq), TAIL_MAX) + 1) if render(seq[-b]).startswith(b" ")), 0)
+        return [at, 0] if at else [0]
+
     def target_tokens(self, seq: Sequence[int], text: bytes) -> list[int]:
         """The target's tokens of `text` after the accepted tokens seq: its last TAIL tokens tokenised again with
         it (a word they begin goes on as the target would split it) where they come out the same, else the text
@@ -67,8 +77,8 @@ class TextDraft(Following):
         text = text[: _complete_utf8(text)]
         if not text:
             return []
-        for back in (TAIL, 0):
-            tail = list(seq[-back:]) if back and len(seq) >= back else []
+        for back in self._backs(seq):
+            tail = list(seq[-back:]) if back else []
             data = self._target_text(tail) + text
             if self.lead:  # the tokenizer writes the space itself: a tail must start at one
                 if not data.startswith(b" "):
