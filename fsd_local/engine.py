@@ -27,7 +27,7 @@ from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.kernels.warm import warm_up
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
-from fsd_local.llama.vocab import check_compatible
+from fsd_local.llama.vocab import Pairing, check_compatible
 from fsd_local.policy import Policy
 from fsd_local.prompting import chat_ids, checked_ids, loaded_context
 from fsd_local.results import CancelToken, Completion, Piece, final_completion
@@ -64,17 +64,17 @@ def _check_smaller(draft: Model, target: Model) -> None:
         )
 
 
-def _across(draft: Model, target: Model, want: str) -> Following | None:
-    """The draft's path to the target's tokens when their vocabularies differ (None: one vocabulary)."""
+def _across(draft: Model, target: Model, want: str) -> tuple[Pairing, Following | None]:
+    """The pair's path, and the draft's way to the target's tokens when their vocabularies differ."""
     p = check_compatible(draft, target, want)
     if p.vocab_map is None:
-        return None
+        return p, None
     _check_smaller(draft, target)
     if p.path == "map":
-        return Across(draft, target, p.vocab_map)
+        return p, Across(draft, target, p.vocab_map)
     from fsd_local.llama.vocab_table import table_of
 
-    return TextDraft(draft, target, table_of(target.path, target).end)
+    return p, TextDraft(draft, target, table_of(target.path, target).end)
 
 
 class Engine:
@@ -109,6 +109,7 @@ class Engine:
         self.defaults = (settings or Settings()).with_(**setting_overrides)
         self.draft = None
         self.across: Following | None = None  # a draft of another vocabulary (drafting/across.py, text_draft.py)
+        self.pairing: Pairing | None = None  # the path the pair takes (llama/vocab.py), None without a draft
         # before loading: close() (also called when loading fails) takes the lock
         self._lock = threading.RLock()
         self._cancel = CancelToken()
@@ -118,7 +119,7 @@ class Engine:
             if draft is not None:
                 draft_gpu = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
                 self.draft = Model(_options(draft, n_ctx, n_threads, draft_gpu, parallel), "draft")
-                self.across = _across(self.draft, self.target, across)
+                self.pairing, self.across = _across(self.draft, self.target, across)
         except BaseException:
             self.close()
             raise

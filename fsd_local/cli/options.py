@@ -393,4 +393,8 @@ def load_engine(
         say(placed)
     if say and not is_warm():
         say("compiling fsd-local's kernels with Numba (first run only, about 20 s on 2 cores)...")
-    return (engine_class or Engine)(target=t_opts, draft=d_opts, settings=settings)
+    eng = (engine_class or Engine)(target=t_opts, draft=d_opts, settings=settings)
+    pairing = getattr(eng, "pairing", None)
+    if say and pairing is not None and pairing.path != "same":
+        say(f"draft and target have different tokenizers ({pairing.reason}): {pairing.describe()}")
+    return eng

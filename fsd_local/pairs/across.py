@@ -35,7 +35,7 @@ class AcrossDraft:
             "probe_share": None if self.share is None else round(self.share, 4),
             "share_of_draft": None if self.pieces is None else round(self.pieces, 4),
             "problem": self.problem,
-            "path": self.route,
+            "route": self.route,
         }
 
     def text(self) -> str:

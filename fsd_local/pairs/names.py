@@ -111,9 +111,7 @@ class DraftChoice:
 
     def missing_note(self, target_arg: str) -> str:
         across = [r for r in self.ranked if r.path != "same"]
-        found = (
-            f"; of other families {', '.join(r.text() for r in across)}, not expected to pay" if across else ""
-        )
+        found = f"; of other families {', '.join(r.text() for r in across)}, not expected to pay" if across else ""
         return (
             f"no model on this disk can draft for {target_arg} (same vocabulary, smaller; searched: "
             f"{', '.join(dict.fromkeys(r.label for r in self.listing.roots))}{found}). {pull_hint(self.target)}"

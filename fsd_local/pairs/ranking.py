@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from fsd_local.drafting.cost_model import ACCEPT_PRIOR_FIRST, expected_rates
 from fsd_local.drafting.verify_cost import VERIFY_SLOPE_PRIOR
-from fsd_local.pairs.across import across_drafts
-from fsd_local.pairs.local import LocalModel, drafts_for, size_text
+from fsd_local.pairs.across import AcrossDraft, across_drafts
+from fsd_local.pairs.local import Listing, LocalModel, drafts_for, size_text
 
 K_MAX = 8
 ACCEPT_SAME = ACCEPT_PRIOR_FIRST  # a draft of the target's tokenizer: `auto`'s cold-start prior
@@ -64,19 +64,20 @@ def _ratio(draft: LocalModel, target: LocalModel) -> float:
     return (draft.size_bytes or 0) / max(target.size_bytes or 1, 1)
 
 
-def rank(target: LocalModel, models: list[LocalModel]) -> list[Ranked]:
-    """Every model that can draft for `target`, the highest expected speed-up first (then the smaller file)."""
+def rank(target: LocalModel, models: list[LocalModel], across: list[AcrossDraft] | None = None) -> list[Ranked]:
+    """Every model that can draft for `target`, the highest expected speed-up first (then the smaller file);
+    `across`: across_drafts(target, models) where already known."""
     out = []
     for m in drafts_for(target, models):
         r = _ratio(m, target)
         out.append(Ranked(m, "same", 1.0, r, expected_speedup(ACCEPT_SAME, r)))
     by_path = {m.path: m for m in models}
-    for a in across_drafts(target, models):
-        m = by_path.get(a.path)
-        if a.problem is None and a.route is not None and m is not None:
+    for a in across_drafts(target, models) if across is None else across:
+        found = by_path.get(a.path)
+        if a.problem is None and a.route is not None and found is not None:
             share = a.share if a.route == "map" and a.share is not None else TEXT_SHARE
-            r = _ratio(m, target)
-            out.append(Ranked(m, a.route, share, r, expected_speedup(ACCEPT_OTHER * share, r)))
+            r = _ratio(found, target)
+            out.append(Ranked(found, a.route, share, r, expected_speedup(ACCEPT_OTHER * share, r)))
     return sorted(out, key=lambda x: (-x.speedup, x.ratio))
 
 
@@ -84,3 +85,11 @@ def best(ranked: list[Ranked]) -> Ranked | None:
     """The draft to load for a target given alone: the first ranked of its own tokenizer, or of another family
     where the cost model expects it to pay (its acceptance is lower and less certain)."""
     return next((r for r in ranked if r.path == "same" or r.speedup > 1.0), None)
+
+
+def add_ranking(listing: Listing) -> Listing:
+    """Fill each listed model's `across` and `ranked` (what `fsd-local models --local` shows)."""
+    for m in listing.models:
+        m.across = across_drafts(m, listing.models)
+        m.ranked = rank(m, listing.models, m.across)
+    return listing
