@@ -52,15 +52,21 @@ def _options(model, n_ctx, n_threads, n_gpu_layers, parallel: int = 1) -> ModelO
     )
 
 
-def _check_smaller(draft: Model, target: Model) -> None:
-    """A draft across tokenizers is a smaller model: a larger one costs more than the target it drafts for."""
+def larger_draft(draft: Model, target: Model) -> str | None:
+    """The draft's and the target's parameters in words where the draft has more (None: it is the smaller)."""
     import llama_cpp as lc
 
     d, t = lc.llama_model_n_params(draft.model), lc.llama_model_n_params(target.model)
-    if d > t:
+    return f"draft {draft.path} ({d:,} parameters) is larger than target {target.path} ({t:,})" if d > t else None
+
+
+def _check_smaller(draft: Model, target: Model) -> None:
+    """A draft across tokenizers is a smaller model: a larger one costs more than the target it drafts for."""
+    larger = larger_draft(draft, target)
+    if larger:
         raise ConfigError(
-            f"draft {draft.path} ({d:,} parameters) is larger than target {target.path} ({t:,}): a draft must be "
-            "the smaller model; swap --draft and --target, or pick a smaller draft (`fsd-local models --local`)"
+            f"{larger}: a draft must be the smaller model; swap --draft and --target, or pick a smaller draft "
+            "(`fsd-local models --local`)"
         )
 
 
@@ -110,6 +116,7 @@ class Engine:
         self.draft = None
         self.across: Following | None = None  # a draft of another vocabulary (drafting/across.py, text_draft.py)
         self.pairing: Pairing | None = None  # the path the pair takes (llama/vocab.py), None without a draft
+        self.notes: list[str] = []  # what a caller should tell the user about the pair (one line each)
         # before loading: close() (also called when loading fails) takes the lock
         self._lock = threading.RLock()
         self._cancel = CancelToken()
@@ -120,6 +127,9 @@ class Engine:
                 draft_gpu = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
                 self.draft = Model(_options(draft, n_ctx, n_threads, draft_gpu, parallel), "draft")
                 self.pairing, self.across = _across(self.draft, self.target, across)
+                larger = larger_draft(self.draft, self.target) if self.across is None else None
+                if larger:  # one tokenizer: it runs, exactly, but every round costs more than plain decoding
+                    self.notes.append(f"{larger}: it costs more than it saves; swap --draft and --target?")
         except BaseException:
             self.close()
             raise

@@ -110,3 +110,15 @@ def test_gemma_ranks_smollm2_through_the_map(tmp_path, monkeypatch, real_pair, g
     target = choose_draft(resolve("acme/Smol-GGUF/smol-target.gguf", "target"))
     assert target.draft is not None and target.draft.name == "acme/Smol-GGUF/smol-135m.gguf"
     assert target.ranked[0].path == "same"
+
+
+def test_a_draft_larger_than_its_target_is_said_in_one_line(family):
+    """One tokenizer: the pair runs (exactly) with a one-line warning; across tokenizers it is refused (test_across_
+    engine.py)."""
+    result = invoke(
+        ["generate", "the cab", "--target", str(family["small"]), "--draft", str(family["big"]), *RUN, "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    warnings = [ln for ln in result.stderr.splitlines() if ln.startswith("warning: ")]
+    assert len(warnings) == 1 and f"draft {family['big']} (" in warnings[0]
+    assert "is larger than target" in warnings[0] and warnings[0].endswith("swap --draft and --target?")

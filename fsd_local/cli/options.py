@@ -162,8 +162,9 @@ MODEL_OPTIONS = [
     click.option(
         "--draft",
         metavar="NAME|PATH|none",
-        help="draft (small) model with the target's tokenizer, a file or a name; default with --target: the "
-        "smallest local model that can draft for it (else prompt lookup); none = the target alone",
+        help="draft (small) model, any GGUF (another tokenizer drafts through the vocabulary map or as text), a "
+        "file or a name; default with --target: the best ranked local draft (`models --local`; else prompt "
+        "lookup); none = the target alone",
     ),
     click.option("--pair", help="a pair from models.toml (see `fsd-local models`)"),
     click.option(
@@ -397,4 +398,6 @@ def load_engine(
     pairing = getattr(eng, "pairing", None)
     if say and pairing is not None and pairing.path != "same":
         say(f"draft and target have different tokenizers ({pairing.reason}): {pairing.describe()}")
+    for note in getattr(eng, "notes", ()) if say else ():
+        say(f"warning: {note}")
     return eng
