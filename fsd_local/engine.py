@@ -27,7 +27,7 @@ from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.kernels.warm import warm_up
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
-from fsd_local.llama.vocab import Pairing, check_compatible
+from fsd_local.llama.vocab import CHOICES, Pairing, check_compatible
 from fsd_local.policy import Policy
 from fsd_local.prompting import chat_ids, checked_ids, loaded_context
 from fsd_local.results import CancelToken, Completion, Piece, final_completion
@@ -113,6 +113,10 @@ class Engine:
         # n_ctx is then every call's tokens together (one unified KV cache a model). across: the path a draft of
         # another tokenizer takes (auto, map, text: llama/vocab.py choose_path)
         self.defaults = (settings or Settings()).with_(**setting_overrides)
+        if across not in CHOICES:
+            raise ConfigError(
+                f"across must be one of {', '.join(CHOICES)} (the path to another tokenizer), not {across!r}"
+            )
         self.draft = None
         self.across: Following | None = None  # a draft of another vocabulary (drafting/across.py, text_draft.py)
         self.pairing: Pairing | None = None  # the path the pair takes (llama/vocab.py), None without a draft

@@ -122,3 +122,11 @@ def test_a_draft_larger_than_its_target_is_said_in_one_line(family):
     warnings = [ln for ln in result.stderr.splitlines() if ln.startswith("warning: ")]
     assert len(warnings) == 1 and f"draft {family['big']} (" in warnings[0]
     assert "is larger than target" in warnings[0] and warnings[0].endswith("swap --draft and --target?")
+
+
+def test_draft_only_on_a_pair_of_two_tokenizers_is_refused_in_one_line(family):
+    args = ["generate", "the cab", "--target", str(family["big"]), "--draft", family["bpe"], *RUN]
+    result = invoke([*args, "--mode", "draft-only"])
+    errors = [ln for ln in result.output.splitlines() if ln.startswith("error:")]
+    assert result.exit_code != 0 and "Traceback" not in result.output and len(errors) == 1
+    assert "draft-only decodes the draft's own tokens" in errors[0] and "use a speculative mode" in errors[0]

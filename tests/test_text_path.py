@@ -10,7 +10,7 @@ import pytest
 import scipy.stats as sps
 
 import support.tinymodels as tm
-from fsd_local import Engine, VocabularyMismatchError
+from fsd_local import ConfigError, Engine, VocabularyMismatchError
 from fsd_local.drafting.text_draft import TextDraft
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
@@ -125,8 +125,10 @@ def test_the_pairing_takes_the_text_path_where_the_map_carries_too_little(files)
 
 
 def test_texts_that_cannot_be_aligned_are_refused_in_one_line(files):
-    """A draft without byte fallback cannot read the target's text on either path."""
+    """A draft without byte fallback cannot read the target's text on either path; an unknown path is named."""
     bpe, _ = files["bpe"]
+    with pytest.raises(ConfigError, match=r"across must be one of auto, map, text .* not 'words'"):
+        Engine(target=bpe, draft=files["letters"], n_ctx=128, n_threads=1, across="words")
     with pytest.raises(VocabularyMismatchError, match="no byte-fallback tokens") as e:
         Engine(target=bpe, draft=files["letters"], n_ctx=128, n_threads=1, across="text")
     assert "\n" not in str(e.value) and "fsd-local models --local" in str(e.value)
