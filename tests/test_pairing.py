@@ -61,9 +61,8 @@ def test_ranking_puts_the_targets_own_tokenizer_first_and_lists_the_other_family
 def test_a_target_alone_gets_another_familys_draft_where_it_pays(tmp_path, monkeypatch, family):
     """Only the BPE model can draft for `huge`: a file ~1% of the target's expects more than 1x, so it is chosen
     and said; for `big` (a third of its size) it is not expected to pay, and prompt lookup drafts instead."""
-    s = isolate(monkeypatch, tmp_path)
+    s = isolate(monkeypatch, tmp_path / "huge")
     ollama_model(s["ollama"], "tiny:huge", family["huge"])
-    ollama_model(s["ollama"], "tiny:big", family["big"])
     hub_file(s["huggingface"], "acme/Bpe-GGUF", "bpe.gguf", family["bpe"])
     result = invoke(["generate", "the cab", "--target", "tiny:huge", *RUN, "--json"])
     assert result.exit_code == 0, result.output
@@ -71,6 +70,9 @@ def test_a_target_alone_gets_another_familys_draft_where_it_pays(tmp_path, monke
     assert note.startswith("draft: acme/Bpe-GGUF/bpe.gguf [Hugging Face cache, ") and "another tokenizer (map, " in note
     assert "draft and target have different tokenizers (tokenizer types differ" in result.stderr
     assert json.loads(result.stdout)["stats"]["drafted"] > 0
+    s = isolate(monkeypatch, tmp_path / "big")
+    ollama_model(s["ollama"], "tiny:big", family["big"])
+    hub_file(s["huggingface"], "acme/Bpe-GGUF", "bpe.gguf", family["bpe"])
     lookup = invoke(["generate", "the cab", "--target", "tiny:big", *RUN, "--json"])
     assert lookup.exit_code == 0, lookup.output
     assert "of other families acme/Bpe-GGUF/bpe.gguf [" in lookup.stderr and "not expected to pay" in lookup.stderr

@@ -395,9 +395,15 @@ def load_engine(
     if say and not is_warm():
         say("compiling fsd-local's kernels with Numba (first run only, about 20 s on 2 cores)...")
     eng = (engine_class or Engine)(target=t_opts, draft=d_opts, settings=settings)
-    pairing = getattr(eng, "pairing", None)
-    if say and pairing is not None and pairing.path != "same":
-        say(f"draft and target have different tokenizers ({pairing.reason}): {pairing.describe()}")
-    for note in getattr(eng, "notes", ()) if say else ():
-        say(f"warning: {note}")
+    if say:
+        say_pairing(eng, say)
     return eng
+
+
+def say_pairing(eng, say) -> None:
+    """A pair of two tokenizers' path, and any warning about the pair (Engine.notes), one line each."""
+    pairing = getattr(eng, "pairing", None)
+    if pairing is not None and pairing.path != "same":
+        say(f"draft and target have different tokenizers ({pairing.reason}): {pairing.describe()}")
+    for note in getattr(eng, "notes", ()):
+        say(f"warning: {note}")
