@@ -17,7 +17,9 @@ from fsd_local.conversation import fit_conversation, reply_room
 from fsd_local.device_picks import plan as plan_picks
 from fsd_local.drafting.across import Across
 from fsd_local.drafting.calibration import CostStore
+from fsd_local.drafting.follow import Following
 from fsd_local.drafting.proposer import Proposer
+from fsd_local.drafting.text_draft import TextDraft
 from fsd_local.errors import ConfigError, FSDError
 from fsd_local.generation import Generation
 from fsd_local.kernels.names import SPECULATIVE_MODES
@@ -25,7 +27,7 @@ from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.kernels.warm import warm_up
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
-from fsd_local.llama.vocab import check_compatible
+from fsd_local.llama.vocab import CHOICES, Pairing, check_compatible
 from fsd_local.policy import Policy
 from fsd_local.prompting import chat_ids, checked_ids, loaded_context
 from fsd_local.results import CancelToken, Completion, Piece, final_completion
@@ -50,16 +52,35 @@ def _options(model, n_ctx, n_threads, n_gpu_layers, parallel: int = 1) -> ModelO
     )
 
 
-def _check_smaller(draft: Model, target: Model) -> None:
-    """A draft across tokenizers is a smaller model: a larger one costs more than the target it drafts for."""
+def larger_draft(draft: Model, target: Model) -> str | None:
+    """The draft's and the target's parameters in words where the draft has more (None: it is the smaller)."""
     import llama_cpp as lc
 
     d, t = lc.llama_model_n_params(draft.model), lc.llama_model_n_params(target.model)
-    if d > t:
+    return f"draft {draft.path} ({d:,} parameters) is larger than target {target.path} ({t:,})" if d > t else None
+
+
+def _check_smaller(draft: Model, target: Model) -> None:
+    """A draft across tokenizers is a smaller model: a larger one costs more than the target it drafts for."""
+    larger = larger_draft(draft, target)
+    if larger:
         raise ConfigError(
-            f"draft {draft.path} ({d:,} parameters) is larger than target {target.path} ({t:,}): a draft must be "
-            "the smaller model; swap --draft and --target, or pick a smaller draft (`fsd-local models --local`)"
+            f"{larger}: a draft must be the smaller model; swap --draft and --target, or pick a smaller draft "
+            "(`fsd-local models --local`)"
         )
+
+
+def _across(draft: Model, target: Model, want: str) -> tuple[Pairing, Following | None]:
+    """The pair's path, and the draft's way to the target's tokens when their vocabularies differ."""
+    p = check_compatible(draft, target, want)
+    if p.vocab_map is None:
+        return p, None
+    _check_smaller(draft, target)
+    if p.path == "map":
+        return p, Across(draft, target, p.vocab_map)
+    from fsd_local.llama.vocab_table import table_of
+
+    return p, TextDraft(draft, target, table_of(target.path, target).end)
 
 
 class Engine:
@@ -84,14 +105,20 @@ class Engine:
         n_gpu_layers: int | None = -1,
         draft_n_gpu_layers: int | None = None,
         parallel: int = 1,
+        across: str = "auto",
         settings: Settings | None = None,
         **setting_overrides: Any,
     ):
         # parallel > 1: that many calls at once, from different threads, advanced in one batch (batching.py);
-        # n_ctx is then every call's tokens together (one unified KV cache a model)
+        # n_ctx is then every call's tokens together (one unified KV cache a model). across: the path a draft of
+        # another tokenizer takes (auto, map, text: llama/vocab.py choose_path)
         self.defaults = (settings or Settings()).with_(**setting_overrides)
+        if across not in CHOICES:
+            raise ConfigError(f"across must be one of {', '.join(CHOICES)} (a draft's path), not {across!r}")
         self.draft = None
-        self.across: Across | None = None  # a draft of another vocabulary (drafting/across.py)
+        self.across: Following | None = None  # a draft of another vocabulary (drafting/across.py, text_draft.py)
+        self.pairing: Pairing | None = None  # the path the pair takes (llama/vocab.py), None without a draft
+        self.notes: list[str] = []  # what a caller should tell the user about the pair (one line each)
         # before loading: close() (also called when loading fails) takes the lock
         self._lock = threading.RLock()
         self._cancel = CancelToken()
@@ -101,10 +128,10 @@ class Engine:
             if draft is not None:
                 draft_gpu = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
                 self.draft = Model(_options(draft, n_ctx, n_threads, draft_gpu, parallel), "draft")
-                vm = check_compatible(self.draft, self.target).vocab_map
-                if vm is not None:
-                    _check_smaller(self.draft, self.target)
-                    self.across = Across(self.draft, self.target, vm)
+                self.pairing, self.across = _across(self.draft, self.target, across)
+                larger = larger_draft(self.draft, self.target) if self.across is None else None
+                if larger:  # one tokenizer: it runs, exactly, but every round costs more than plain decoding
+                    self.notes.append(f"{larger}: it costs more than it saves; swap --draft and --target?")
         except BaseException:
             self.close()
             raise
@@ -405,5 +432,18 @@ class Engine:
             if m is g.models[0]:
                 g.stats.prompt_evaluated = len(todo) + 1
         if self.across is not None and g.speculative and g.s.needs_draft:
-            self.across.sync(g.seq[:-1])  # the draft's own tokens of the prompt's text
+            self._follow_prompt(self.across, g.seq[:-1])
         g.stats.prompt_seconds = perf_counter() - t0
+
+    def _follow_prompt(self, a: Following, text: Sequence[int]) -> None:
+        """The draft's own tokens of the prompt's text; the batch it decodes prices its tokens for `auto` as a
+        draft of the target's vocabulary prices them from its prompt."""
+        d = a.draft
+        before = list(d.tokens)
+        t = perf_counter()
+        a.sync(text)
+        d.synchronize()
+        seconds = perf_counter() - t
+        common = next((i for i, (x, y) in enumerate(zip(before, d.tokens)) if x != y), min(len(before), len(d.tokens)))
+        if len(d.tokens) - common > 1:
+            self._policy.observe_prompt(len(d.tokens) - common, seconds)

@@ -1,5 +1,5 @@
-"""A target given without a draft: chat, generate, serve and bench pick the smallest local model that can draft
-for it (said on stderr), else draft by prompt lookup with a note on what to pull; --draft none decodes with the
+"""A target given without a draft: chat, generate, serve and bench pick the best ranked local model that can
+draft for it (said on stderr), else draft by prompt lookup with a note on what to pull; --draft none decodes with the
 target alone. The stores are laid out by the tests (tests/support/localstores.py) from tiny models."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from fsd_local.pairs.names import choose_draft
+from fsd_local.pairs.ranking import ACCEPT_SAME, expected_speedup
 from support.clirun import invoke
 from support.localstores import isolate, lmstudio_file, ollama_model
 from support.tinymodels import write_tiny_gguf
@@ -42,17 +43,21 @@ def stores(tmp_path, monkeypatch, family):
     return s
 
 
-CHOSEN = (
-    "draft: acme/Tiny-GGUF/tiny-small.gguf [LM Studio, 148 kB, f32] chosen for tiny:big: the smallest of 2 local "
-    "models that can draft for it. Another: --draft NAME or PATH (`fsd-local models --local` lists them); plain "
-    "decoding: --draft none"
-)
+def chosen(family) -> str:
+    """The note for tiny-small chosen for tiny:big: the best of the two of its tokenizer (odd:tiny, another
+    vocabulary without byte fallback, cannot draft), with the speed-up the cost model expects at their sizes."""
+    ratio = family["small"].stat().st_size / family["big"].stat().st_size
+    return (
+        "draft: acme/Tiny-GGUF/tiny-small.gguf [LM Studio, 148 kB, f32; "
+        f"~{expected_speedup(ACCEPT_SAME, ratio):.2f}x expected] chosen for tiny:big: the best of 2 local drafts. "
+        "Another: --draft NAME or PATH (`fsd-local models --local` ranks them); plain decoding: --draft none"
+    )
 
 
 def test_the_smallest_compatible_model_drafts(stores, family):
     result = invoke(["generate", "abcabc", "--target", "tiny:big", *RUN, "--json"])
     assert result.exit_code == 0, result.output
-    assert CHOSEN in result.stderr  # odd:tiny is smaller but has another vocabulary; tiny:medium is larger
+    assert chosen(family) in result.stderr  # odd:tiny is smaller but has another vocabulary; tiny:medium is larger
     out = json.loads(result.stdout)
     assert out["settings"]["drafter"] == "model" and out["stats"]["drafted"] > 0
 
@@ -66,10 +71,10 @@ def test_choose_draft_returns_the_file_it_names(stores, family):
     assert choice.target.name == "tiny:big"
 
 
-def test_chat_with_a_target_alone_says_which_draft(stores):
+def test_chat_with_a_target_alone_says_which_draft(stores, family):
     result = invoke(["chat", "--target", "tiny:big", *RUN, "--json"], input="hello\n")
     assert result.exit_code == 0, result.output
-    assert CHOSEN in result.stderr and json.loads(result.stdout.splitlines()[-1])["stats"]["drafted"] > 0
+    assert chosen(family) in result.stderr and json.loads(result.stdout.splitlines()[-1])["stats"]["drafted"] > 0
 
 
 def test_no_compatible_model_falls_back_to_prompt_lookup(tmp_path, monkeypatch, family):
@@ -107,9 +112,8 @@ def test_a_draft_next_to_a_target_path_is_found(tmp_path, monkeypatch, family):
         (folder / f"{k}.gguf").write_bytes(family[k].read_bytes())
     result = invoke(["generate", "abc", "--target", str(folder / "big.gguf"), *RUN, "--json"])
     assert result.exit_code == 0, result.output
-    assert f"draft: {folder / 'small.gguf'} [the target's folder, 148 kB, f32] chosen for {folder / 'big.gguf'}" in (
-        result.stderr
-    )
+    assert f"draft: {folder / 'small.gguf'} [the target's folder, 148 kB, f32; ~" in result.stderr
+    assert f"x expected] chosen for {folder / 'big.gguf'}: the one local draft." in result.stderr
 
 
 def test_a_name_that_matches_nothing_says_where_it_looked(stores):
@@ -129,11 +133,11 @@ def test_a_missing_target_path_alone_is_reported_as_missing(stores, tmp_path):
     )
 
 
-def test_bench_with_a_target_alone(stores):
+def test_bench_with_a_target_alone(stores, family):
     args = ["--threads", "1", "--ctx", "256", "--max-tokens", "4", "--repeats", "1", "--taus", "0.1"]
     bench = invoke(["bench", "--target", "tiny:big", "--modes", "fsd", "--draft-policy", "fixed", *args, "--json"])
     assert bench.exit_code == 0, bench.output
-    assert CHOSEN in bench.stderr
+    assert chosen(family) in bench.stderr
     rows = json.loads(bench.stdout[bench.stdout.index("[") :])
     assert {r["drafter"] for r in rows if r["mode"] != "ar"} == {"model"}
     (stores["lmstudio"] / "acme" / "Tiny-GGUF" / "tiny-small.gguf").unlink()
@@ -151,7 +155,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_serve_resolves_the_draft_before_the_server_starts(stores):
+def test_serve_resolves_the_draft_before_the_server_starts(stores, family):
     """A real `fsd-local serve --target tiny:big` (models in process): the draft is chosen and said before the
     server starts, and the API calls the model by the name it was given."""
     port = free_port()
@@ -169,7 +173,7 @@ def test_serve_resolves_the_draft_before_the_server_starts(stores):
             lines.append(line.rstrip("\n"))
             if line.startswith(("serving", "error")):
                 break
-        assert CHOSEN in lines, lines
+        assert chosen(family) in lines, lines
         assert lines[-1].startswith(f"serving the OpenAI API on http://127.0.0.1:{port}/v1"), lines
         deadline = time.monotonic() + 60
         while True:

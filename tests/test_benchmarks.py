@@ -66,6 +66,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             + ["--modes", "fsd", "--prompts", "1", "--k", "2", "--taus", "fsd=0.2"],
             "frontier at temperature 0",
         ),
+        "text_path": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--k", "2"], "greedy sd replies equal"),
         "onehot_speed": (["--n", "4096", "--repeats", "2"], "one-hot divergences, n=4096"),
         "policy_cost": (["--k-max", "4", "--rounds", "5"], "us a round (k_max 4"),
         "serve_load": (

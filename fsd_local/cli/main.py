@@ -275,10 +275,10 @@ def models(as_json, local):
     from fsd_local.pairs.registry import format_pairs, load_registry
 
     if local:
-        from fsd_local.pairs.across import add_across
         from fsd_local.pairs.local import format_listing, list_local_models
+        from fsd_local.pairs.ranking import add_ranking
 
-        listing = add_across(list_local_models())
+        listing = add_ranking(list_local_models())
         click.echo(json.dumps(listing.to_dict(), indent=2) if as_json else format_listing(listing))
         return
     registry = load_registry()

@@ -162,8 +162,9 @@ MODEL_OPTIONS = [
     click.option(
         "--draft",
         metavar="NAME|PATH|none",
-        help="draft (small) model with the target's tokenizer, a file or a name; default with --target: the "
-        "smallest local model that can draft for it (else prompt lookup); none = the target alone",
+        help="draft (small) model, any GGUF (another tokenizer drafts through the vocabulary map or as text), a "
+        "file or a name; default with --target: the best ranked local draft (`models --local`; else prompt "
+        "lookup); none = the target alone",
     ),
     click.option("--pair", help="a pair from models.toml (see `fsd-local models`)"),
     click.option(
@@ -394,4 +395,16 @@ def load_engine(
         say(placed)
     if say and not is_warm():
         say("compiling fsd-local's kernels with Numba (first run only, about 20 s on 2 cores)...")
-    return (engine_class or Engine)(target=t_opts, draft=d_opts, settings=settings, parallel=parallel)
+    eng = (engine_class or Engine)(target=t_opts, draft=d_opts, settings=settings, parallel=parallel)
+    if say:
+        say_pairing(eng, say)
+    return eng
+
+
+def say_pairing(eng, say) -> None:
+    """A pair of two tokenizers' path, and any warning about the pair (Engine.notes), one line each."""
+    pairing = getattr(eng, "pairing", None)
+    if pairing is not None and pairing.path != "same":
+        say(f"draft and target have different tokenizers ({pairing.reason}): {pairing.describe()}")
+    for note in getattr(eng, "notes", ()):
+        say(f"warning: {note}")

@@ -4,25 +4,21 @@ the map (kernels/carry.py), and a proposed target token is decoded as the draft 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-from fsd_local.drafting.follow import TextFollower
-from fsd_local.errors import ContextOverflowError
+from fsd_local.drafting.follow import Following
 from fsd_local.kernels.carry import carried_argmax, carry_row, prepare
 from fsd_local.llama.model import Model
 from fsd_local.llama.vocab_map import VocabMap
 
 
-class Across:
+class Across(Following):
     """One draft/target pair of different tokenizers: `sync` brings the draft's cache to the accepted text,
     `carry` gives a draft row as logits on the target's ids (q'), `draft_token` the draft's id of a target token
     (-1: the target's alone)."""
 
     def __init__(self, draft: Model, target: Model, vm: VocabMap) -> None:
-        self.draft = draft
-        self.follower = TextFollower(draft, target)
+        super().__init__(draft, target)
         self.shared_t, self.shared_d = vm.shared
         self.extra = np.ascontiguousarray(vm.extra, np.int32)
         self.draft_of = vm.draft_of
@@ -30,34 +26,6 @@ class Across:
         self.row = np.empty(target.n_vocab, np.float32)
         # -inf on the target's own tokens, written once; carry_row writes the shared ones
         prepare(self.row)  # type: ignore[type-var]
-        self.synced = 0  # target tokens of the current text known followed (a generation's start resets it)
-        self.full = False  # the draft's context is full: this generation drafts no further
-
-    def start(self) -> None:
-        """A new generation: its text is compared with what the follower holds from the start."""
-        self.synced, self.full = 0, False
-
-    @property
-    def followed(self) -> int:
-        """Target tokens of the text the draft's cache follows."""
-        return len(self.follower.followed)
-
-    def sync(self, seq: Sequence[int]) -> bool:
-        """Make the draft's cache hold its tokens of seq's text, its last row the next token's. False: nothing
-        can be drafted now (the text ends inside a character, or the draft's context is full)."""
-        if self.full:
-            return False
-        try:
-            ok = self.follower.sync(seq, self.synced)
-        except ContextOverflowError:  # the draft's context cannot hold the text: the target goes on alone
-            self.full = True
-            return False
-        self.synced = len(seq)
-        return ok
-
-    def room(self) -> int:
-        """Drafts the draft's context still holds."""
-        return self.draft.n_ctx - len(self.draft.tokens)
 
     def carry(self, row: np.ndarray) -> np.ndarray:
         """The draft's row carried onto the target's vocabulary (valid until the next carry)."""

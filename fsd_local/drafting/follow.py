@@ -8,6 +8,7 @@ import ctypes
 from bisect import bisect_right
 from time import perf_counter
 
+from fsd_local.errors import ContextOverflowError
 from fsd_local.llama.bindings import lc
 from fsd_local.llama.model import Model
 
@@ -207,3 +208,40 @@ class TextFollower:
             d.decode(self.ids[len(d.tokens) :], "last")
         self.seconds += perf_counter() - t0 - (self.draft.decode_seconds - decode0)
         return ok
+
+
+class Following:
+    """A draft of another vocabulary whose cache follows the accepted text: `sync` brings it to a text, `room` says
+    what its context still holds (the base of the map's and the text path's drafts: across.py, text_draft.py)."""
+
+    def __init__(self, draft: Model, target: Model) -> None:
+        self.draft = draft
+        self.follower = TextFollower(draft, target)
+        self.synced = 0  # target tokens of the current text known followed (a generation's start resets it)
+        self.full = False  # the draft's context is full: this generation drafts no further
+
+    def start(self) -> None:
+        """A new generation: its text is compared with what the follower holds from the start."""
+        self.synced, self.full = 0, False
+
+    @property
+    def followed(self) -> int:
+        """Target tokens of the text the draft's cache follows."""
+        return len(self.follower.followed)
+
+    def sync(self, seq) -> bool:
+        """Make the draft's cache hold its tokens of seq's text, its last row the next token's. False: nothing
+        can be drafted now (the text ends inside a character, or the draft's context is full)."""
+        if self.full:
+            return False
+        try:
+            ok = self.follower.sync(seq, self.synced)
+        except ContextOverflowError:  # the draft's context cannot hold the text: the target goes on alone
+            self.full = True
+            return False
+        self.synced = len(seq)
+        return ok
+
+    def room(self) -> int:
+        """Drafts the draft's context still holds."""
+        return self.draft.n_ctx - len(self.draft.tokens)

@@ -9,8 +9,10 @@ from time import perf_counter
 import numpy as np
 
 from fsd_local.drafting.across import Across
+from fsd_local.drafting.follow import Following
 from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
 from fsd_local.drafting.ngram import NgramDrafter, match_class
+from fsd_local.drafting.text_draft import TextDraft
 from fsd_local.kernels.accept import ONE_HOT, Drafts
 from fsd_local.kernels.budget import threshold
 from fsd_local.kernels.names import DIVERGENCE_MODES
@@ -92,9 +94,11 @@ class DraftPicks:
 class Proposer:
     """The drafters of one engine: `propose` fills a sequence's draft buffers, sized by the policy's
     DraftLength (which drafting asks for k and tells what a catch-up measured). `across`: the draft model is of
-    another vocabulary (drafting/across.py)."""
+    another vocabulary (drafting/across.py: through the map; text_draft.py: as text)."""
 
-    def __init__(self, draft: Model | None, n_vocab: int, lengths: DraftLength, across: Across | None = None) -> None:
+    def __init__(
+        self, draft: Model | None, n_vocab: int, lengths: DraftLength, across: Following | None = None
+    ) -> None:
         self.draft, self.n_vocab, self.lengths, self.across = draft, n_vocab, lengths, across
         self.ngram: NgramDrafter | None = None
         self._kept: np.ndarray | None = None  # (ROWS_KEPT, n_vocab): target rows of plain steps, by position
@@ -143,8 +147,10 @@ class Proposer:
     def _draft_model(self, ctx: RoundContext, t0: float, forced: list[int]) -> Proposal:
         """The draft model's drafts after the `forced` slots, each followed by what the grammar then forces: the
         model decodes forced tokens in the batch of its next draw, never draws them."""
-        if self.across is not None:
+        if isinstance(self.across, Across):
             return self._draft_across(ctx, self.across, t0, forced)
+        if isinstance(self.across, TextDraft):
+            return self._draft_text(ctx, self.across, t0, forced)
         d, seq = self.draft, ctx.seq
         assert d is not None, "the model drafter has a draft (Settings.check_draft)"
         caught_up, probed = 0.0, 0
@@ -202,6 +208,23 @@ class Proposer:
             if n and a.draft_token(int(ctx.buffers.drafts.tokens[n - 1])) < 0:
                 n -= 1  # drawn from a row with no shared token left (a grammar allowing only the target's own)
         return Proposal(n, MODEL if n else None, k, perf_counter() - t0, forced=forced_flags(ctx, n))
+
+    def _draft_text(self, ctx: RoundContext, a: TextDraft, t0: float, forced: list[int]) -> Proposal:
+        """The text path: the draft's greedy text after the accepted text, the target's tokens of it proposed
+        one-hot (and the target's end of reply where the draft ended its own), cut to k and to the grammar."""
+        if forced:
+            return Proposal(len(forced), None, 0, perf_counter() - t0, forced=forced_flags(ctx, len(forced)))
+        k = self.lengths.choose(MODEL, ctx.room, behind=max(0, len(ctx.seq) - a.followed))
+        tokens: list[int] = []
+        if k > 0 and a.sync(ctx.seq):
+            text, ended = a.draft_text(min(k, a.room() + 1))
+            tokens = a.target_tokens(ctx.seq, text)[:k]
+            if ended and len(tokens) < k and a.spells(tokens, text):
+                tokens.append(a.end)
+            ctx.chain.admit(tokens)  # only what the grammar allows
+        _one_hot(ctx.buffers.drafts, tokens)
+        n = len(tokens) + len(force(ctx, len(tokens), 0)) if tokens else 0  # and what the grammar forces after them
+        return Proposal(n, MODEL if tokens else None, k, perf_counter() - t0, forced=forced_flags(ctx, n))
 
     def observe(self, ctx: RoundContext, step: Step) -> None:
         """After a verified round that drafted nothing: keep the target's row for the draft model's catch-up."""

@@ -37,7 +37,7 @@ def model_summary(path: str, role: str) -> dict:
 
 
 def compatibility(draft: str, target: str) -> Pairing:
-    """The path the pair takes (vocab.pairing): the same tokenizer, the vocabulary map, or refused."""
+    """The path the pair takes (vocab.pairing): the same tokenizer, the vocabulary map, the text path, or refused."""
     d = t = None
     try:
         d = Model(ModelOptions(draft, vocab_only=True), "draft")
@@ -73,7 +73,7 @@ def report(target: str | None = None, draft: str | None = None, n_ctx: int = 409
         # compatible: the engine runs the pair, with one tokenizer or through the vocabulary map
         out["compatible"], out["compatibility_problem"] = p.path != "refused", p.reason
         sizes = [out["models"][r]["size_bytes"] for r in ("draft", "target")]
-        if p.path == "map" and sizes[0] > sizes[1]:  # the engine refuses a draft with more parameters
+        if p.path in ("map", "text") and sizes[0] > sizes[1]:  # the engine refuses a draft with more parameters
             out["compatible"] = False
             out["compatibility_problem"] = f"{p.reason}; the draft's file is larger than the target's"
         out["pairing"] = p.to_dict() | {"description": p.describe()}
@@ -154,7 +154,7 @@ def render(r: dict) -> str:
         ]
     if "compatible" in r:
         path, problem = r["pairing"]["path"], r["compatibility_problem"]
-        verdict = "compatible across tokenizers" if path == "map" and r["compatible"] else "INCOMPATIBLE"
+        verdict = "compatible across tokenizers" if path in ("map", "text") and r["compatible"] else "INCOMPATIBLE"
         lines.append(
             "draft -> target: " + ("compatible (same tokenizer)" if path == "same" else f"{verdict}: {problem}")
         )

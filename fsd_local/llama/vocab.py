@@ -79,16 +79,17 @@ def compatibility_problem(draft, target) -> str | None:
 
 
 # Below this share of a probe text's draft tokens carried, most of what the draft proposes is not the target's:
-# across tokenizers the pair is refused (vocab_map.VocabMap.probe_share)
+# across tokenizers such a pair drafts text instead (the text path), or is refused (vocab_map.VocabMap.probe_share)
 MIN_PROBE_SHARE = 0.5
-PATHS = ("same", "map", "refused")
+PATHS = ("same", "map", "text", "refused")
+CHOICES = ("auto", "map", "text")  # what a caller may ask of a pair of two tokenizers (auto: by the share)
 
 
 @dataclass(frozen=True)
 class Pairing:
     """The path a pair takes: "same" (one vocabulary: the draft's ids are the target's), "map" (different
-    tokenizers: the draft's rows carried onto the target's vocabulary, its cache following the text), or
-    "refused". `reason`: the check that made it not "same", and for "refused" why the map cannot carry it."""
+    tokenizers: the draft's rows carried onto the target's vocabulary, its cache following the text), "text" (the
+    draft writes text in its own tokens, the target's tokens of it proposed), or "refused"; `reason` says why."""
 
     path: str
     reason: str | None = None
@@ -99,6 +100,8 @@ class Pairing:
         if self.path == "same":
             return "the same tokenizer: the draft proposes the target's own tokens"
         shares = self.vocab_map.describe() if self.vocab_map is not None else "no map"
+        if self.path == "text":
+            return f"the text path: the draft writes text, the target's tokens of it are proposed ({shares})"
         return f"the vocabulary map ({shares})" + ("" if self.path == "map" else ": too little to draft with")
 
     def to_dict(self) -> dict:
@@ -106,8 +109,8 @@ class Pairing:
         return {"path": self.path, "reason": self.reason, "map": vm}
 
 
-def map_refusal(vm: VocabMap, draft: VocabTable) -> str | None:
-    """Why a pair of different tokenizers cannot draft through the map (None: it can)."""
+def align_refusal(draft: VocabTable) -> str | None:
+    """Why the draft cannot follow another tokenizer's text at all (None: it can)."""
     if not draft.every_byte:
         return (
             "the draft's SentencePiece vocabulary has no byte-fallback tokens, so llama.cpp cannot tokenise text "
@@ -118,16 +121,50 @@ def map_refusal(vm: VocabMap, draft: VocabTable) -> str | None:
             "the draft's tokenizer does not give back the text it reads (it normalises text), so its text cannot "
             "be aligned with the target's"
         )
-    if vm.probe_share < MIN_PROBE_SHARE:
-        return (
-            f"only {vm.probe_share:.0%} of the draft's tokens of a probe text exist in the target's vocabulary "
-            f"(at least {MIN_PROBE_SHARE:.0%} needed)"
-        )
     return None
 
 
-def pairing(draft, target) -> Pairing:
-    """Which path two loaded models (vocabulary-only is enough) take; the map is built or read from the cache."""
+def share_text(vm: VocabMap) -> str:
+    return f"{vm.probe_share:.0%} of the draft's tokens of a probe text exist in the target's vocabulary"
+
+
+def map_refusal(vm: VocabMap, draft: VocabTable) -> str | None:
+    """Why a pair of different tokenizers cannot draft through the map (None: it can)."""
+    refusal = align_refusal(draft)
+    if refusal is None and vm.probe_share < MIN_PROBE_SHARE:
+        return f"only {share_text(vm)} (at least {MIN_PROBE_SHARE:.0%} needed)"
+    return refusal
+
+
+def text_refusal(draft: VocabTable, target: VocabTable) -> str | None:
+    """Why the pair cannot take the text path (None: it can): the draft must follow any text, and the target
+    tokenise any text the draft writes."""
+    refusal = align_refusal(draft)
+    if refusal is None and not target.every_byte:
+        return (
+            "the target's SentencePiece vocabulary has no byte-fallback tokens, so llama.cpp cannot tokenise the "
+            "draft's text with it"
+        )
+    return refusal
+
+
+def choose_path(vm: VocabMap, draft: VocabTable, target: VocabTable, want: str = "auto") -> tuple[str, str | None]:
+    """(path, why not) for two tokenizers: the map where it carries enough (or `want` is "map"), else the text
+    path, else refused with the share and both reasons."""
+    if want not in CHOICES:
+        raise ValueError(f"across must be one of {', '.join(CHOICES)}, got {want!r}")
+    by_map = align_refusal(draft) if want == "map" else map_refusal(vm, draft)
+    if want != "text" and by_map is None:
+        return "map", None
+    by_text = text_refusal(draft, target) if want != "map" else by_map
+    if by_text is None:
+        return "text", None
+    return "refused", by_map if by_map == by_text else f"{share_text(vm)}; {by_text}"
+
+
+def pairing(draft, target, want: str = "auto") -> Pairing:
+    """Which path two loaded models (vocabulary-only is enough) take (`want`: CHOICES); the map is built or read
+    from the cache."""
     from fsd_local.llama.vocab_map import map_between
     from fsd_local.llama.vocab_table import table_of
 
@@ -135,14 +172,14 @@ def pairing(draft, target) -> Pairing:
     if problem is None:
         return Pairing("same")
     vm = map_between(draft.path, target.path, draft, target)
-    refusal = map_refusal(vm, table_of(draft.path, draft))
-    return Pairing("refused", f"{problem}; {refusal}", vm) if refusal else Pairing("map", problem, vm)
+    path, why = choose_path(vm, table_of(draft.path, draft), table_of(target.path, target), want)
+    return Pairing(path, f"{problem}; {why}" if why else problem, vm)
 
 
-def check_compatible(draft, target) -> Pairing:
-    """The pair's path ("same", or "map" with its map), or VocabularyMismatchError naming what stops it and what
-    to do."""
-    p = pairing(draft, target)
+def check_compatible(draft, target, want: str = "auto") -> Pairing:
+    """The pair's path ("same", or "map" / "text" with its map), or VocabularyMismatchError naming what stops it
+    and what to do."""
+    p = pairing(draft, target, want)
     if p.path != "refused":
         return p
     raise VocabularyMismatchError(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsd_local.errors import FSDError
-from fsd_local.llama.vocab import header_problem, map_refusal
+from fsd_local.llama.vocab import choose_path, header_problem
 from fsd_local.pairs.local import RECURRENT, Listing, LocalModel
 
 SIZE_RATIO_MAX = 0.5  # a draft of another family at most half the target's file
@@ -17,7 +17,7 @@ CANDIDATES = 3  # per target, the smallest few such models are mapped
 @dataclass
 class AcrossDraft:
     """A model of another vocabulary and what the map carries from it to the target (`share` of a probe text's
-    draft tokens, `pieces` of its distinct pieces), or why it cannot draft (`problem`)."""
+    draft tokens, `pieces` of its distinct pieces), the path it takes (map, text), or why it cannot (`problem`)."""
 
     name: str
     path: str
@@ -25,6 +25,7 @@ class AcrossDraft:
     share: float | None = None
     pieces: float | None = None
     problem: str | None = None
+    route: str | None = None  # "map" or "text" (llama/vocab.py choose_path)
 
     def to_dict(self) -> dict:
         return {
@@ -34,12 +35,16 @@ class AcrossDraft:
             "probe_share": None if self.share is None else round(self.share, 4),
             "share_of_draft": None if self.pieces is None else round(self.pieces, 4),
             "problem": self.problem,
+            "route": self.route,
         }
 
     def text(self) -> str:
         if self.problem:
             return f"{self.name} (not usable: {self.problem})"
-        return f"{self.name} ({self.pieces:.0%} of its pieces shared, {self.share:.0%} of a probe text carried)"
+        return (
+            f"{self.name} ({self.route}: {self.pieces:.0%} of its pieces shared, {self.share:.0%} of a probe text "
+            "carried)"
+        )
 
 
 def candidates(target: LocalModel, models: list[LocalModel]) -> list[LocalModel]:
@@ -71,7 +76,8 @@ def across_drafts(target: LocalModel, models: list[LocalModel]) -> list[AcrossDr
         try:
             vm = map_between(m.path, target.path)
             a.share, a.pieces = vm.probe_share, vm.share_of_draft
-            a.problem = map_refusal(vm, table_of(m.path))
+            route, a.problem = choose_path(vm, table_of(m.path), table_of(target.path))
+            a.route = None if a.problem else route
         except (FSDError, OSError) as exc:  # a file llama.cpp cannot read: said, never raised from a listing
             a.problem = str(exc) or type(exc).__name__
         out.append(a)

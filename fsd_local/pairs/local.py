@@ -48,6 +48,7 @@ class LocalModel:
     vocab: HeaderVocab | None = field(default=None, repr=False)
     drafts: list[str] = field(default_factory=list)  # names of listed models that can draft for this one
     across: list = field(default_factory=list)  # models of other vocabularies (across.AcrossDraft), when asked
+    ranked: list = field(default_factory=list)  # every draft of any family, the best first (ranking.Ranked)
     also_in: list[str] = field(default_factory=list)  # other stores holding a model of the same name
 
     @property
@@ -66,6 +67,7 @@ class LocalModel:
         out.update(n_layer=self.n_layer, n_vocab=self.n_vocab, tokenizer=self.tokenizer, drafts=self.drafts)
         out["also_in"] = self.also_in
         out["drafts_across"] = [a.to_dict() for a in self.across]
+        out["ranked_drafts"] = [r.to_dict() for r in self.ranked]
         return out
 
 
@@ -192,6 +194,8 @@ def format_listing(listing: Listing) -> str:
             lines.append(f"  drafts: {', '.join(m.drafts)}")
         if m.across:
             lines.append(f"  across tokenizers: {', '.join(a.text() for a in m.across)}")
+        if m.ranked:
+            lines.append(f"  ranked: {', '.join(r.text() for r in m.ranked)}")
         if m.also_in:
             lines.append(f"  the same name is in {', '.join(m.also_in)}: give the path to choose this one")
     if not listing.models:
@@ -202,7 +206,7 @@ def format_listing(listing: Listing) -> str:
     lines += [
         "",
         "A name or a path goes to --target and --draft: fsd-local chat --target NAME. Given a target alone, "
-        "chat, generate, serve and bench draft with the first model of its `drafts:` line (the smallest); "
-        "--draft none decodes with the target alone.",
+        "chat, generate, serve and bench draft with the first of its `ranked:` line (the speed-up the cost model "
+        "expects; another family's only above 1x); --draft none decodes with the target alone.",
     ]
     return "\n".join(lines)

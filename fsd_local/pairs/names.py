@@ -1,17 +1,18 @@
 """Model names on the command line: `--target qwen2.5:7b` (Ollama), `--target org/name/file.gguf` or `org/name`
 or `org/name:Q4_K_M` (the Hugging Face cache, LM Studio, llama.cpp's cache) as well as paths; and the draft
-chosen for a target given alone (the smallest local model that can draft for it)."""
+chosen for a target given alone (the best ranked local model of any family: ranking.py)."""
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fsd_local.errors import ModelLoadError
 from fsd_local.pairs import stores
 from fsd_local.pairs.header_index import HeaderIndex
-from fsd_local.pairs.local import Listing, LocalModel, describe, drafts_for, list_local_models, size_text
+from fsd_local.pairs.local import Listing, LocalModel, describe, list_local_models, size_text
+from fsd_local.pairs.ranking import Ranked, best, rank
 
 NONE = "none"  # --draft none: no draft model
 _FAMILY = re.compile(r"^(.*?)[-_ :]?v?\d+(\.\d+)?[bm]\b", re.I)  # "Qwen2.5-7B-Instruct" -> "Qwen2.5"
@@ -86,28 +87,34 @@ def resolve(value: str, role: str, listing: Listing | None = None) -> str:
 
 @dataclass
 class DraftChoice:
-    """The outcome of looking for a draft: `draft` (None if nothing fits), how many fitted, and the target."""
+    """The outcome of looking for a draft: `draft` (None if nothing fits), how many fitted, and the target;
+    `ranked`: every draft found, the best first (ranking.py)."""
 
     target: LocalModel
     draft: LocalModel | None
     candidates: int
     listing: Listing
+    ranked: list[Ranked] = field(default_factory=list)
 
     def chosen_note(self, target_arg: str) -> str:
         d = self.draft
         assert d is not None
+        r = next((r for r in self.ranked if r.model is d), None)
+        how = f"; {r.how()}" if r is not None else ""
         n = self.candidates
-        others = f"the smallest of {n} local models that can" if n > 1 else "the one local model that can"
+        others = f"the best of {n} local drafts" if n > 1 else "the one local draft"
         return (
-            f"draft: {d.name} [{d.where}, {size_text(d.size_bytes)}, {d.quantisation}] chosen for {target_arg}: "
-            f"{others} draft for it. Another: --draft NAME or PATH (`fsd-local models --local` lists them); "
-            "plain decoding: --draft none"
+            f"draft: {d.name} [{d.where}, {size_text(d.size_bytes)}, {d.quantisation}{how}] chosen for {target_arg}: "
+            f"{others}. Another: --draft NAME or PATH (`fsd-local models --local` ranks them); plain decoding: "
+            "--draft none"
         )
 
     def missing_note(self, target_arg: str) -> str:
+        across = [r for r in self.ranked if r.path != "same"]
+        found = f"; of other families {', '.join(r.text() for r in across)}, not expected to pay" if across else ""
         return (
             f"no model on this disk can draft for {target_arg} (same vocabulary, smaller; searched: "
-            f"{', '.join(dict.fromkeys(r.label for r in self.listing.roots))}). {pull_hint(self.target)}"
+            f"{', '.join(dict.fromkeys(r.label for r in self.listing.roots))}{found}). {pull_hint(self.target)}"
         )
 
 
@@ -138,8 +145,8 @@ def pull_hint(target: LocalModel) -> str:
 
 
 def choose_draft(target_path: str, index: HeaderIndex | None = None) -> DraftChoice:
-    """The smallest local model that can draft for the model at `target_path` (the stores and the target's own
-    folder are searched)."""
+    """The best ranked local model that can draft for the model at `target_path`, of any family (the stores and
+    the target's own folder are searched)."""
     index = index or HeaderIndex()
     folder = os.path.dirname(os.path.abspath(target_path))
     listing = list_local_models(extra_folders=(folder,), index=index)
@@ -148,5 +155,6 @@ def choose_draft(target_path: str, index: HeaderIndex | None = None) -> DraftCho
     target = known[0] if known else describe(stores.Entry("folder", target_path, target_path), index)
     if target.problem:  # the loader will say what is wrong with it
         return DraftChoice(target, None, 0, listing)
-    fits = drafts_for(target, listing.models)
-    return DraftChoice(target, fits[0] if fits else None, len(fits), listing)
+    ranked = rank(target, listing.models)
+    chosen = best(ranked)
+    return DraftChoice(target, chosen.model if chosen else None, len(ranked), listing, ranked)
