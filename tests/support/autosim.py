@@ -73,9 +73,11 @@ def run_auto(outcomes, costs: Costs, n_tokens: int, k_max: int = 16, lengths: Dr
     of `prompt` tokens the policy sees as the engine shows it (a catch-up's cost per token)."""
     dl = lengths or measured(costs, k_max)
     dl.start(Settings(draft_policy="auto", draft_max=k_max))
-    if prompt > 1:
-        dl.observe_catch_up(prompt, prompt * costs.catch_up)
     res, behind, kept = Result(), 1, []
+    if prompt > 1 and dl.follows_prompt(MODEL):
+        dl.observe_catch_up(prompt, prompt * costs.catch_up)
+    elif prompt > 1:  # the draft skipped the prompt: a round that drafts, or a probe, catches up on it first
+        behind = prompt + 1
 
     def catch_up() -> None:
         nonlocal behind
