@@ -8,9 +8,6 @@ import math
 
 VERIFY_SLOPE_PRIOR = 0.3
 TILE_ROWS = 8  # an untimed batch of whole tiles is priced as the timed batch below it (docstring)
-# a CPU batch's cost steps every GROUP_ROWS rows (the wide target's sizes 2-4, 5-8, 9-12 on both hosts timed): an
-# untimed size in the group of the timed size below it is priced as that size, not on the line up to the next step
-GROUP_ROWS = 4
 FORGET_WEIGHT = 0.01  # a batch size's evidence below this weight is dropped (its shape may no longer hold)
 
 
@@ -101,8 +98,8 @@ class VerifyCost:
 
     def curve(self, n_hi: int) -> list[float]:
         """Estimated seconds for n = 0..n_hi (index 0 unused): measured sizes as measured, linear between them
-        (at most the timed size below, for whole tiles and in its row group), the fitted line below the first and,
-        beyond the last, the last measured mean (the prior's line after a plain step alone)."""
+        (at most the timed size below, for whole tiles), the fitted line below the first and, beyond the last, the
+        last measured mean (the prior's line after a plain step alone)."""
         if self._cache is not None and len(self._cache) > n_hi:
             return self._cache
         a, b = self.fit()
@@ -125,8 +122,7 @@ class VerifyCost:
             else:
                 hi = known[nxt]
                 out[n] = v[lo] + (n - lo) / (hi - lo) * (v[hi] - v[lo])
-                same_group = (n - 1) // GROUP_ROWS == (lo - 1) // GROUP_ROWS
-                if lo > 1 and (same_group or n % TILE_ROWS == 0):  # maybe no dearer than the batch below (docstring)
+                if n % TILE_ROWS == 0 and lo > 1:  # whole tiles: maybe no dearer than the batch below (docstring)
                     out[n] = min(out[n], v[lo])
         self._cache = out
         return out

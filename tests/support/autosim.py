@@ -56,10 +56,15 @@ def trace(a: float, n: int, seed: int, repeat: float = 0.3) -> list[bool]:
     return out
 
 
-def measured(costs: Costs, k_max: int = 16) -> DraftLength:
+# the rule a run drafts under, unless told: sd's (fsd at tau 0); a lossy rule starts from a higher acceptance prior
+SD = Settings(draft_policy="auto")
+FSD = Settings(draft_policy="auto", mode="fsd", tau=0.2)
+
+
+def measured(costs: Costs, k_max: int = 16, rule: Settings = SD) -> DraftLength:
     """A fresh engine's policy after Engine.measure_costs (every batch size, the draft's token and a catch-up)."""
     dl = DraftLength()
-    dl.start(Settings(draft_policy="auto", draft_max=k_max))
+    dl.start(rule.with_(draft_max=k_max))
     for n in range(1, k_max + 2):
         dl.verify.observe(n, costs.v(n))
     dl.cost(MODEL).observe_draft(1, costs.draft)
@@ -67,12 +72,20 @@ def measured(costs: Costs, k_max: int = 16) -> DraftLength:
     return dl
 
 
-def run_auto(outcomes, costs: Costs, n_tokens: int, k_max: int = 16, lengths: DraftLength | None = None, prompt=0):
-    """One reply of n_tokens on `outcomes` (at least n_tokens + k_max long), the policy `lengths` (default: a
-    freshly measured one) carried in. The draft model starts current, as after the engine's prefill, whose batch
-    of `prompt` tokens the policy sees as the engine shows it (a catch-up's cost per token)."""
-    dl = lengths or measured(costs, k_max)
-    dl.start(Settings(draft_policy="auto", draft_max=k_max))
+def run_auto(
+    outcomes,
+    costs: Costs,
+    n_tokens: int,
+    k_max: int = 16,
+    lengths: DraftLength | None = None,
+    prompt=0,
+    rule: Settings = SD,
+):
+    """One reply of n_tokens on `outcomes` (at least n_tokens + k_max long) under `rule`, the policy `lengths`
+    (default: a freshly measured one) carried in. The draft model evaluates the prompt's `prompt` tokens in one
+    batch where the policy asks for it (a catch-up the policy sees), or starts behind by them."""
+    dl = lengths or measured(costs, k_max, rule)
+    dl.start(rule.with_(draft_max=k_max))
     res, behind, kept = Result(), 1, []
     if prompt > 1 and dl.follows_prompt(MODEL):
         dl.observe_catch_up(prompt, prompt * costs.catch_up)
@@ -130,15 +143,15 @@ def run_fixed(outcomes, costs: Costs, n_tokens: int, k: int) -> Result:
 
 
 def session(
-    traces, costs: Costs, n_tokens: int, k_max: int = 16, stored: bool = True, prompt: int = 0
+    traces, costs: Costs, n_tokens: int, k_max: int = 16, stored: bool = True, prompt: int = 0, rule: Settings = SD
 ) -> tuple[list[Result], dict[int, list[Result]]]:
     """One fresh engine replying to each trace in turn with auto, and every fixed k 0..k_max (0 = ar) on the
     same traces: (auto's replies, {k: fixed k's replies}). stored: the engine starts with every cost measured
     (bench's measure_costs, or a store that holds them all); else with none (an empty store: a new install)."""
-    lengths = measured(costs, k_max) if stored else DraftLength()
+    lengths = measured(costs, k_max, rule) if stored else DraftLength()
     auto = []
     for t in traces:
-        res, lengths = run_auto(t, costs, n_tokens, k_max, lengths, prompt)
+        res, lengths = run_auto(t, costs, n_tokens, k_max, lengths, prompt, rule)
         auto.append(res)
     return auto, {k: [run_fixed(t, costs, n_tokens, k) for t in traces] for k in range(k_max + 1)}
 
