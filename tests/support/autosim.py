@@ -158,3 +158,35 @@ def session(
 
 def rate(results: list[Result]) -> float:
     return sum(r.tokens for r in results) / sum(r.seconds for r in results)
+
+
+def orders(traces, costs: Costs, rule: Settings, n: int = 20, seed: int = 7, n_tokens: int = 64):
+    """Sessions from an EMPTY store over `n` random orders of 6 of `traces` (a 40-token prompt each): per order,
+    (auto / best fixed k over the session, auto's first reply / that k's first reply)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        auto, fixed = session(rng.sample(traces, 6), costs, n_tokens, stored=False, prompt=40, rule=rule)
+        best = max(fixed, key=lambda k: rate(fixed[k]))
+        out.append((rate(auto) / rate(fixed[best]), auto[0].rate / fixed[best][0].rate))
+    return out
+
+
+if __name__ == "__main__":  # cd tests && python -m support.autosim [orders]: the table in auto-cold.md
+    import sys
+
+    import test_auto_policy as t
+
+    n_orders = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    near = {f"WIDE_17, plain {ms} ms": t.near(ms) for ms in (52, 58, 62)}
+    tables = {"WIDE_17": t.WIDE_17, "WIDE_AMD": t.WIDE_AMD, "WIDE (Intel)": t.WIDE, **near}
+    for rule_name, rule in (("fsd js 0.2", FSD), ("sd", SD)):
+        everything = []
+        for name, costs in tables.items():
+            res = orders([x for x in t.recorded(rule_name.split()[0]) if len(x) >= 84], costs, rule, n_orders)
+            everything += res
+            s, f = [r[0] for r in res], [r[1] for r in res]
+            line = f"session {sum(s) / len(s):.3f} (worst {min(s):.3f})  first {sum(f) / len(f):.3f}"
+            print(f"{rule_name:10s} {name:22s} {line}")
+        s = [r[0] for r in everything]
+        print(f"{rule_name:10s} {'all':22s} session {sum(s) / len(s):.3f} (worst {min(s):.3f})")
