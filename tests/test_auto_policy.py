@@ -10,7 +10,7 @@ from fsd_local.bench.oracle import oracle, verify_curve
 from fsd_local.bench.runner import Run, build_configs
 from fsd_local.cli.options import summary_line
 from fsd_local.drafting.cost_model import CostModel
-from fsd_local.drafting.proposer import MODEL
+from fsd_local.drafting.proposer import MODEL, ROWS_KEPT
 from fsd_local.settings import Settings
 from support.autosim import FSD, SD, Costs, interpolated, measured, orders, rate, run_auto, run_fixed, session, trace
 
@@ -63,12 +63,12 @@ def test_auto_matches_the_best_fixed_k_on_long_sessions(costs, a):
     assert rate(auto) >= 0.97 * best, (rate(auto), best)
 
 
-def first_reply_ratios(costs, a, seeds=8):
+def first_reply_ratios(costs, a, seeds=8, rule=SD):
     """Per seed: a fresh engine's first reply over the same reply at the fixed k that is best over the session
     of 6 replies (the issue's "within 0.9x of that best")."""
     out = []
     for seed in range(seeds):
-        auto, fixed = session([trace(a, 200, 100 * seed + r) for r in range(6)], costs, 64)
+        auto, fixed = session([trace(a, 200, 100 * seed + r) for r in range(6)], costs, 64, rule=rule)
         best = max(fixed, key=lambda k: rate(fixed[k]))
         out.append(auto[0].rate / fixed[best][0].rate)
     return out
@@ -76,14 +76,14 @@ def first_reply_ratios(costs, a, seeds=8):
 
 @pytest.mark.parametrize("costs", [WIDE_AMD, WIDE, F16])
 def test_a_cold_policy_drafts_long_within_a_few_rounds_when_nearly_everything_is_accepted(costs):
-    """A freshly loaded engine knows nothing of the rule's acceptance (its prior is sd's): the first plain steps'
+    """A freshly loaded engine knows nothing of a lossy rule's acceptance but its prior: the first plain steps'
     rows, scored when the draft catches up, show it accepts nearly everything, and the policy drafts long."""
     for seed in range(10):
-        res, _ = run_auto(trace(0.98, 200, seed), costs, 64)
+        res, _ = run_auto(trace(0.98, 200, seed), costs, 64, rule=FSD)
         first_long = next(i for i, k in enumerate(res.ks) if k >= 6)
         assert first_long <= 6 and res.probed <= 8, res.ks
         assert all(k >= 4 for k in res.ks[first_long : first_long + 4]), res.ks  # and goes on drafting long
-    ratios = first_reply_ratios(costs, 0.98)
+    ratios = first_reply_ratios(costs, 0.98, rule=FSD)
     assert sum(ratios) / len(ratios) >= 0.9, ratios
 
 
@@ -93,8 +93,11 @@ def test_a_cold_policy_settles_on_plain_steps_within_a_few_rounds_when_nothing_i
         auto, fixed = session([trace(0.02, 200, 10 * seed + r) for r in range(6)], costs, 64)
         assert sum(1 for k in auto[0].ks if k) <= 8, auto[0].ks  # a few rounds, then plain steps for good
         assert all(k == 0 for r in auto[1:] for k in r.ks), [r.ks for r in auto]
-        assert sum(r.probed for r in auto) <= 12  # looked a few times, early, while a look was cheap
-        assert rate(auto) >= 0.97 * rate(fixed[0]), (rate(auto), rate(fixed[0]))
+        # looked a few times, early, while a look was cheap: in the first two replies, at most one catch-up's kept
+        # rows in all (sd's prior of 0.5 drafts 4 rounds and scores 9-13 positions where 0.7 drafted 6-8 and scored
+        # 5-10: 0.995 of ar against 0.990 on WIDE)
+        assert sum(r.probed for r in auto) <= ROWS_KEPT and not any(r.probed for r in auto[2:])
+        assert rate(auto) >= 0.985 * rate(fixed[0]), (rate(auto), rate(fixed[0]))
 
 
 def test_no_acceptance_makes_a_draft_that_costs_half_a_target_step_worth_probing():
