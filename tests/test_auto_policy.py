@@ -10,9 +10,9 @@ from fsd_local.bench.oracle import oracle, verify_curve
 from fsd_local.bench.runner import Run, build_configs
 from fsd_local.cli.options import summary_line
 from fsd_local.drafting.cost_model import CostModel
-from fsd_local.drafting.proposer import MODEL
+from fsd_local.drafting.proposer import MODEL, ROWS_KEPT
 from fsd_local.settings import Settings
-from support.autosim import Costs, interpolated, measured, rate, run_auto, run_fixed, session, trace
+from support.autosim import FSD, SD, Costs, interpolated, measured, orders, rate, run_auto, run_fixed, session, trace
 
 MS = 1e-3
 # one target decode of n tokens, seconds (index n): the wide demo target, 2 threads, on an Intel host (CPU tiles at
@@ -30,6 +30,14 @@ Q4_1 = Costs([0] + [0.0092 * (1 + 0.9 * (n - 1)) for n in range(1, 18)], draft=0
 # whose draft costs 0.7 of a target step (no acceptance makes drafting pay); draft and catch-up per token
 WIDE_17_MS = [46.5, 98.1, 108.5, 123.6, 184.4, 197.8, 190.6, 186.7, 256.7, 261.1, 296.3, 266.6, 350.6, 361.2, 315.1]
 WIDE_17 = Costs([0.0] + [ms * MS for ms in WIDE_17_MS + [327.9, 371.6]], draft=9.9 * MS, catch_up=5.2 * MS)
+
+
+def near(plain_ms: float) -> Costs:
+    """WIDE_17 with a dearer plain step (the other sizes 6% dearer): the AMD host on 2026-12-02, where ar, k = 2
+    and k = 3 were within 10% of one another for sd (a plain step 54-67 ms, a batch of 4 131 ms)."""
+    return Costs([0.0, plain_ms * MS] + [v * 1.06 for v in WIDE_17.verify[2:]], draft=10.5 * MS, catch_up=5.2 * MS)
+
+
 Q4_1_17_MS = [12.6, 21.8, 26.9, 31.2, 40.4, 46.8, 51.0, 54.8, 63.6, 69.7, 76.6, 77.7, 88.8, 96.2, 98.3, 102.5, 102.7]
 Q4_1_17 = Costs([0.0] + [ms * MS for ms in Q4_1_17_MS], draft=8.75 * MS, catch_up=4.7 * MS)
 # the costly pair below (an F16 target of 8 layers, width 512; a tiny draft), 2 threads, the fastest of 5 decodes
@@ -55,12 +63,12 @@ def test_auto_matches_the_best_fixed_k_on_long_sessions(costs, a):
     assert rate(auto) >= 0.97 * best, (rate(auto), best)
 
 
-def first_reply_ratios(costs, a, seeds=8):
+def first_reply_ratios(costs, a, seeds=8, rule=SD):
     """Per seed: a fresh engine's first reply over the same reply at the fixed k that is best over the session
     of 6 replies (the issue's "within 0.9x of that best")."""
     out = []
     for seed in range(seeds):
-        auto, fixed = session([trace(a, 200, 100 * seed + r) for r in range(6)], costs, 64)
+        auto, fixed = session([trace(a, 200, 100 * seed + r) for r in range(6)], costs, 64, rule=rule)
         best = max(fixed, key=lambda k: rate(fixed[k]))
         out.append(auto[0].rate / fixed[best][0].rate)
     return out
@@ -68,14 +76,14 @@ def first_reply_ratios(costs, a, seeds=8):
 
 @pytest.mark.parametrize("costs", [WIDE_AMD, WIDE, F16])
 def test_a_cold_policy_drafts_long_within_a_few_rounds_when_nearly_everything_is_accepted(costs):
-    """A freshly loaded engine knows nothing of the rule's acceptance (its prior is sd's): the first plain steps'
+    """A freshly loaded engine knows nothing of a lossy rule's acceptance but its prior: the first plain steps'
     rows, scored when the draft catches up, show it accepts nearly everything, and the policy drafts long."""
     for seed in range(10):
-        res, _ = run_auto(trace(0.98, 200, seed), costs, 64)
+        res, _ = run_auto(trace(0.98, 200, seed), costs, 64, rule=FSD)
         first_long = next(i for i, k in enumerate(res.ks) if k >= 6)
         assert first_long <= 6 and res.probed <= 8, res.ks
         assert all(k >= 4 for k in res.ks[first_long : first_long + 4]), res.ks  # and goes on drafting long
-    ratios = first_reply_ratios(costs, 0.98)
+    ratios = first_reply_ratios(costs, 0.98, rule=FSD)
     assert sum(ratios) / len(ratios) >= 0.9, ratios
 
 
@@ -85,8 +93,11 @@ def test_a_cold_policy_settles_on_plain_steps_within_a_few_rounds_when_nothing_i
         auto, fixed = session([trace(0.02, 200, 10 * seed + r) for r in range(6)], costs, 64)
         assert sum(1 for k in auto[0].ks if k) <= 8, auto[0].ks  # a few rounds, then plain steps for good
         assert all(k == 0 for r in auto[1:] for k in r.ks), [r.ks for r in auto]
-        assert sum(r.probed for r in auto) <= 12  # looked a few times, early, while a look was cheap
-        assert rate(auto) >= 0.97 * rate(fixed[0]), (rate(auto), rate(fixed[0]))
+        # looked a few times, early, while a look was cheap: in the first two replies, at most one catch-up's kept
+        # rows in all (sd's prior of 0.5 drafts 4 rounds and scores 9-13 positions where 0.7 drafted 6-8 and scored
+        # 5-10: 0.995 of ar against 0.990 on WIDE)
+        assert sum(r.probed for r in auto) <= ROWS_KEPT and not any(r.probed for r in auto[2:])
+        assert rate(auto) >= 0.985 * rate(fixed[0]), (rate(auto), rate(fixed[0]))
 
 
 def test_no_acceptance_makes_a_draft_that_costs_half_a_target_step_worth_probing():
@@ -315,6 +326,9 @@ def test_where_plain_steps_win_the_draft_model_does_not_evaluate_the_next_prompt
         assert again.token_ids == eng.generate("a dog ran far away", max_tokens=24, mode="ar").token_ids
 
 
+RULES = {"sd": SD, "fsd": FSD}  # the settings the recorded traces were scored under (fsd: js tau 0.2)
+
+
 def recorded(rule: str) -> list[list[bool]]:
     """Teacher-forced traces of the wide demo pair on 10 chat prompts (benchmarks/record_traces.py): sd accepts
     where the draft's greedy pick is the target's (0.73-0.91 per prompt), fsd js 0.2 also where js <= 0.2 (0.98+)."""
@@ -332,7 +346,7 @@ def test_auto_on_recorded_traces_of_the_wide_pair(rule, costs):
     """The issue's goals on the pair's own traces and each host's measured costs: over a session of fresh-engine
     replies auto reaches >= 0.97 of the best of ar and every fixed k, and its first reply >= 0.9 of that best."""
     traces = [t for t in recorded(rule) if len(t) >= 84]
-    auto, fixed = session(traces, costs, 64)
+    auto, fixed = session(traces, costs, 64, rule=RULES[rule])
     best = max(fixed, key=lambda k: rate(fixed[k]))
     assert rate(auto) >= 0.97 * rate(fixed[best]), (rate(auto), best, rate(fixed[best]))
     assert auto[0].rate >= 0.9 * fixed[best][0].rate, (auto[0].ks, best)
@@ -346,7 +360,7 @@ def test_a_fresh_engine_without_stored_costs_on_recorded_traces_of_the_wide_pair
     (it times the batches it needs as it goes: sd's first reply pays more for that, its best being ar)."""
     traces = [t for t in recorded(rule) if len(t) >= 84]
     for start in (0, 2):
-        auto, fixed = session(traces[start : start + 6], WIDE_17, 64, stored=False, prompt=40)
+        auto, fixed = session(traces[start : start + 6], WIDE_17, 64, stored=False, prompt=40, rule=RULES[rule])
         best = max(fixed, key=lambda k: rate(fixed[k]))
         assert rate(auto) >= 0.97 * rate(fixed[best]), (rate(auto), best, rate(fixed[best]))
         if rule == "fsd":
@@ -361,3 +375,47 @@ def test_where_plain_decoding_wins_a_fresh_engine_never_drafts(a):
     costs nothing against ar (issue 37: 0.81x before)."""
     auto, fixed = session([trace(a, 200, seed) for seed in range(3)], Q4_1_17, 64, stored=False, prompt=40)
     assert all(k == 0 for r in auto for k in r.ks) and not any(r.probed for r in auto)
+
+
+@pytest.mark.parametrize("costs", [WIDE_17, WIDE_AMD], ids=["amd17", "amd"])
+def test_two_early_rejections_do_not_keep_a_lossy_rule_from_drafting_for_a_session(costs):
+    """The wide pair's fsd traces 4-9 (0-based; 3 is too short), the first rejecting at its 9th and 11th
+    positions: from an EMPTY store, with sd's acceptance prior the policy fell to plain steps after three rounds and
+    never drafted again (0.686 of the best fixed k over six replies with WIDE_17, 0.509 with WIDE_AMD). A lossy
+    rule's prior is higher, so those rejections leave it drafting: >= 0.97 of the best fixed k, long drafts in
+    every reply."""
+    traces = [t for t in recorded("fsd") if len(t) >= 84][3:9]
+    auto, fixed = session(traces, costs, 64, stored=False, prompt=40, rule=FSD)
+    best = max(fixed, key=lambda k: rate(fixed[k]))
+    assert rate(auto) >= 0.97 * rate(fixed[best]), ([r.ks for r in auto], best)
+    assert all(sum(1 for k in r.ks if k >= 8) >= 2 for r in auto), [r.ks for r in auto]
+    # the same session under sd's prior: the lock-in this test guards against
+    sd_prior, _ = session(traces, costs, 64, stored=False, prompt=40, rule=SD)
+    assert rate(sd_prior) < 0.8 * rate(fixed[best]) and all(k == 0 for k in sd_prior[-1].ks)
+
+
+def test_the_acceptance_prior_follows_the_rule():
+    """Lossless rules (sd, a lossy mode at tau 0) start from a coin flip, lossy ones (tau > 0 or a quality budget)
+    from ACCEPT_PRIOR_LOSSY; a switch of rule moves the prior of the evidence kept."""
+    from fsd_local.drafting.length import ACCEPT_PRIOR_LOSSLESS, ACCEPT_PRIOR_LOSSY, DraftLength, accept_prior
+
+    assert ACCEPT_PRIOR_LOSSLESS < ACCEPT_PRIOR_LOSSY
+    assert accept_prior(Settings(mode="sd")) == accept_prior(Settings(mode="fsd")) == ACCEPT_PRIOR_LOSSLESS
+    for s in (Settings(mode="fsd", tau=0.2), Settings(mode="typical", tau=0.5), Settings(quality_budget=0.15)):
+        assert accept_prior(s) == ACCEPT_PRIOR_LOSSY, s
+    dl = DraftLength()
+    dl.start(Settings(mode="sd", draft_policy="auto"))
+    assert dl.cost(MODEL).pooled()[0] == pytest.approx(ACCEPT_PRIOR_LOSSLESS)
+    dl.start(Settings(mode="fsd", tau=0.2, draft_policy="auto"))
+    assert dl.cost(MODEL).pooled()[0] == pytest.approx(ACCEPT_PRIOR_LOSSY)
+
+
+@pytest.mark.parametrize("costs", [WIDE_17, WIDE_AMD, near(58)], ids=["amd17", "amd", "near58"])
+def test_fsd_from_an_empty_store_over_random_orders_of_the_recorded_replies(costs):
+    """Issue 37's goal 1 for fsd js 0.2 on the simulator: over 10 random orders of 6 recorded replies, each session
+    from an EMPTY store reaches >= 0.95 of the best fixed k (0.97 on average) and its first reply 0.9 on average
+    (sd's acceptance prior for every rule: worst 0.50-0.68, the lock-in above)."""
+    res = orders([t for t in recorded("fsd") if len(t) >= 84], costs, FSD, n=10)
+    session_ratios, first = [r[0] for r in res], [r[1] for r in res]
+    assert min(session_ratios) >= 0.95 and sum(session_ratios) / 10 >= 0.97, session_ratios
+    assert sum(first) / 10 >= 0.9, first

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost, best_k
+from fsd_local.kernels.names import TAU_MODES
 
 # A source of drafts: (drafter, evidence class). The model drafter has one class; prompt lookup has one per match
 # length bucket (ngram.match_class), because how far the text agrees before the match predicts acceptance far
@@ -14,6 +15,12 @@ from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, Ver
 Source = tuple[str, int]
 
 K_LIMIT = 64  # settings' largest draft_max
+# the acceptance a rule's evidence starts from (docs/design.md, "The acceptance prior"): a lossless rule accepts only
+# the target's own pick (pairs: 0.5-0.9), a lossy one also what the divergence allows (the wide pair: sd 0.81, fsd js
+# 0.05 0.90, js 0.2 0.99); low enough that sd explores long drafts only on evidence, high enough that two early
+# rejections do not keep a lossy rule from drafting for the rest of a session
+ACCEPT_PRIOR_LOSSLESS = 0.5
+ACCEPT_PRIOR_LOSSY = 0.85
 CATCH_UP_PRIOR = 0.5  # a catch-up batch's seconds per token / a drafted token's, before measuring
 # a drafting round leaves the draft model at most this many tokens behind the text (the last draft it did not
 # evaluate and the target's token); more means it skipped rounds and must catch up first
@@ -42,6 +49,7 @@ class DraftLength:
         self._by_key: dict[tuple, dict[Source, CostModel]] = {}  # the evidence gathered under other settings
         self._catch_up_mean, self._catch_up_weight = 0.0, 0.0  # seconds per token the draft model catches up
         self.policy, self.k, self.k_min, self.k_max = "fixed", 4, 1, 4
+        self.accept_prior = ACCEPT_PRIOR_LOSSLESS
         self._shadow: tuple[Source, list[int], int] | None = None  # (source, declined proposal, its position)
         # recorded costs that replace every measured one: what a test of the policy in a real engine sets, so that
         # what the policy decides hangs on the models' acceptance and these seconds, never on the host's load
@@ -71,6 +79,9 @@ class DraftLength:
             self.costs = known
         self._acceptance_key = key
         self._shadow = None
+        self.accept_prior = accept_prior(settings)
+        for cm in self.costs.values():
+            cm.accept_prior_first = self.accept_prior
         self.policy, self.k = settings.draft_policy, settings.draft_max
         self.k_min, self.k_max = settings.draft_min, settings.draft_max
 
@@ -104,10 +115,17 @@ class DraftLength:
     def cost(self, source: Source) -> CostModel:
         cm = self.costs.get(source)
         if cm is None:  # prompt lookup costs nothing to draft; the model's cost is learned from the first rounds
+            prior = self.accept_prior
             if source[0] == "ngram":  # free: a plain step re-probes it now and then (its shadows score it too)
-                cm = CostModel(self.k_max, verify=self.verify, draft_cost_prior=0.0)
+                cm = CostModel(self.k_max, verify=self.verify, draft_cost_prior=0.0, accept_prior_first=prior)
             else:  # probed through its catch-up instead (`probe`)
-                cm = CostModel(self.k_max, verify=self.verify, draft_cost_prior=MODEL_DRAFT_COST_PRIOR, probe_every=0)
+                cm = CostModel(
+                    self.k_max,
+                    verify=self.verify,
+                    draft_cost_prior=MODEL_DRAFT_COST_PRIOR,
+                    probe_every=0,
+                    accept_prior_first=prior,
+                )
             self.costs[source] = cm
         if cm.k_max != self.k_max:
             cm.set_k_max(self.k_max)
@@ -222,3 +240,10 @@ class DraftLength:
         """1 / the target's seconds for a one-token decode, only where this engine timed one; 0 otherwise (a rate
         read off the fitted curve would be a prior shown as a measurement)."""
         return 1.0 / self.verify.seconds(1) if self.verify.measured_at(1) else 0.0
+
+
+def accept_prior(settings) -> float:
+    """The acceptance a policy assumes before evidence under `settings`: a lossy rule's (a tau-moded rule with a
+    positive tau or a quality budget) or a lossless one's (sd, or tau 0)."""
+    lossy = settings.mode in TAU_MODES and (settings.tau > 0 or settings.quality_budget is not None)
+    return ACCEPT_PRIOR_LOSSY if lossy else ACCEPT_PRIOR_LOSSLESS

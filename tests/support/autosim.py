@@ -56,10 +56,15 @@ def trace(a: float, n: int, seed: int, repeat: float = 0.3) -> list[bool]:
     return out
 
 
-def measured(costs: Costs, k_max: int = 16) -> DraftLength:
+# the rule a run drafts under, unless told: sd's (fsd at tau 0); a lossy rule starts from a higher acceptance prior
+SD = Settings(draft_policy="auto")
+FSD = Settings(draft_policy="auto", mode="fsd", tau=0.2)
+
+
+def measured(costs: Costs, k_max: int = 16, rule: Settings = SD) -> DraftLength:
     """A fresh engine's policy after Engine.measure_costs (every batch size, the draft's token and a catch-up)."""
     dl = DraftLength()
-    dl.start(Settings(draft_policy="auto", draft_max=k_max))
+    dl.start(rule.with_(draft_max=k_max))
     for n in range(1, k_max + 2):
         dl.verify.observe(n, costs.v(n))
     dl.cost(MODEL).observe_draft(1, costs.draft)
@@ -67,15 +72,25 @@ def measured(costs: Costs, k_max: int = 16) -> DraftLength:
     return dl
 
 
-def run_auto(outcomes, costs: Costs, n_tokens: int, k_max: int = 16, lengths: DraftLength | None = None, prompt=0):
-    """One reply of n_tokens on `outcomes` (at least n_tokens + k_max long), the policy `lengths` (default: a
-    freshly measured one) carried in. The draft model starts current, as after the engine's prefill, whose batch
-    of `prompt` tokens the policy sees as the engine shows it (a catch-up's cost per token)."""
-    dl = lengths or measured(costs, k_max)
-    dl.start(Settings(draft_policy="auto", draft_max=k_max))
-    if prompt > 1:
-        dl.observe_catch_up(prompt, prompt * costs.catch_up)
+def run_auto(
+    outcomes,
+    costs: Costs,
+    n_tokens: int,
+    k_max: int = 16,
+    lengths: DraftLength | None = None,
+    prompt=0,
+    rule: Settings = SD,
+):
+    """One reply of n_tokens on `outcomes` (at least n_tokens + k_max long) under `rule`, the policy `lengths`
+    (default: a freshly measured one) carried in. The draft model evaluates the prompt's `prompt` tokens in one
+    batch where the policy asks for it (a catch-up the policy sees), or starts behind by them."""
+    dl = lengths or measured(costs, k_max, rule)
+    dl.start(rule.with_(draft_max=k_max))
     res, behind, kept = Result(), 1, []
+    if prompt > 1 and dl.follows_prompt(MODEL):
+        dl.observe_catch_up(prompt, prompt * costs.catch_up)
+    elif prompt > 1:  # the draft skipped the prompt: a round that drafts, or a probe, catches up on it first
+        behind = prompt + 1
 
     def catch_up() -> None:
         nonlocal behind
@@ -128,18 +143,50 @@ def run_fixed(outcomes, costs: Costs, n_tokens: int, k: int) -> Result:
 
 
 def session(
-    traces, costs: Costs, n_tokens: int, k_max: int = 16, stored: bool = True, prompt: int = 0
+    traces, costs: Costs, n_tokens: int, k_max: int = 16, stored: bool = True, prompt: int = 0, rule: Settings = SD
 ) -> tuple[list[Result], dict[int, list[Result]]]:
     """One fresh engine replying to each trace in turn with auto, and every fixed k 0..k_max (0 = ar) on the
     same traces: (auto's replies, {k: fixed k's replies}). stored: the engine starts with every cost measured
     (bench's measure_costs, or a store that holds them all); else with none (an empty store: a new install)."""
-    lengths = measured(costs, k_max) if stored else DraftLength()
+    lengths = measured(costs, k_max, rule) if stored else DraftLength()
     auto = []
     for t in traces:
-        res, lengths = run_auto(t, costs, n_tokens, k_max, lengths, prompt)
+        res, lengths = run_auto(t, costs, n_tokens, k_max, lengths, prompt, rule)
         auto.append(res)
     return auto, {k: [run_fixed(t, costs, n_tokens, k) for t in traces] for k in range(k_max + 1)}
 
 
 def rate(results: list[Result]) -> float:
     return sum(r.tokens for r in results) / sum(r.seconds for r in results)
+
+
+def orders(traces, costs: Costs, rule: Settings, n: int = 20, seed: int = 7, n_tokens: int = 64):
+    """Sessions from an EMPTY store over `n` random orders of 6 of `traces` (a 40-token prompt each): per order,
+    (auto / best fixed k over the session, auto's first reply / that k's first reply)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        auto, fixed = session(rng.sample(traces, 6), costs, n_tokens, stored=False, prompt=40, rule=rule)
+        best = max(fixed, key=lambda k: rate(fixed[k]))
+        out.append((rate(auto) / rate(fixed[best]), auto[0].rate / fixed[best][0].rate))
+    return out
+
+
+if __name__ == "__main__":  # cd tests && python -m support.autosim [orders]: the table in auto-cold.md
+    import sys
+
+    import test_auto_policy as t
+
+    n_orders = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    near = {f"WIDE_17, plain {ms} ms": t.near(ms) for ms in (52, 58, 62)}
+    tables = {"WIDE_17": t.WIDE_17, "WIDE_AMD": t.WIDE_AMD, "WIDE (Intel)": t.WIDE, **near}
+    for rule_name, rule in (("fsd js 0.2", FSD), ("sd", SD)):
+        everything = []
+        for name, costs in tables.items():
+            res = orders([x for x in t.recorded(rule_name.split()[0]) if len(x) >= 84], costs, rule, n_orders)
+            everything += res
+            s, f = [r[0] for r in res], [r[1] for r in res]
+            line = f"session {sum(s) / len(s):.3f} (worst {min(s):.3f})  first {sum(f) / len(f):.3f}"
+            print(f"{rule_name:10s} {name:22s} {line}")
+        s = [r[0] for r in everything]
+        print(f"{rule_name:10s} {'all':22s} session {sum(s) / len(s):.3f} (worst {min(s):.3f})")
