@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,8 +14,9 @@ from time import perf_counter
 from typing import Any
 
 from fsd_local.chain import Chain
-from fsd_local.drafting.batch_length import BatchPlan, plan_from_costs
-from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost
+from fsd_local.drafting.batch_length import BatchPlan, BatchPrices, plan_from_costs
+from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel
+from fsd_local.drafting.length import CATCH_UP_PRIOR, PENDING_MAX
 from fsd_local.drafting.proposer import MODEL, DraftPicks
 from fsd_local.errors import ContextOverflowError, FSDError
 from fsd_local.generation import Generation
@@ -38,6 +39,9 @@ from fsd_local.round import slots as n_slots
 from fsd_local.settings import Settings
 
 NOTHING = Proposal(0, None, 0, 0.0)  # a sequence that drafts nothing this round: its plain step rides along
+# tokens of a prompt (or of a draft model's catch-up) one round evaluates beside the others' rows while other
+# calls are streaming: a joining call stalls them by one such decode at a time (docs/design.md, "Chunked prefill")
+PREFILL_CHUNK = 64
 
 
 def check_batchable(s: Settings, across: bool = False) -> None:
@@ -55,18 +59,6 @@ def check_batchable(s: Settings, across: bool = False) -> None:
             f"drafter={s.drafter!r}: batched generations draft with the draft model only; use drafter='model' "
             "or an Engine with parallel=1"
         )
-
-
-class BatchPrices:
-    """What the batch policy prices a round by: seconds of a target decode of n rows and of a draft decode of m
-    rows, learned from the batch's own decodes unless `frozen` (a test's injected costs)."""
-
-    def __init__(self, verify: VerifyCost, draft: VerifyCost | None = None, frozen: bool = False) -> None:
-        self.verify, self.draft, self.frozen = verify, draft if draft is not None else VerifyCost(), frozen
-
-    def observe(self, curve: VerifyCost, n: int, seconds: float) -> None:
-        if not self.frozen:
-            curve.observe(n, seconds)
 
 
 @dataclass(eq=False)
@@ -107,6 +99,10 @@ class Scheduler:
         self.plans: deque[tuple[int, BatchPlan]] = deque(maxlen=256)
         self.rounds = 0
         self.peak = 0  # the most calls one round has advanced
+        self.prefill_chunk = PREFILL_CHUNK
+        self.k_counts: Counter[int] = Counter()  # the k each drafting-mode call drafted, a count per round it ran
+        # (round, seq_id, role, tokens, calls that took a round beside it) of each chunk of a prompt or catch-up
+        self.chunks: deque[tuple[int, int, str, int, int]] = deque(maxlen=4096)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -187,7 +183,7 @@ class Scheduler:
             for m in models:  # a batch reads every row on the host: no backend sampler picks (device_picks.py)
                 m.sampler.use(None)
             cm = eng.policy.length.cost(MODEL).fork() if g.speculative else None
-            self._prefill(g)
+            self._prefill(g, eager=not self.active)
         except BaseException:
             self.free.append(sid)
             raise
@@ -209,9 +205,10 @@ class Scheduler:
         self.free.remove(sid)
         return sid
 
-    def _prefill(self, g: Generation) -> None:
-        """Each model's sequence made to hold seq[:-1] (its common prefix kept), in decodes of n_batch tokens;
-        idle sequences' caches are dropped when the shared cells would not hold this call."""
+    def _prefill(self, g: Generation, eager: bool) -> None:
+        """Each model's sequence cut to its common prefix with seq (idle sequences' caches dropped when the shared
+        cells would not hold this call); with `eager` (no other call streams) the target evaluates the rest now,
+        else rounds do in chunks (`_round`); the draft model catches up when a round drafts for this call."""
         t0 = perf_counter()
         for m in g.models:
             need = len(g.seq) + g.s.max_tokens + g.s.draft_max
@@ -219,13 +216,18 @@ class Scheduler:
                 for i in self.free:
                     m.drop(i)
             todo = g.seq[m.keep_common_prefix(g.seq, 0, g.seq_id) : -1]
+            if m is not g.models[0]:
+                continue
+            g.stats.prompt_evaluated = len(todo) + 1
             b = self.batches[m.role]
-            for i in range(0, len(todo), m.n_batch):
+            for i in range(0, len(todo), m.n_batch) if eager else ():
                 b.add(g.seq_id, todo[i : i + m.n_batch], "none")
                 b.decode()
-            if m is g.models[0]:
-                g.stats.prompt_evaluated = len(todo) + 1
         g.stats.prompt_seconds = perf_counter() - t0
+
+    def _chunk(self, m: Model) -> int:
+        """Tokens of a prompt or a catch-up one decode of m evaluates: a chunk while other calls stream."""
+        return min(self.prefill_chunk, m.n_batch // 2) if len(self.active) > 1 else m.n_batch // 2
 
     def _stop_cancelled(self) -> None:
         """Calls cancelled (their own token, a closed stream, Engine.cancel for all) or at their length end."""
@@ -255,13 +257,25 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one round of every active call
     def _round(self) -> None:
-        slots, target = list(self.active), self.eng.target
+        target, tb = self.eng.target, self.batches["target"]
+        chunk = self._chunk(target)
+        behind = [(sl, len(sl.g.seq) - len(target.seqs[sl.g.seq_id])) for sl in self.active]
+        slots = [sl for sl, n in behind if n <= chunk + 1]
+        for sl, n in behind:  # a call whose prompt is not evaluated yet gets a chunk of it instead of a round
+            if n > chunk + 1:
+                try:
+                    tb.add(sl.g.seq_id, sl.g.seq[-n : chunk - n], "none")
+                except ContextOverflowError:  # the shared cells are full: this call ends at its length
+                    self._finish(sl, "length")
+                    continue
+                self.chunks.append((self.rounds, sl.g.seq_id, "target", chunk, len(slots)))
+        prefill = tb.n
         t0 = perf_counter()
-        proposals = self._draft(slots, self._ks(slots))
+        proposals = self._draft(slots, self._ks(slots, prefill))
         for i, sl in enumerate(slots):  # ar verifies what a grammar forces as its proposal (round.forced_run)
             if not sl.g.speculative:
                 proposals[i] = forced_run(sl.g.ctx) or NOTHING
-        tb, live = self.batches["target"], []
+        live = []
         for sl, p in zip(slots, proposals):
             part = target_input(sl.g.ctx, len(target.seqs[sl.g.seq_id]), p)
             try:
@@ -270,12 +284,13 @@ class Scheduler:
                 self._finish(sl, "length")
                 continue
             live.append((sl, p))
-        n = tb.n
+        n, rows_only = tb.n, tb.n == tb.n_rows  # a decode of verify rows alone prices them
         t = perf_counter()
         tb.decode()
         target.synchronize()
         seconds = perf_counter() - t
-        self.prices.observe(self.prices.verify, n, seconds)
+        if rows_only:
+            self.prices.observe(self.prices.verify, n, seconds)
         self.rounds += 1
         self.peak = max(self.peak, len(live))
         for sl, p in live:
@@ -294,19 +309,31 @@ class Scheduler:
             if finish is not None:
                 self._finish(sl, finish)
 
-    def _ks(self, slots: list[Slot]) -> list[int]:
+    def _ks(self, slots: list[Slot], prefill: int) -> list[int]:
         """Each call's k: fixed or adaptive as its settings say; `auto` calls by the batch policy, the others'
-        rows priced as plain steps."""
+        rows priced as plain steps (and `prefill` tokens of prompts the round's target decode also evaluates)."""
         limits = [max(0, min(sl.g.s.draft_max, sl.g.room)) if sl.g.speculative else 0 for sl in slots]
         ks = [min(sl.k, lim) for sl, lim in zip(slots, limits)]
         auto = [sl.g.speculative and sl.g.s.draft_policy == "auto" for sl in slots]
         if any(auto):
             self._prime_draft_cost()
             costs = [sl.cm if a else None for sl, a in zip(slots, auto)]
-            plan = plan_from_costs(costs, limits, self.prices.verify, self.prices.draft)
+            start = [self._catch_up(sl) if a else 0.0 for sl, a in zip(slots, auto)]
+            extra = prefill * CATCH_UP_PRIOR * self.prices.verify.seconds(1)
+            plan = plan_from_costs(costs, limits, self.prices, start=start, round_seconds=extra)
             self.plans.append((len(slots), plan))
             ks = [p if a else k for p, k, a in zip(plan.ks, ks, auto)]
         return ks
+
+    def _catch_up(self, sl: Slot) -> float:
+        """What drafting at all costs a call this round: its draft model's catch-up on text it skipped, spread over
+        the rounds it has left at two tokens a round (the catch-up serves every round after it)."""
+        assert self.eng.draft is not None
+        behind = len(sl.g.seq) - len(self.eng.draft.seqs[sl.g.seq_id])
+        if behind <= PENDING_MAX:
+            return 0.0
+        per_token = self.eng.policy.length.measured_catch_up_seconds or CATCH_UP_PRIOR * self.prices.draft.seconds(1)
+        return behind * per_token / max(1.0, sl.g.room / 2)
 
     def _prime_draft_cost(self) -> None:
         """Before the batch has timed a draft decode: one row at what the engine measured a draft token costs."""
@@ -334,15 +361,20 @@ class Scheduler:
             forced = force(ctx, 0, 0)  # no drafter proposes what the grammar forces
             n = len(forced)
             proposals[i] = Proposal(n, None, 0, 0.0, forced=forced_flags(ctx, n)) if n else NOTHING
-            if min(k, ctx.room - n) <= 0:
-                continue
+            behind, k, chunk = ctx.seq[len(d.seqs[sid]) :], max(0, min(k, ctx.room - n)), self._chunk(d)
             try:
-                db.add(sid, [*ctx.seq[len(d.seqs[sid]) :], *forced], "last")
-            except ContextOverflowError:
-                continue
-            picks[i], used[i] = DraftPicks(ctx, self.eng.n_vocab, min(k, ctx.room - n), n), n
+                if k and len(behind) > chunk + 1:  # a long catch-up goes in chunks, drafting after it
+                    db.add(sid, behind[:chunk], "none")
+                    self.chunks.append((self.rounds, sid, "draft", chunk, len(slots)))
+                    k = 0
+                elif k:
+                    db.add(sid, [*behind, *forced], "last")
+                    picks[i], used[i] = DraftPicks(ctx, self.eng.n_vocab, k, n), n
+            except ContextOverflowError:  # no room in the draft's cells: this call drafts nothing this round
+                k = 0
+            self.k_counts[k] += 1
         going = dict(picks)
-        while going:
+        while going or db.n:
             rows_only = db.n == db.n_rows  # one token a sequence: a price for the batch policy
             m, t = db.n_rows, perf_counter()
             db.decode()
