@@ -75,11 +75,13 @@ class Request:
 
 @dataclass(eq=False)
 class Slot:
-    """An active call: its generation (in KV sequence g.seq_id), its acceptance estimate and adaptive k."""
+    """An active call: its generation (in KV sequence g.seq_id), its acceptance estimate and adaptive k, and the
+    engine's evidence under its settings (`shared`), which its outcomes feed for the calls after it."""
 
     req: Request
     g: Generation
     cm: CostModel | None
+    shared: CostModel | None
     k: int
     clock: Any
 
@@ -182,12 +184,13 @@ class Scheduler:
             g = Generation(s, seq, models, eng.target, eng.n_vocab, budget, buffers, chain, req.dropped, seq_id=sid)
             for m in models:  # a batch reads every row on the host: no backend sampler picks (device_picks.py)
                 m.sampler.use(None)
-            cm = eng.policy.length.cost(MODEL).fork() if g.speculative else None
+            shared = eng.policy.length.cost(MODEL) if g.speculative else None  # keyed by this call's settings
+            cm = shared.fork() if shared is not None else None
             self._prefill(g, eager=not self.active)
         except BaseException:
             self.free.append(sid)
             raise
-        return Slot(req, g, cm, s.draft_max, g.stats.start_clock(eng.target, eng.draft))
+        return Slot(req, g, cm, shared, s.draft_max, g.stats.start_clock(eng.target, eng.draft))
 
     def _slot_for(self, seq: Sequence[int]) -> int:
         """The free sequence whose target cache shares the longest prefix with seq (a chat's next turn)."""
@@ -410,9 +413,9 @@ class Scheduler:
         made, accepted = p.drafter_counts(step.accepted)  # forced slots are no draft's evidence
         if not made:
             return
-        if sl.cm is not None:  # its own estimate, and the engine's evidence for the calls after it
+        if sl.cm is not None and sl.shared is not None:  # its own estimate, and its settings' evidence
             sl.cm.observe_acceptance(made, accepted)
-            self.eng.policy.length.cost(MODEL).observe_acceptance(made, accepted)
+            sl.shared.observe_acceptance(made, accepted)
         s = sl.g.s
         if s.draft_policy == "adaptive":
             sl.k = min(sl.k + 2, s.draft_max) if accepted == made else max(sl.k - 1, s.draft_min)

@@ -304,3 +304,40 @@ def test_sampled_calls_in_a_batch_keep_the_targets_two_token_distribution(small_
     for ids in outs:
         counts[ids[0], ids[1]] += 1
     assert _pvalue(counts.ravel(), _first_two(target, prompt, t).ravel()) > ALPHA
+
+
+def _evidence(eng) -> dict:
+    """The engine's acceptance evidence of the draft model, by the mode of the settings it was gathered under."""
+    state = eng.policy_state()
+    by_mode = {key[0]: costs for key, costs in state["by_key"].items()}
+    by_mode[state["key"][0]] = state["costs"]
+    return {mode: costs[("model", 0)].pooled() for mode, costs in by_mode.items()}
+
+
+def test_calls_of_mixed_settings_in_one_batch_feed_each_settings_own_evidence(pairs):
+    """An sd call beside an fsd call (tau 0.69: every draft accepted): the engine's evidence under sd's settings
+    is what the same sd call leaves alone, and fsd's is fsd's own, whichever joined last."""
+    sd, fsd = {**GREEDY, **MODES["sd"]}, {**GREEDY, "mode": "fsd", "tau": 0.69}
+    with _engine(pairs["f32"], parallel=2) as eng:
+        eng.generate(PROMPTS[0], **sd)
+        alone = _evidence(eng)["sd"]
+    for order in ((sd, fsd), (fsd, sd)):
+        with _engine(pairs["f32"], parallel=2) as eng:
+            out = [None] * 2
+
+            def run(i, kw=order):
+                out[i] = [p for p in eng.stream(PROMPTS[0] if kw[i] is sd else PROMPTS[1], **kw[i])][-1].completion
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+            with eng.batch.paused():
+                for t in threads:
+                    t.start()
+                while len(eng.batch.waiting) < 2:
+                    time.sleep(0.001)
+            for t in threads:
+                t.join(60)
+            assert eng.batch.peak == 2
+            mixed = _evidence(eng)
+        f = out[order.index(fsd)]
+        assert mixed["sd"] == alone
+        assert f.stats["acceptance_rate"] == 1.0 and f.stats["drafted"] > 0 and mixed["fsd"][0] > alone[0]
