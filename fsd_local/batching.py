@@ -42,6 +42,9 @@ NOTHING = Proposal(0, None, 0, 0.0)  # a sequence that drafts nothing this round
 # tokens of a prompt (or of a draft model's catch-up) one round evaluates beside the others' rows while other
 # calls are streaming: a joining call stalls them by one such decode at a time (docs/design.md, "Chunked prefill")
 PREFILL_CHUNK = 64
+# rounds a plan of no drafts holds while the same calls run and nothing is prefilled: no draft, no new acceptance
+# evidence, so only the slowly moving prices could change it (and the search costs ~2% of a round of 4 on this host)
+HOLD_PLAIN = 16
 
 
 def check_batchable(s: Settings, across: bool = False) -> None:
@@ -102,6 +105,7 @@ class Scheduler:
         self.rounds = 0
         self.peak = 0  # the most calls one round has advanced
         self.prefill_chunk = PREFILL_CHUNK
+        self._plain: tuple[tuple[int, ...], int] | None = None  # (calls, round) of the last plan of no drafts
         self.k_counts: Counter[int] = Counter()  # the k each drafting-mode call drafted, a count per round it ran
         # (round, seq_id, role, tokens, calls that took a round beside it) of each chunk of a prompt or catch-up
         self.chunks: deque[tuple[int, int, str, int, int]] = deque(maxlen=4096)
@@ -313,20 +317,22 @@ class Scheduler:
                 self._finish(sl, finish)
 
     def _ks(self, slots: list[Slot], prefill: int) -> list[int]:
-        """Each call's k: fixed or adaptive as its settings say; `auto` calls by the batch policy, the others'
-        rows priced as plain steps (and `prefill` tokens of prompts the round's target decode also evaluates)."""
+        """Each call's k: fixed or adaptive as its settings say; `auto` calls by the batch policy (the others' rows
+        priced as plain steps), plain where nothing is timed yet or the round also evaluates `prefill` tokens."""
         limits = [max(0, min(sl.g.s.draft_max, sl.g.room)) if sl.g.speculative else 0 for sl in slots]
         ks = [min(sl.k, lim) for sl, lim in zip(slots, limits)]
         auto = [sl.g.speculative and sl.g.s.draft_policy == "auto" for sl in slots]
-        if any(auto):
-            self._prime_draft_cost()
-            costs = [sl.cm if a else None for sl, a in zip(slots, auto)]
-            start = [self._catch_up(sl) if a else 0.0 for sl, a in zip(slots, auto)]
-            extra = prefill * CATCH_UP_PRIOR * self.prices.verify.seconds(1)
-            plan = plan_from_costs(costs, limits, self.prices, start=start, round_seconds=extra)
-            self.plans.append((len(slots), plan))
-            ks = [p if a else k for p, k, a in zip(plan.ks, ks, auto)]
-        return ks
+        calls = tuple(sl.g.seq_id for sl in slots)
+        held = self._plain is not None and self._plain[0] == calls and self.rounds - self._plain[1] < HOLD_PLAIN
+        if not any(auto) or held or prefill or not self.prices.verify.measured:  # a first round times plain rows
+            return [0 if a else k for k, a in zip(ks, auto)]
+        self._prime_draft_cost()
+        costs = [sl.cm if a else None for sl, a in zip(slots, auto)]
+        start = [self._catch_up(sl) if a else 0.0 for sl, a in zip(slots, auto)]
+        plan = plan_from_costs(costs, limits, self.prices, start=start)
+        self.plans.append((len(slots), plan))
+        self._plain = (calls, self.rounds) if not any(plan.ks) else None
+        return [p if a else k for p, k, a in zip(plan.ks, ks, auto)]
 
     def _catch_up(self, sl: Slot) -> float:
         """What drafting at all costs a call this round: its draft model's catch-up on text it skipped, spread over

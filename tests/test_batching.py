@@ -238,11 +238,11 @@ def test_where_drafting_never_pays_a_batch_of_auto_calls_is_plain_decoding(pairs
 
 
 def test_a_long_prompt_joins_in_chunks_while_the_others_keep_emitting(pairs):
-    """A call with a 300-token prompt joins two streaming calls: every decode holding its prompt holds at most a
+    """A call with a 280-token prompt joins two streaming calls: every decode holding its prompt holds at most a
     chunk of it and the others' rows (each takes its round beside it), and all three write what they write alone;
     its draft model catches up in chunks too when it drafts (sd, fixed k: the same greedy text whatever k)."""
     settings = {**GREEDY, **MODES["sd"], "max_tokens": 60}
-    long = " ".join(["the cat sat on the mat"] * 50)
+    long = " ".join(["the cat sat on the mat"] * 12)  # a token a character: ~280 tokens
     prompts = [PROMPTS[0], PROMPTS[1], long]
     alone = _alone(pairs["f32"], prompts, settings)
     with _engine(pairs["f32"], parallel=4) as eng:
