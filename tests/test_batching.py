@@ -308,7 +308,7 @@ def test_sampled_calls_in_a_batch_keep_the_targets_two_token_distribution(small_
 
 def _evidence(eng) -> dict:
     """The engine's acceptance evidence of the draft model, by the mode of the settings it was gathered under."""
-    state = eng.policy_state()
+    state = eng.policy_state()["lengths"]
     by_mode = {key[0]: costs for key, costs in state["by_key"].items()}
     by_mode[state["key"][0]] = state["costs"]
     return {mode: costs[("model", 0)].pooled() for mode, costs in by_mode.items()}
