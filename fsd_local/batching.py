@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -14,10 +15,11 @@ from time import perf_counter
 from typing import Any
 
 from fsd_local.chain import Chain
+from fsd_local.drafting.batch_drafts import NOTHING, draft_all
 from fsd_local.drafting.batch_length import BatchPlan, BatchPrices, plan_from_costs
 from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel
 from fsd_local.drafting.length import CATCH_UP_PRIOR, PENDING_MAX
-from fsd_local.drafting.proposer import MODEL, DraftPicks
+from fsd_local.drafting.proposer import MODEL
 from fsd_local.errors import ContextOverflowError, FSDError
 from fsd_local.generation import Generation
 from fsd_local.kernels.names import SPECULATIVE_MODES
@@ -27,8 +29,6 @@ from fsd_local.results import CancelToken, Piece
 from fsd_local.round import (
     Proposal,
     Step,
-    force,
-    forced_flags,
     forced_run,
     judge,
     new_buffers,
@@ -38,7 +38,6 @@ from fsd_local.round import (
 from fsd_local.round import slots as n_slots
 from fsd_local.settings import Settings
 
-NOTHING = Proposal(0, None, 0, 0.0)  # a sequence that drafts nothing this round: its plain step rides along
 # tokens of a prompt (or of a draft model's catch-up) one round evaluates beside the others' rows while other
 # calls are streaming: a joining call stalls them by one such decode at a time (docs/design.md, "Chunked prefill")
 PREFILL_CHUNK = 64
@@ -109,6 +108,7 @@ class Scheduler:
         self.k_counts: Counter[int] = Counter()  # the k each drafting-mode call drafted, a count per round it ran
         # (round, seq_id, role, tokens, calls that took a round beside it) of each chunk of a prompt or catch-up
         self.chunks: deque[tuple[int, int, str, int, int]] = deque(maxlen=4096)
+        self._held = 0  # calls waiting to run alone (`alone`): no call joins the batch meanwhile
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -118,10 +118,44 @@ class Scheduler:
         req = Request(prompt, s, cancel, dropped)
         with self._cond:
             self.waiting.append(req)
+            self._cond.notify_all()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="fsd-local-batch", daemon=True)
                 self._thread.start()
         return _pieces(req)
+
+    def takes(self, s: Settings) -> bool:
+        """Whether a batched round can run a call of these settings (else it runs `alone`)."""
+        try:
+            check_batchable(s, self.eng.across is not None)
+        except FSDError:
+            return False
+        return True
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Inside, no batched call is active and none joins: a call the batch cannot run runs by itself in
+        sequence 0, the other sequences' caches dropped; the batch resumes after."""
+        with self._cond:
+            self._held += 1
+        try:
+            while True:  # the active calls finish (none is admitted meanwhile)
+                self.eng._lock.acquire()
+                if not self.active:
+                    break
+                self.eng._lock.release()
+                time.sleep(0.005)
+            try:
+                for m in self.eng._models():
+                    for i in range(1, len(m.seqs)):
+                        m.drop(i)
+                yield
+            finally:
+                self.eng._lock.release()
+        finally:
+            with self._cond:
+                self._held -= 1
+                self._cond.notify_all()
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -151,6 +185,9 @@ class Scheduler:
                     self._stop_cancelled()
                     if self.active:
                         self._round()
+                if not self.active:  # calls wait while one runs alone: no spinning meanwhile
+                    with self._cond:
+                        self._cond.wait(0.01)
             except Exception as e:  # a failed batch decode: every call in it gets the error, the slots are freed
                 for sl in list(self.active):
                     self._leave(sl)
@@ -166,7 +203,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ joining and leaving
     def _admit(self) -> None:
-        while self.free and self.waiting:
+        while self.free and self.waiting and not self._held:
             with self._cond:
                 req = self.waiting.popleft()
             if req.closed.is_set():  # its reader is gone
@@ -232,7 +269,7 @@ class Scheduler:
                 b.decode()
         g.stats.prompt_seconds = perf_counter() - t0
 
-    def _chunk(self, m: Model) -> int:
+    def chunk_for(self, m: Model) -> int:
         """Tokens of a prompt or a catch-up one decode of m evaluates: a chunk while other calls stream."""
         return min(self.prefill_chunk, m.n_batch // 2) if len(self.active) > 1 else m.n_batch // 2
 
@@ -265,7 +302,7 @@ class Scheduler:
     # ------------------------------------------------------------------ one round of every active call
     def _round(self) -> None:
         target, tb = self.eng.target, self.batches["target"]
-        chunk = self._chunk(target)
+        chunk = self.chunk_for(target)
         behind = [(sl, len(sl.g.seq) - len(target.seqs[sl.g.seq_id])) for sl in self.active]
         slots = [sl for sl, n in behind if n <= chunk + 1]
         for sl, n in behind:  # a call whose prompt is not evaluated yet gets a chunk of it instead of a round
@@ -278,7 +315,7 @@ class Scheduler:
                 self.chunks.append((self.rounds, sl.g.seq_id, "target", chunk, len(slots)))
         prefill = tb.n
         t0 = perf_counter()
-        proposals = self._draft(slots, self._ks(slots, prefill))
+        proposals = draft_all(self, slots, self._ks(slots, prefill))
         for i, sl in enumerate(slots):  # ar verifies what a grammar forces as its proposal (round.forced_run)
             if not sl.g.speculative:
                 proposals[i] = forced_run(sl.g.ctx) or NOTHING
@@ -352,67 +389,6 @@ class Scheduler:
         if per_token <= 0.0:
             per_token = MODEL_DRAFT_COST_PRIOR * self.prices.verify.curve(1)[1]
         self.prices.draft.observe(1, per_token)
-
-    def _draft(self, slots: list[Slot], ks: list[int]) -> list[Proposal]:
-        """Every drafting call's proposal: its grammar's forced tokens first, then one draft decode per position for
-        all calls (the first also evaluating what each draft cache lacks), each call picking from its own row and its
-        grammar's run after each draft decoded with it next, as drafting/proposer.py does for one call."""
-        proposals = [NOTHING] * len(slots)
-        d: Model | None = self.eng.draft
-        if d is None:
-            return proposals
-        db, picks, used = self.batches["draft"], {}, {}
-        t0 = perf_counter()
-        for i, (sl, k) in enumerate(zip(slots, ks)):
-            if not sl.g.speculative:
-                continue
-            ctx, sid = sl.g.ctx, sl.g.seq_id
-            forced = force(ctx, 0, 0)  # no drafter proposes what the grammar forces
-            n = len(forced)
-            proposals[i] = Proposal(n, None, 0, 0.0, forced=forced_flags(ctx, n)) if n else NOTHING
-            behind, k, chunk = ctx.seq[len(d.seqs[sid]) :], max(0, min(k, ctx.room - n)), self._chunk(d)
-            try:
-                if k and len(behind) > chunk + 1:  # a long catch-up goes in chunks, drafting after it
-                    db.add(sid, behind[:chunk], "none")
-                    self.chunks.append((self.rounds, sid, "draft", chunk, len(slots)))
-                    k = 0
-                elif k:
-                    db.add(sid, [*behind, *forced], "last")
-                    picks[i], used[i] = DraftPicks(ctx, self.eng.n_vocab, k, n), n
-            except ContextOverflowError:  # no room in the draft's cells: this call drafts nothing this round
-                k = 0
-            self.k_counts[k] += 1
-        going = dict(picks)
-        while going or db.n:
-            rows_only = db.n == db.n_rows  # one token a sequence: a price for the batch policy
-            m, t = db.n_rows, perf_counter()
-            db.decode()
-            d.synchronize()
-            if rows_only:
-                self.prices.observe(self.prices.draft, m, perf_counter() - t)
-            going = {i: pk for i, pk in going.items() if self._next_draft(slots[i], pk, used, i)}
-        share = (perf_counter() - t0) / len(picks) if picks else 0.0
-        for i, pk in picks.items():
-            ctx = slots[i].g.ctx
-            proposals[i] = Proposal(pk.n, MODEL if pk.made else None, ks[i], share, forced=forced_flags(ctx, pk.n))
-        return proposals
-
-    def _next_draft(self, sl: Slot, pk: DraftPicks, used: dict[int, int], i: int) -> bool:
-        """One call's draft from its row of the last draft decode, and the grammar's run after it; whether it
-        drafts on (its draft and run then queued for the next decode)."""
-        ctx, sid, db = sl.g.ctx, sl.g.seq_id, self.batches["draft"]
-        tok = pk.pick(db.rows(sid)[-1])
-        if tok is None:
-            return False
-        run = force(ctx, pk.n, used[i])  # the grammar extends the proposal where it decides alone
-        pk.n, used[i] = pk.n + len(run), used[i] + len(run)
-        if pk.done or pk.n >= ctx.room:  # k drafts made, the grammar complete, or forced slots took the room
-            return False
-        try:
-            db.add(sid, [tok, *run], "last")
-        except ContextOverflowError:  # no room for the next draft: this call's drafts end here
-            return False
-        return True
 
     def _learn(self, sl: Slot, p: Proposal, step: Step) -> None:
         """A drafting call's outcome: its acceptance estimate, and adaptive's +2 / -1."""

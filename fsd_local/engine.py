@@ -116,6 +116,7 @@ class Engine:
         self._policy = Policy(CostStore.for_models(self.target, self.draft))
         self._proposer = Proposer(self.draft, self.n_vocab, self._policy.length, self.across)
         self._buffers_key: tuple | None = None  # the round buffers (owned here, lent to each call) fit these settings
+        self.parallel = parallel  # calls at once (a server's slots)
         self._batch = Scheduler(self, parallel) if parallel > 1 else None
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
         warm_chain()
@@ -157,9 +158,10 @@ class Engine:
         """Yield pieces as tokens are accepted; the last piece carries `.completion`. The engine's lock is held
         from the first piece until the stream ends or is closed: iterate it in one thread, to the end or close().
         With parallel > 1 calls from several threads run batched, each stream read in its own thread."""
+        s = self._settings(settings, overrides)
         if self._batch is not None:
-            return self._batch.submit(prompt, self._settings(settings, overrides), cancel)
-        return self._run(prompt, self._settings(settings, overrides), cancel)
+            return self._batch.submit(prompt, s, cancel) if self._batch.takes(s) else self._alone(prompt, s, cancel)
+        return self._run(prompt, s, cancel)
 
     def _settings(self, settings: Settings | None, overrides: Mapping[str, Any]) -> Settings:
         s = settings or self.defaults
@@ -215,9 +217,13 @@ class Engine:
         n_ctx = loaded_context(self)
         room = reply_room(s.max_tokens, n_ctx)
         tokens, dropped = fit_conversation(self.chat_prompt, messages, n_ctx, room, self.cached_tokens())
-        if self._batch is not None:
+        if self._batch is not None and self._batch.takes(s):
             return self._batch.submit(tokens, s, cancel, dropped)
-        return self._run(tokens, s, cancel, dropped)
+        return (
+            self._alone(tokens, s, cancel, dropped)
+            if self._batch is not None
+            else self._run(tokens, s, cancel, dropped)
+        )
 
     @property
     def batch(self) -> Scheduler | None:
@@ -291,6 +297,12 @@ class Engine:
         `models`: only these read it (their contexts bound it)."""
         self._check_open()
         return checked_ids(self, prompt, min(m.n_ctx for m in models) if models else None)
+
+    def _alone(self, prompt, s: Settings, cancel, dropped: int = 0) -> Generator[Piece, None, None]:
+        """A call the batch cannot run (draft-only, prompt lookup, ...): by itself, between the batch's calls."""
+        assert self._batch is not None
+        with self._batch.alone():
+            yield from self._run(prompt, s, cancel, dropped)
 
     def _run(self, prompt, s: Settings, cancel, dropped: int = 0) -> Generator[Piece, None, None]:
         with self._lock:

@@ -56,6 +56,11 @@ class EngineLike(Protocol):
         ...
 
     @property
+    def parallel(self) -> int:
+        """Generations it runs at once (batched in each round): the server's slots."""
+        ...
+
+    @property
     def state(self) -> str:
         """Whether generations can run: "ok" (an Engine always), "starting" or "restarting" while a model process
         loads, "failed" once the supervisor has given up."""

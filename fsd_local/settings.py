@@ -352,6 +352,10 @@ def _aliases(changes: dict[str, Any]) -> dict[str, Any]:
 # `fsd-local serve`: requests that may wait behind the running one before more get 503 (docs/server.md, "Load,
 # faults and crashes"): a desktop app with many tabs or agents queues dozens; Ollama's default holds 512
 SERVER_MAX_QUEUE = 512
+# `fsd-local serve --parallel`'s default: slots (requests generated at once, batched in each round), where the
+# shared context (--n-ctx) gives each at least SERVER_SLOT_CONTEXT tokens; llama-server's default is also 4
+SERVER_PARALLEL = 4
+SERVER_SLOT_CONTEXT = 1024
 
 FIELDS: tuple[Field, ...] = fields(Settings)
 NAMES = frozenset(f.name for f in FIELDS)

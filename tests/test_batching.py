@@ -15,7 +15,6 @@ import pytest
 from fsd_local import CancelToken, Engine
 from fsd_local.batching import BatchPrices
 from fsd_local.drafting.cost_model import VerifyCost
-from fsd_local.errors import FSDError
 from support.batchsim import F16_DRAFT, F16_TARGET, WIDE_DRAFT, WIDE_TARGET, extend
 from support.tinymodels import write_tiny_gguf
 from tests.test_forced import PROFILE
@@ -161,18 +160,38 @@ def test_forced_tokens_of_a_grammar_are_proposed_in_a_batch_as_alone(pairs, mode
 
 
 def test_a_bad_call_fails_alone(pairs):
-    """A prompt the context cannot hold and settings a batch cannot run are refused in words; the others run."""
+    """A prompt the context cannot hold is refused in words; the others run."""
     settings = {**GREEDY, **MODES["sd"]}
     with _engine(pairs["f32"], parallel=2) as eng:
-        with pytest.raises(FSDError, match="drafter='ngram'"):
-            eng.stream("x", drafter="ngram", **MODES["sd"])
-        with pytest.raises(FSDError, match="draft-only"):
-            eng.stream("x", mode="draft-only")
         good = eng.generate(PROMPTS[0], **settings)
         with pytest.raises(Exception, match="context"):
             eng.generate("the " * 3000, **settings)
         again = eng.generate(PROMPTS[0], **settings)
     assert good.token_ids == again.token_ids == _alone(pairs["f32"], PROMPTS[:1], settings)[0]
+
+
+def test_calls_a_batch_cannot_run_run_alone_between_its_calls(pairs):
+    """draft-only and prompt lookup beside three batched calls: each runs by itself (the batch waits, then goes
+    on), and every call writes its ids alone."""
+    per = [{**GREEDY, **MODES["fsd"]}, {**GREEDY, "mode": "draft-only"}, {**GREEDY, **MODES["sd"], "drafter": "ngram"}]
+    per.append({**GREEDY, **MODES["ar"]})
+    with _engine(pairs["f32"]) as eng:
+        alone = [eng.generate(p, **kw).token_ids for p, kw in zip(PROMPTS, per)]
+    with _engine(pairs["f32"], parallel=4) as eng:
+        assert [eng.batch.takes(eng._settings(None, kw)) for kw in per] == [True, False, False, True]
+        out = [None] * 4
+
+        def run(i):
+            out[i] = eng.generate(PROMPTS[i], **per[i]).token_ids
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        eng.batch.join(30)
+        assert sorted(eng.batch.free) == [0, 1, 2, 3] and not eng.batch.active
+    assert out == alone
 
 
 def _injected(eng, verify, draft, n):

@@ -68,6 +68,14 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
         ),
         "onehot_speed": (["--n", "4096", "--repeats", "2"], "one-hot divergences, n=4096"),
         "policy_cost": (["--k-max", "4", "--rounds", "5"], "us a round (k_max 4"),
+        "serve_load": (
+            pair
+            + TINY
+            + ["--ctx", "512", "--clients", "2", "--requests", "2", "--prompts", "1", "--tokens", "4", "--modes", "ar"]
+            + ["--alone", "1", "--repeats", "1", "--base", str(ROOT), "--soak", "8", "--warmup", "2"]
+            + ["--soak-tokens", "4"],
+            "; 5xx: 0",
+        ),
         "serve_overhead": (pair + TINY + ["--repeats", "1", "--max-tokens", "4", "--restarts", "1"], "restart_seconds"),
         "sampled_overhead": (
             pair + TINY + ["--repeats", "1", "--tokens", "4", "--prompts", "1", "--light", "--against", str(ROOT)],

@@ -377,7 +377,7 @@ def test_metrics_in_prometheus_text_format(server, client):
 # ---------------------------------------------------------------------------------------------- the command
 def test_fsd_local_serve_command(tiny_pair):
     d, t = tiny_pair
-    proc, url = start_serve(d, t, "--api-key", "k", "--max-queue", "3", "--tau", "0.25")
+    proc, url = start_serve(d, t, "--api-key", "k", "--max-queue", "3", "--tau", "0.25", "--parallel", "2")
     try:
 
         def up():
@@ -388,7 +388,8 @@ def test_fsd_local_serve_command(tiny_pair):
                 return False
 
         wait_for(up, "fsd-local serve to listen")
-        assert httpx.get(url + "/health", timeout=TIMEOUT).json()["queue"]["max_queue"] == 3
+        h = httpx.get(url + "/health", timeout=TIMEOUT).json()
+        assert h["queue"]["max_queue"] == 3 and [s["state"] for s in h["slots"]] == ["idle", "idle"]
         c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
         r = c.completions.create(model=os.path.basename(t), prompt="abc", max_tokens=5)
         assert r.model_extra["fsd"]["settings"]["tau"] == 0.25  # the command's options are the defaults
@@ -398,3 +399,10 @@ def test_fsd_local_serve_command(tiny_pair):
         out, _ = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 130, out  # Ctrl-C: a clean shutdown, then the conventional exit code
     assert "serving the OpenAI API on" in out and "Application shutdown complete" in out
+    assert "2 requests at once (--parallel), 3 more may wait (--max-queue)" in out
+
+
+def test_the_default_slots_follow_the_context():
+    from fsd_local.server.worker import default_parallel
+
+    assert [default_parallel(n) for n in (256, 1024, 2048, 3072, 4096, 32768)] == [1, 1, 2, 3, 4, 4]

@@ -12,10 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+from fsd_local import Engine
 from fsd_local.server import BackgroundServer
 from fsd_local.settings import CHAT_DEFAULTS, FIELDS, spec
 from support.serving import start_serve
@@ -411,5 +413,29 @@ def test_a_new_setting_appears_on_the_page_by_itself(server, tmp_path):
         _set_slider(browser, "tau", 0.3)
         assert browser.execute_script("return requestSettings()") == {**CHAT_DEFAULTS, "tau": 0.3}
         assert _text(browser, "set-quality_budget-value") == "off"
+    finally:
+        browser.quit()
+
+
+def test_the_page_shows_the_slots_and_the_queue(tiny_pair, tmp_path):
+    """The page's server box lists every slot of a two-slot server, idle, then the one a request holds while the
+    batch is paused (its mode and tokens), then idle again."""
+    d, t = tiny_pair
+    browser = _browser(tmp_path, 800, 900)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "mode": "ar"}
+    try:
+        with Engine(target=t, draft=d, n_ctx=2048, n_threads=1, parallel=2) as eng, BackgroundServer(eng) as srv:
+            browser.get(srv.url + "/")
+            idle = "#slots li[data-state='idle']"
+            _wait(lambda: len(browser.find_elements("css selector", idle)) == 2, "two idle slots")
+            assert _text(browser, "server-state") == "ok" and _text(browser, "queue-waiting") == "0"
+            with ThreadPoolExecutor(1) as pool:
+                with eng.batch.paused():  # the request holds its slot, its call waiting for the batch
+                    reply = pool.submit(httpx.post, srv.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+                    active = "#slots li[data-state='active']"
+                    _wait(lambda: browser.find_elements("css selector", active), "an active slot")
+                    assert _text(browser, "slots").startswith("slot 0: ar, 0/8 tokens")
+                assert reply.result().status_code == 200
+            _wait(lambda: len(browser.find_elements("css selector", idle)) == 2, "the slots idle again")
     finally:
         browser.quit()

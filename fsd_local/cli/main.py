@@ -124,7 +124,13 @@ def doctor(target, draft, pair, n_ctx, as_json):
     type=click.IntRange(0),
     default=SERVER_MAX_QUEUE,
     show_default=True,
-    help="requests that may wait behind the running one; more get 503 with Retry-After",
+    help="requests that may wait behind the running ones; more get 503 with Retry-After",
+)
+@click.option(
+    "--parallel",
+    type=click.IntRange(1, 64),
+    help="requests generated at once, batched in each round (slots; they share --ctx) [default: 4, fewer where "
+    "--ctx gives a slot under 1024 tokens]",
 )
 @click.option(
     "--model-name", help="model id reported by /v1/models (default: the pair's name or the target's file name)"
@@ -150,7 +156,7 @@ def doctor(target, draft, pair, n_ctx, as_json):
     help="also answer requests that name the server NAME in their Host header (repeatable; * globs, * = any; env "
     "FSD_LOCAL_HOSTS). Loopback names and the --host address always work; others are refused against DNS rebinding",
 )
-def serve(host, port, api_key, max_queue, model_name, in_process, allow_origins, allow_hosts, **kwargs):
+def serve(host, port, api_key, max_queue, parallel, model_name, in_process, allow_origins, allow_hosts, **kwargs):
     """An OpenAI-compatible HTTP server, Ollama's API on the same port and a chat page at /. The options are
     defaults that requests override; one pair answers whatever `model` a request names; the models run in a child
     process restarted if it crashes. docs/server.md has the details."""
@@ -159,9 +165,12 @@ def serve(host, port, api_key, max_queue, model_name, in_process, allow_origins,
     origins = [*allow_origins, *security.env_list(security.ORIGINS_ENV)]
     hosts = [*allow_hosts, *security.env_list(security.HOSTS_ENV)]
     settings = pop_settings(kwargs)
-    with load_engine(**kwargs, settings=settings, say=say, engine_class=None if in_process else Supervisor) as engine:
+    parallel = parallel or _server_part("worker").default_parallel(kwargs["n_ctx"])
+    supervisor = None if in_process else Supervisor
+    with load_engine(**kwargs, settings=settings, say=say, engine_class=supervisor, parallel=parallel) as engine:
         base = f"http://{host}:{port}"
         say(f"serving the OpenAI API on {base}/v1, Ollama's API on {base}/api and the chat page on {base}/")
+        say(f"{engine.parallel} requests at once (--parallel), {max_queue} more may wait (--max-queue)")
         from fsd_local.pairs.names import given_name  # --target qwen2.5:7b is served as "qwen2.5:7b"
 
         run_server(

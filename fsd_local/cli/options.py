@@ -345,6 +345,7 @@ def load_engine(
     draft_repack=None,
     engine_class=None,
     demo_precision="q4_1",
+    parallel=1,
 ):
     """The Engine (or `engine_class`, e.g. serve's Supervisor: same arguments) for the command's options."""
     from fsd_local.engine import Engine
@@ -393,4 +394,4 @@ def load_engine(
         say(placed)
     if say and not is_warm():
         say("compiling fsd-local's kernels with Numba (first run only, about 20 s on 2 cores)...")
-    return (engine_class or Engine)(target=t_opts, draft=d_opts, settings=settings)
+    return (engine_class or Engine)(target=t_opts, draft=d_opts, settings=settings, parallel=parallel)

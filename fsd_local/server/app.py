@@ -38,7 +38,7 @@ def create_app(
     shuts down only if `close_engine`; otherwise close it after the server has stopped. `host` is the address
     it listens on; with `allow_hosts` and `allow_origins` it says who may use it (security.py)."""
     name = model_name or Path(engine.target.path).stem
-    worker = Worker(max_queue)
+    worker = Worker(max_queue, engine.parallel)
     counters = Metrics()
     runner = Runner(engine, worker, counters)
     if engine.model_process is not None:

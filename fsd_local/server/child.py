@@ -1,16 +1,16 @@
-"""The model process of `fsd-local serve`: one Engine, started as `python -m fsd_local.server.child FD` and driven
-over that socket with pickled tuples (docs/design.md, "The server", lists them); it exits when the parent closes
-its end."""
+"""The model process of `fsd-local serve`: one Engine (its `parallel` calls batched), started as
+`python -m fsd_local.server.child FD` and driven over that socket with pickled tuples, every call's messages
+tagged with its id (docs/design.md, "The server", lists them); it exits when the parent closes its end."""
 
 from __future__ import annotations
 
 import dataclasses
 import faulthandler
 import os
-import queue
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 
@@ -19,11 +19,11 @@ def main(fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.enable()  # a crash in llama.cpp prints every thread's Python stack before the process dies
     conn = Connection(fd)
-    _, target, draft, settings = conn.recv()
+    _, target, draft, settings, parallel = conn.recv()
     try:
         from fsd_local.engine import Engine
 
-        engine = Engine(target=target, draft=draft, settings=settings)
+        engine = Engine(target=target, draft=draft, settings=settings, parallel=parallel)
     except Exception as exc:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         sys.exit(1)
@@ -33,42 +33,61 @@ def main(fd: int) -> None:
             {
                 "pid": os.getpid(),
                 "n_vocab": engine.n_vocab,
+                "parallel": engine.parallel,
                 "target": _info(engine.target),
                 "draft": _info(engine.draft),
             },
         )
     )
+    lock = threading.Lock()
 
-    jobs: queue.Queue = queue.Queue()
-    threading.Thread(target=_read, args=(conn, jobs), name="fsd-child-reader", daemon=True).start()
-    while True:
-        prompt, settings, cancel = jobs.get()
-        try:
-            for piece in engine.stream(prompt, cancel=cancel, settings=settings):
-                if piece.completion is None:
-                    conn.send(("piece", _fields(piece)))
-                else:
-                    conn.send(("done", piece.text, dataclasses.asdict(piece.completion), engine.cached_tokens()))
-        except Exception as exc:  # a failed generation, not a dead process: the parent answers it, we go on
-            conn.send(("error", type(exc).__name__, str(exc)))
+    def send(msg: tuple) -> None:
+        with lock:  # one message at a time on the socket, from every call's thread
+            conn.send(msg)
+
+    _read(conn, engine, send)
 
 
-def _read(conn: Connection, jobs: queue.Queue) -> None:
-    """Messages from the parent. Cancels must arrive while the main thread is busy generating, hence a thread;
-    each job gets its own CancelToken, made here, so a late cancel can only reach the job it was meant for."""
+def _read(conn: Connection, engine, send: Callable[[tuple], None]) -> None:
+    """Messages from the parent: each call runs in its own thread (the engine batches them, or takes them in
+    turn); a cancel reaches only the call whose id it names, by that call's own CancelToken."""
     from fsd_local.results import CancelToken
 
-    current = CancelToken()
+    cancels: dict[int, CancelToken] = {}
     try:
         while True:
             msg = conn.recv()
             if msg[0] == "generate":
-                current = CancelToken()
-                jobs.put((msg[1], msg[2], current))
-            elif msg[0] == "cancel":
-                current.cancel()
+                _, rid, prompt, settings = msg
+                token = cancels[rid] = CancelToken()
+                args = (engine, send, rid, prompt, settings, token, cancels)
+                threading.Thread(target=_generate, args=args, name=f"fsd-call-{rid}", daemon=True).start()
+            elif msg[0] == "cancel" and (stop := cancels.get(msg[1])) is not None:
+                stop.cancel()
     except (EOFError, OSError):  # the parent closed the connection or died: nobody is left to answer
         os._exit(0)
+
+
+def _generate(engine, send, rid: int, prompt, settings, cancel, cancels: dict) -> None:
+    """One call's pieces, then "done" (or "error": a failed call, not a dead process; the others go on)."""
+    try:
+        for piece in engine.stream(prompt, cancel=cancel, settings=settings):
+            if piece.completion is None:
+                send(("piece", rid, _fields(piece)))
+            else:
+                c = piece.completion
+                send(("done", rid, piece.text, dataclasses.asdict(c), _cached(engine, prompt, c.token_ids)))
+    except Exception as exc:
+        send(("error", rid, type(exc).__name__, str(exc)))
+    finally:
+        cancels.pop(rid, None)
+
+
+def _cached(engine, prompt, generated: list[int]) -> list[int]:
+    """What the call's sequence holds now: the target's cache alone, or with several sequences the call's ids."""
+    if engine.parallel == 1:
+        return engine.cached_tokens()
+    return [*prompt, *generated] if isinstance(prompt, list) else []
 
 
 def _fields(piece) -> dict:

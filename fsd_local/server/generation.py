@@ -4,7 +4,8 @@ or awaits its completion while watching for the client to leave (which cancels i
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import itertools
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
@@ -22,23 +23,43 @@ class Runner:
 
     def __init__(self, engine: EngineLike, worker: Worker, metrics: Metrics):
         self.engine, self.worker, self.metrics = engine, worker, metrics
+        self._ids = itertools.count(1)
 
-    def stream(self, prompt: list[int], settings: Settings, cancel: CancelToken) -> asyncio.Queue:
+    def about(self, path: str, prompt: list[int], settings: Settings, stream: bool) -> dict[str, Any]:
+        """A request as its slot reports it (/health, /api/ps, the page); `tokens` grows as it generates."""
+        return {
+            "id": next(self._ids),
+            "path": path,
+            "mode": settings.mode,
+            "stream": stream,
+            "prompt_tokens": len(prompt),
+            "max_tokens": settings.max_tokens,
+            "tokens": 0,
+        }
+
+    def _pieces(self, prompt: list[int], settings: Settings, cancel: CancelToken, about: dict[str, Any]):
+        """The generation's pieces, its slot's token count kept, its completion counted in the metrics."""
+        for piece in self.engine.stream(prompt, cancel=cancel, settings=settings):
+            about["tokens"] += len(piece.token_ids)
+            if piece.completion is not None:
+                self.metrics.observe(piece.completion)
+            yield piece
+
+    def stream(self, path: str, prompt: list[int], settings: Settings, cancel: CancelToken) -> asyncio.Queue:
         """Queue the generation; its pieces (the last carries .completion), or the exception that ended it,
         arrive on the returned queue. Raises APIError 503 at once when the queue is full."""
         pieces: asyncio.Queue[Piece | BaseException] = asyncio.Queue()
         loop = asyncio.get_running_loop()
+        about = self.about(path, prompt, settings, True)
 
         def job() -> None:
             try:
-                for piece in self.engine.stream(prompt, cancel=cancel, settings=settings):
-                    if piece.completion is not None:
-                        self.metrics.observe(piece.completion)
+                for piece in self._pieces(prompt, settings, cancel, about):
                     loop.call_soon_threadsafe(pieces.put_nowait, piece)
             except Exception as exc:  # handed to the response, which tells the client
                 loop.call_soon_threadsafe(pieces.put_nowait, exc)
 
-        self.worker.submit(job, cancel)
+        self.worker.submit(job, cancel, about)
         return pieces
 
     async def whole(
@@ -46,13 +67,14 @@ class Runner:
     ) -> Completion | None:
         """Run the generation to its end; None when the client went away first (the generation is cancelled).
         An error of the generation is raised here."""
+        about = self.about(request.url.path, prompt, settings, False)
 
         def job() -> Completion:
-            c = self.engine.generate(prompt, cancel=cancel, settings=settings)
-            self.metrics.observe(c)
-            return c
+            *_, last = self._pieces(prompt, settings, cancel, about)
+            assert last.completion is not None
+            return last.completion
 
-        done = asyncio.wrap_future(self.worker.submit(job, cancel))
+        done = asyncio.wrap_future(self.worker.submit(job, cancel, about))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)

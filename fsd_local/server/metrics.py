@@ -77,7 +77,11 @@ class Metrics:
             "fsd_queue_requests", "Requests admitted to the generation queue, by state.", ["state"], registry=r
         )
         self._capacity = Gauge(
-            "fsd_queue_capacity", "Requests that may wait behind the running one (--max-queue).", registry=r
+            "fsd_queue_capacity", "Requests that may wait behind the running ones (--max-queue).", registry=r
+        )
+        self._slots = Gauge("fsd_slots", "Generation slots (--parallel), by state.", ["state"], registry=r)
+        self._slot_tokens = Gauge(
+            "fsd_slot_tokens", "Tokens generated so far by each slot's request (0: idle).", ["slot"], registry=r
         )
 
     def observe(self, c: Completion) -> None:
@@ -104,11 +108,16 @@ class Metrics:
         """Export the supervised model process's restarts and deaths (counted by the supervisor itself)."""
         self.registry.register(_ModelProcessCollector(process))
 
-    def render(self, running: int, waiting: int, capacity: int, accept: str | None = None) -> tuple[bytes, str]:
+    def render(self, worker: Worker, accept: str | None = None) -> tuple[bytes, str]:
         """(body, content type): the Prometheus text format, or OpenMetrics if the scraper's Accept asks for it."""
-        self._queue.labels("running").set(running)
-        self._queue.labels("waiting").set(waiting)
-        self._capacity.set(capacity)
+        self._queue.labels("running").set(worker.running)
+        self._queue.labels("waiting").set(worker.waiting)
+        self._capacity.set(worker.max_queue)
+        slots = worker.report()
+        for state in ("active", "idle"):
+            self._slots.labels(state).set(sum(s["state"] == state for s in slots))
+        for s in slots:
+            self._slot_tokens.labels(str(s["id"])).set(s["request"]["tokens"] if "request" in s else 0)
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
 
@@ -155,6 +164,7 @@ def install(app: FastAPI, metrics: Metrics, engine: EngineLike, worker: Worker, 
             "status": state,
             "model": name,
             "queue": {"running": worker.running, "waiting": worker.waiting, "max_queue": worker.max_queue},
+            "slots": worker.report(),
         }
         if reason:
             body["reason"] = reason
@@ -164,9 +174,7 @@ def install(app: FastAPI, metrics: Metrics, engine: EngineLike, worker: Worker, 
 
     @app.get("/metrics", dependencies=guarded)
     async def prometheus(request: Request) -> Response:
-        body, content_type = metrics.render(
-            worker.running, worker.waiting, worker.max_queue, request.headers.get("accept")
-        )
+        body, content_type = metrics.render(worker, request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
 

@@ -47,7 +47,8 @@ def install(app: FastAPI, runner: Runner, guarded: list[Any], name: str) -> None
 
     @app.get("/api/ps", dependencies=guarded)
     async def ps() -> dict[str, Any]:
-        return {"models": [ollama_models.running(engine, name)]}
+        worker = runner.worker
+        return {"models": [ollama_models.running(engine, name, worker.report(), worker.waiting)]}
 
     @app.post("/api/show", dependencies=guarded)
     async def show(request: Request) -> dict[str, Any]:

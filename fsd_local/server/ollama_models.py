@@ -104,8 +104,9 @@ def tag(engine: EngineLike, name: str) -> dict[str, Any]:
     }
 
 
-def running(engine: EngineLike, name: str) -> dict[str, Any]:
-    """The pair's entry in /api/ps (size_vram 0: fsd-local does not report where llama.cpp placed layers)."""
+def running(engine: EngineLike, name: str, slots: list[dict[str, Any]], waiting: int) -> dict[str, Any]:
+    """The pair's entry in /api/ps (size_vram 0: fsd-local does not report where llama.cpp placed layers); its
+    slots and queue in fsd-local's extension field."""
     path = engine.target.path
     return {
         "name": ollama_name(name),
@@ -116,7 +117,7 @@ def running(engine: EngineLike, name: str) -> dict[str, Any]:
         "expires_at": NEVER,
         "size_vram": 0,
         "context_length": engine.target.n_ctx,
-        "fsd": _pair(engine),
+        "fsd": {**_pair(engine), "slots": slots, "waiting": waiting},
     }
 
 

@@ -94,7 +94,7 @@ async def respond(
     before it was ready). A client that goes away cancels the generation at its next round."""
     cancel = CancelToken()
     if stream:
-        pieces = runner.stream(job.prompt, job.settings, cancel)
+        pieces = runner.stream(request.url.path, job.prompt, job.settings, cancel)
         body = _stream(answer, encoder, request.url.path, pieces, cancel)
         return StreamingResponse(
             body, media_type=encoder.media_type, headers={**encoder.headers, **(job.headers() or {})}

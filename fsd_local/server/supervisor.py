@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.prompting import chat_ids, checked_ids
 from fsd_local.results import CancelToken, Completion, Piece, final_completion
+from fsd_local.server.child_link import DIED, ChildLink
 from fsd_local.server.process_errors import ModelProcessDied, ModelProcessError, ModelUnavailable, _how, describe_exit  # noqa: F401
 from fsd_local.settings import Settings
 from fsd_local.stats import Stats
@@ -50,19 +52,6 @@ class _StartFailed(Exception):
         self.cause = cause
 
 
-class _Child:
-    """One model process: its Popen, its end of the socket, and (once it ended) how it ended."""
-
-    def __init__(self, proc: subprocess.Popen, conn: Connection):
-        self.proc, self.conn = proc, conn
-        self.info: dict[str, Any] = {}
-        self.ready_at = 0.0
-        self.healthy = False  # completed a generation: it works, so its death is not part of a crash loop
-        self.lock = threading.Lock()  # held by the generation using conn; one at a time, as in Engine
-        self.exited = threading.Event()
-        self.cause = ""
-
-
 class Supervisor:
     """A draft/target pair in a supervised child process, with the Engine surface the server uses:
     `with Supervisor(target=ModelOptions("big.gguf"), draft=..., tau=0.2) as sup:` then `sup.generate(prompt)`."""
@@ -78,6 +67,7 @@ class Supervisor:
         max_failures: int = 5,
         healthy_after_s: float = 30.0,
         start_timeout_s: float | None = None,
+        parallel: int = 1,
         **setting_overrides: Any,
     ):
         self.defaults = (settings or Settings()).with_(**setting_overrides)
@@ -85,6 +75,7 @@ class Supervisor:
         self._draft_opts = draft if draft is None or isinstance(draft, ModelOptions) else ModelOptions(path=str(draft))
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.max_failures, self.healthy_after_s, self.start_timeout_s = max_failures, healthy_after_s, start_timeout_s
+        self.parallel = parallel  # calls the model process runs at once, batched (Engine(parallel=N))
         self.state: str = "starting"
         self.reason: str | None = None  # ok | restarting | failed (reason: why, for /health)
         self.restarts, self.deaths = 0, Counter[str]()  # for /metrics
@@ -192,9 +183,6 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             child.proc.kill()
             child.proc.wait()
-        if child.lock.acquire(timeout=10):
-            child.conn.close()
-            child.lock.release()
         with self._vocab_lock:
             self._vocab.close()
 
@@ -215,46 +203,52 @@ class Supervisor:
             if child is None:  # cancelled while the child restarted: nothing ran, nothing to run
                 yield Piece("", [], [], self._cancelled(prompt, settings))
                 return
-            last = None
-            with child.lock:
-                if child.exited.is_set():  # died while we waited for the lock: wait for its successor
-                    continue
-                ended = False
-                try:
-                    child.conn.send(("generate", prompt, settings))
-                    forwarded = False
-                    while True:
-                        if not forwarded and cancel is not None and cancel.is_set():
-                            child.conn.send(("cancel",))
-                            forwarded = True
-                        if not child.conn.poll(0.05):  # a piece wakes this at once; the timeout only serves cancel
-                            continue
-                        msg = child.conn.recv()
-                        if msg[0] == "piece":
-                            yield Piece(**msg[1])
-                        elif msg[0] == "done":
-                            ended = child.healthy = True
-                            last = Piece(msg[1], [], [], Completion(**msg[2]))
-                            self._cached = msg[3]
-                            break
-                        else:  # "error": the generation failed, the child lives on
-                            ended = True
-                            raise _rebuild(msg[1], msg[2])
-                except (EOFError, OSError):
-                    ended = True
-                    raise self._died(child) from None
-                finally:
-                    if last is None:  # what the target holds now is not known: splice nothing into the next prompt
-                        self._cached = []
-                    if not ended:  # the consumer stopped reading (or an error here): leave the child idle
-                        self._abandon(child)
-                    if child.exited.is_set():
-                        child.conn.close()
-            # outside the lock: a caller that stops at the completion (generate) need not close the stream
+            call = child.open()
+            if call is None:  # it died before this call could start: wait for its successor
+                continue
+            rid, messages = call
+            last, ended = None, False
+            try:
+                child.send(("generate", rid, prompt, settings))
+                last = yield from self._pieces(child, rid, messages, cancel)
+                ended = True
+            except (EOFError, OSError):
+                ended = True
+                raise self._died(child) from None
+            except Exception:  # the call's own error: it ended in the child (GeneratorExit is no Exception)
+                ended = True
+                raise
+            finally:
+                if last is None:  # what the target holds now is not known: splice nothing into the next prompt
+                    self._cached = []
+                child.forget(rid, cancel=not ended)  # the consumer stopped reading: the child stops the call
+            # outside the call: a caller that stops at the completion (generate) need not close the stream
             yield last
             return
 
-    def _ready_child(self, cancel: CancelToken | None) -> _Child | None:
+    def _pieces(self, child: ChildLink, rid: int, messages: queue.Queue, cancel: CancelToken | None):
+        """The call's pieces as the child sends them; returns its last piece (the completion's)."""
+        forwarded = False
+        while True:
+            if not forwarded and cancel is not None and cancel.is_set():
+                child.send(("cancel", rid))
+                forwarded = True
+            try:
+                msg = messages.get(timeout=0.05)  # a piece wakes this at once; the timeout only serves cancel
+            except queue.Empty:
+                continue
+            if msg[0] == "piece":
+                yield Piece(**msg[2])
+            elif msg[0] == "done":
+                child.healthy = True
+                self._cached = msg[4]
+                return Piece(msg[2], [], [], Completion(**msg[3]))
+            elif msg is DIED:
+                raise self._died(child)
+            else:  # "error": the call failed, the child and its other calls live on
+                raise _rebuild(msg[2], msg[3])
+
+    def _ready_child(self, cancel: CancelToken | None) -> ChildLink | None:
         with self._cond:
             while True:
                 if self._closed:
@@ -267,7 +261,7 @@ class Supervisor:
                     return None
                 self._cond.wait(0.1)
 
-    def _died(self, child: _Child) -> ModelProcessError:
+    def _died(self, child: ChildLink) -> ModelProcessError:
         if not child.exited.wait(10):  # it closed the socket but lives on: end it, it cannot be trusted
             child.proc.kill()
             child.exited.wait(10)
@@ -277,19 +271,6 @@ class Supervisor:
             f"the model process died ({_how(child.cause)}) while generating this response; "
             "it is being restarted: retry the request"
         )
-
-    def _abandon(self, child: _Child) -> None:
-        """Cancel the child's generation and read it to its end, so the next one starts on a clean stream."""
-        try:
-            child.conn.send(("cancel",))
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                if child.conn.poll(0.1) and child.conn.recv()[0] in ("done", "error"):
-                    return
-            log.error("the model process did not stop a cancelled generation within 30 s; restarting it")
-            child.proc.kill()
-        except (EOFError, OSError):
-            pass  # it died: the watcher restarts it
 
     def _cancelled(self, prompt, settings: Settings) -> Completion:
         n = len(self.tokenize(prompt)) if isinstance(prompt, str) else len(prompt)
@@ -303,7 +284,7 @@ class Supervisor:
         )
 
     # ------------------------------------------------------------------ the child's life
-    def _spawn(self) -> _Child:
+    def _spawn(self) -> ChildLink:
         """Start a model process and wait until it has loaded the models; _StartFailed says how it failed."""
         ours, theirs = socket.socketpair()
         try:
@@ -315,11 +296,11 @@ class Supervisor:
             )
         finally:
             theirs.close()  # the child holds the only other copy: when it dies, reading ours gives EOF
-        child = _Child(proc, Connection(ours.detach()))
+        child = ChildLink(proc, Connection(ours.detach()))
         t0 = time.monotonic()
         msg, stuck = None, False
         try:
-            child.conn.send(("start", self._target_opts, self._draft_opts, self.defaults))
+            child.conn.send(("start", self._target_opts, self._draft_opts, self.defaults, self.parallel))
             while not child.conn.poll(0.1):
                 if self._closed or (self.start_timeout_s and time.monotonic() - t0 > self.start_timeout_s):
                     stuck = True
@@ -331,6 +312,7 @@ class Supervisor:
         if msg is not None and msg[0] == "ready":
             child.info, child.ready_at = msg[1], time.monotonic()
             self.last_start_seconds = child.ready_at - t0
+            child.listen()
             return child
         if stuck:
             proc.kill()
@@ -343,18 +325,18 @@ class Supervisor:
         detail = msg[1] if msg is not None and msg[0] == "failed" else ("start timed out" if stuck else None)
         raise _StartFailed(describe_exit(code), detail)
 
-    def _publish(self, child: _Child) -> bool:
+    def _publish(self, child: ChildLink) -> bool:
         """Make a ready child the one that serves; False (and the child is stopped) if closing meanwhile."""
         info = child.info
         self.target = ModelInfo(**info["target"])  # as loaded: the context may be larger than the one asked for
         self.draft = ModelInfo(**info["draft"]) if info["draft"] else None
         self.n_vocab = info["n_vocab"]  # the shared vocabulary
+        self.parallel = info["parallel"]
         self._cached = []  # a new child holds nothing
         with self._cond:
             if self._closed:
-                child.proc.kill()
+                child.proc.kill()  # its link's reader closes the socket at the EOF this gives
                 child.proc.wait()
-                child.conn.close()
                 return False
             self._child, self.state, self.reason = child, "ok", None
             self._cond.notify_all()
@@ -375,9 +357,6 @@ class Supervisor:
                 self.state, self.reason = "restarting", f"the model process died ({_how(child.cause)}); restarting it"
                 self._cond.notify_all()
             child.exited.set()
-            if child.lock.acquire(blocking=False):  # else the generation using it closes it when it ends
-                child.conn.close()
-                child.lock.release()
             log.error("the model process (pid %d) died (%s); restarting it", child.proc.pid, _how(child.cause))
             if not self._restart(_how(child.cause)):
                 return

@@ -433,6 +433,27 @@ function showTip(event) {
   tip.style.top = y + "px";
 }
 
+// the server's slots (requests generated at once) and its queue, from /health every 2 s
+async function showServer() {
+  try {
+    const response = await fetch("/health");
+    const h = await response.json();
+    $("server-state").textContent = h.status;
+    $("queue-waiting").textContent = h.queue ? String(h.queue.waiting) : "–";
+    const list = $("slots");
+    list.replaceChildren(...(h.slots || []).map((slot) => {
+      const item = document.createElement("li");
+      item.dataset.state = slot.state;
+      const r = slot.request;
+      item.textContent = r ? `slot ${slot.id}: ${r.mode}, ${r.tokens}/${r.max_tokens} tokens, ${r.seconds.toFixed(1)} s`
+        : `slot ${slot.id}: idle`;
+      return item;
+    }));
+  } catch (e) {
+    $("server-state").textContent = "unreachable";
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   $("api-key").value = localStorage.getItem(KEY_STORE) || "";
   $("api-key").addEventListener("change", () => {
@@ -452,4 +473,6 @@ document.addEventListener("DOMContentLoaded", () => {
   if (window.matchMedia("(max-width: 760px)").matches) $("controls-box").open = false;
   drawChart([]);
   loadSettings();
+  showServer();
+  setInterval(showServer, 2000);
 });
