@@ -37,7 +37,7 @@ def child(a) -> dict:
             prompt = json.loads(CHAT_PROMPTS.read_text().splitlines()[c])["prompt"]
             for n, _ in enumerate(eng.stream(prompt, max_tokens=a.tokens, **settings)):
                 times[c].append(perf_counter())
-                if n == 8:
+                if n == min(8, a.tokens // 4):
                     streaming.wait(60)
 
         threads = [threading.Thread(target=client, args=(c,)) for c in range(3)]

@@ -1,23 +1,21 @@
 """The draft half of a batched round (batching.py): every drafting call's proposal from one draft decode per draft
-position for all of them, as drafting/proposer.py drafts for one call; a long catch-up goes in chunks."""
+position for all of them, as drafting/proposer.py drafts for one call; a long catch-up goes in chunks. `sch` is
+batching.Scheduler and each slot its Slot (a layer above: named, not imported)."""
 
 from __future__ import annotations
 
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import Any
 
 from fsd_local.drafting.proposer import MODEL, DraftPicks
 from fsd_local.errors import ContextOverflowError
 from fsd_local.llama.model import Model
 from fsd_local.round import Proposal, force, forced_flags
 
-if TYPE_CHECKING:
-    from fsd_local.batching import Scheduler, Slot
-
 NOTHING = Proposal(0, None, 0, 0.0)  # a call that drafts nothing this round: its plain step rides along
 
 
-def draft_all(sch: Scheduler, slots: list[Slot], ks: list[int]) -> list[Proposal]:
+def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
     """Every drafting call's proposal: its grammar's forced tokens first, then one draft decode per position for
     all calls (the first also evaluating what each draft cache lacks), each call picking from its own row and its
     grammar's run after each draft decoded with it next, as drafting/proposer.py does for one call."""
@@ -62,7 +60,7 @@ def draft_all(sch: Scheduler, slots: list[Slot], ks: list[int]) -> list[Proposal
     return proposals
 
 
-def _next_draft(sch: Scheduler, sl: Slot, pk: DraftPicks, used: dict[int, int], i: int) -> bool:
+def _next_draft(sch: Any, sl: Any, pk: DraftPicks, used: dict[int, int], i: int) -> bool:
     """One call's draft from its row of the last draft decode, and the grammar's run after it; whether it
     drafts on (its draft and run then queued for the next decode)."""
     ctx, sid, db = sl.g.ctx, sl.g.seq_id, sch.batches["draft"]
