@@ -1,10 +1,11 @@
 """Several clients on one Engine at once (issue 42's goals, through the Python API): each client a thread sending
 chat requests (the chat prompts, max_tokens each) to one Engine, on an Engine with parallel=N (batched) and on
 one with parallel=1 (the same requests taking turns); aggregate tokens per second = every reply's tokens / wall
-seconds from the first request to the last reply. Each configuration in a fresh process with no cost store
-(FSD_LOCAL_COSTS=off: EMPTY), interleaved per repeat; ratios printed side by side.
+seconds from the first request to the last reply; with --alone also one client on the parallel=N Engine (the
+batch machinery with no load). Each configuration in a fresh process with no cost store (FSD_LOCAL_COSTS=off:
+EMPTY), interleaved per repeat; ratios side by side, and how often the batch drafted each k (a call a round).
 
-    python benchmarks/batch_clients.py --demo f16 --clients 4 --requests 8 --tokens 64 --modes ar,fsd
+    python benchmarks/batch_clients.py --demo f16 --clients 4 --requests 8 --tokens 64 --modes ar,fsd --alone
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ MODES = {
 def child(a) -> dict:
     from fsd_local import Engine
 
-    parallel, mode = a.child.split(":")
+    parallel, mode, clients = (a.child + ":0").split(":")[:3]
+    n_clients = int(clients) or a.clients
     prompts = [json.loads(line)["prompt"] for line in CHAT_PROMPTS.read_text().splitlines() if line.strip()]
     prompts = prompts[: a.prompts]
     settings = {**MODES[mode], "max_tokens": a.tokens, "temperature": 0.0, "ignore_eos": True}
@@ -38,7 +40,7 @@ def child(a) -> dict:
         eng.chat([{"role": "user", "content": "Hi"}], **{**settings, "max_tokens": 4})  # untimed: first touches
         todo = list(range(a.requests))
         lock = threading.Lock()
-        tokens = [0] * a.clients
+        tokens = [0] * n_clients
 
         def client(c: int) -> None:
             while True:
@@ -49,14 +51,15 @@ def child(a) -> dict:
                 msg = [{"role": "user", "content": prompts[r % len(prompts)]}]
                 tokens[c] += len(eng.chat(msg, **settings).token_ids)
 
-        threads = [threading.Thread(target=client, args=(c,)) for c in range(a.clients)]
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(n_clients)]
         t0 = perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         wall = perf_counter() - t0
-    return {"tokens": sum(tokens), "seconds": wall, "rate": sum(tokens) / wall}
+        ks = dict(sorted(eng.batch.k_counts.items())) if eng.batch is not None else {}
+    return {"tokens": sum(tokens), "seconds": wall, "rate": sum(tokens) / wall, "ks": ks}
 
 
 def main() -> None:
@@ -71,6 +74,7 @@ def main() -> None:
     ap.add_argument("--modes", default="ar,fsd")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--alone", action="store_true", help="also one client on the parallel=N Engine")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.target is None:
@@ -82,6 +86,7 @@ def main() -> None:
         print(json.dumps(child(a)))
         return
     configs = [f"{p}:{m}" for m in a.modes.split(",") for p in (1, a.clients)]
+    configs += [f"{a.clients}:{m}:1" for m in a.modes.split(",")] if a.alone else []
     print(f"target {a.target}\ndraft {a.draft}\n{a.clients} clients, {a.requests} requests x {a.tokens} tokens")
     print("cost store EMPTY (FSD_LOCAL_COSTS=off), each configuration a fresh process, greedy, ignore_eos")
     rates: dict[str, list[float]] = {c: [] for c in configs}
@@ -96,16 +101,22 @@ def main() -> None:
                 sys.exit(f"{c} failed:\n{out.stderr[-3000:]}")
             res = json.loads(out.stdout.strip().splitlines()[-1])
             rates[c].append(res["rate"])
-            print(f"repeat {r} {c:>8}: {res['tokens']} tokens in {res['seconds']:.2f} s = {res['rate']:.1f} tok/s")
+            ks = " ".join(f"k{k}:{n}" for k, n in res["ks"].items())
+            print(
+                f"repeat {r} {c:>8}: {res['tokens']} tokens in {res['seconds']:.2f} s = {res['rate']:.1f} tok/s", end=""
+            )
+            print(f" (batch's k, a call a round: {ks})" if ks else "")
     mean = {c: sum(v) / len(v) for c, v in rates.items()}
-    print("\nconfig (parallel:mode) | tok/s (mean)")
+    print("\nconfig (parallel:mode[:clients]) | tok/s (mean)")
     for c in configs:
-        print(f"{c:>22} | {mean[c]:.1f}")
+        print(f"{c:>32} | {mean[c]:.1f}")
     n = a.clients
     for m in a.modes.split(","):
         print(f"{m}: {n} at once / one at a time = {mean[f'{n}:{m}'] / mean[f'1:{m}']:.2f}")
         if m != "ar" and f"{n}:ar" in mean:
             print(f"{m} at {n} at once / ar at {n} at once = {mean[f'{n}:{m}'] / mean[f'{n}:ar']:.2f}")
+        if f"{n}:{m}:1" in mean:
+            print(f"{m}: one client, parallel={n} / parallel=1 = {mean[f'{n}:{m}:1'] / mean[f'1:{m}']:.3f}")
 
 
 if __name__ == "__main__":

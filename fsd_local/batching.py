@@ -7,7 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,9 +15,11 @@ from time import perf_counter
 from typing import Any
 
 from fsd_local.chain import Chain
-from fsd_local.drafting.batch_length import BatchPlan, plan_from_costs
-from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost
-from fsd_local.drafting.proposer import MODEL, DraftPicks
+from fsd_local.drafting.batch_drafts import NOTHING, draft_all
+from fsd_local.drafting.batch_length import BatchPlan, BatchPrices, plan_from_costs
+from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel
+from fsd_local.drafting.length import CATCH_UP_PRIOR, PENDING_MAX
+from fsd_local.drafting.proposer import MODEL
 from fsd_local.errors import ContextOverflowError, FSDError
 from fsd_local.generation import Generation
 from fsd_local.kernels.names import SPECULATIVE_MODES
@@ -27,8 +29,6 @@ from fsd_local.results import CancelToken, Piece
 from fsd_local.round import (
     Proposal,
     Step,
-    force,
-    forced_flags,
     forced_run,
     judge,
     new_buffers,
@@ -38,7 +38,12 @@ from fsd_local.round import (
 from fsd_local.round import slots as n_slots
 from fsd_local.settings import Settings
 
-NOTHING = Proposal(0, None, 0, 0.0)  # a sequence that drafts nothing this round: its plain step rides along
+# tokens of a prompt (or of a draft model's catch-up) one round evaluates beside the others' rows while other
+# calls are streaming: a joining call stalls them by one such decode at a time (docs/design.md, "Chunked prefill")
+PREFILL_CHUNK = 64
+# rounds a plan of no drafts holds while the same calls run and nothing is prefilled: no draft, no new acceptance
+# evidence, so only the slowly moving prices could change it (and the search costs ~2% of a round of 4 on this host)
+HOLD_PLAIN = 16
 
 
 def check_batchable(s: Settings, across: bool = False) -> None:
@@ -58,18 +63,6 @@ def check_batchable(s: Settings, across: bool = False) -> None:
         )
 
 
-class BatchPrices:
-    """What the batch policy prices a round by: seconds of a target decode of n rows and of a draft decode of m
-    rows, learned from the batch's own decodes unless `frozen` (a test's injected costs)."""
-
-    def __init__(self, verify: VerifyCost, draft: VerifyCost | None = None, frozen: bool = False) -> None:
-        self.verify, self.draft, self.frozen = verify, draft if draft is not None else VerifyCost(), frozen
-
-    def observe(self, curve: VerifyCost, n: int, seconds: float) -> None:
-        if not self.frozen:
-            curve.observe(n, seconds)
-
-
 @dataclass(eq=False)
 class Request:
     """A call waiting for a slot, and the queue its pieces (then a final piece, or an exception) go to."""
@@ -84,11 +77,13 @@ class Request:
 
 @dataclass(eq=False)
 class Slot:
-    """An active call: its generation (in KV sequence g.seq_id), its acceptance estimate and adaptive k."""
+    """An active call: its generation (in KV sequence g.seq_id), its acceptance estimate and adaptive k, and the
+    engine's evidence under its settings (`shared`), which its outcomes feed for the calls after it."""
 
     req: Request
     g: Generation
     cm: CostModel | None
+    shared: CostModel | None
     k: int
     clock: Any
 
@@ -108,6 +103,11 @@ class Scheduler:
         self.plans: deque[tuple[int, BatchPlan]] = deque(maxlen=256)
         self.rounds = 0
         self.peak = 0  # the most calls one round has advanced
+        self.prefill_chunk = PREFILL_CHUNK
+        self._plain: tuple[tuple[int, ...], int] | None = None  # (calls, round) of the last plan of no drafts
+        self.k_counts: Counter[int] = Counter()  # the k each drafting-mode call drafted, a count per round it ran
+        # (round, seq_id, role, tokens, calls that took a round beside it) of each chunk of a prompt or catch-up
+        self.chunks: deque[tuple[int, int, str, int, int]] = deque(maxlen=4096)
         self._held = 0  # calls waiting to run alone (`alone`): no call joins the batch meanwhile
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -225,12 +225,13 @@ class Scheduler:
             g = Generation(s, seq, models, eng.target, eng.n_vocab, budget, buffers, chain, req.dropped, seq_id=sid)
             for m in models:  # a batch reads every row on the host: no backend sampler picks (device_picks.py)
                 m.sampler.use(None)
-            cm = eng.policy.length.cost(MODEL).fork() if g.speculative else None
-            self._prefill(g)
+            shared = eng.policy.length.cost(MODEL) if g.speculative else None  # keyed by this call's settings
+            cm = shared.fork() if shared is not None else None
+            self._prefill(g, eager=not self.active)
         except BaseException:
             self.free.append(sid)
             raise
-        return Slot(req, g, cm, s.draft_max, g.stats.start_clock(eng.target, eng.draft))
+        return Slot(req, g, cm, shared, s.draft_max, g.stats.start_clock(eng.target, eng.draft))
 
     def _slot_for(self, seq: Sequence[int]) -> int:
         """The free sequence whose target cache shares the longest prefix with seq (a chat's next turn)."""
@@ -248,9 +249,10 @@ class Scheduler:
         self.free.remove(sid)
         return sid
 
-    def _prefill(self, g: Generation) -> None:
-        """Each model's sequence made to hold seq[:-1] (its common prefix kept), in decodes of n_batch tokens;
-        idle sequences' caches are dropped when the shared cells would not hold this call."""
+    def _prefill(self, g: Generation, eager: bool) -> None:
+        """Each model's sequence cut to its common prefix with seq (idle sequences' caches dropped when the shared
+        cells would not hold this call); with `eager` (no other call streams) the target evaluates the rest now,
+        else rounds do in chunks (`_round`); the draft model catches up when a round drafts for this call."""
         t0 = perf_counter()
         for m in g.models:
             need = len(g.seq) + g.s.max_tokens + g.s.draft_max
@@ -258,13 +260,18 @@ class Scheduler:
                 for i in self.free:
                     m.drop(i)
             todo = g.seq[m.keep_common_prefix(g.seq, 0, g.seq_id) : -1]
+            if m is not g.models[0]:
+                continue
+            g.stats.prompt_evaluated = len(todo) + 1
             b = self.batches[m.role]
-            for i in range(0, len(todo), m.n_batch):
+            for i in range(0, len(todo), m.n_batch) if eager else ():
                 b.add(g.seq_id, todo[i : i + m.n_batch], "none")
                 b.decode()
-            if m is g.models[0]:
-                g.stats.prompt_evaluated = len(todo) + 1
         g.stats.prompt_seconds = perf_counter() - t0
+
+    def chunk_for(self, m: Model) -> int:
+        """Tokens of a prompt or a catch-up one decode of m evaluates: a chunk while other calls stream."""
+        return min(self.prefill_chunk, m.n_batch // 2) if len(self.active) > 1 else m.n_batch // 2
 
     def _stop_cancelled(self) -> None:
         """Calls cancelled (their own token, a closed stream, Engine.cancel for all) or at their length end."""
@@ -294,13 +301,25 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one round of every active call
     def _round(self) -> None:
-        slots, target = list(self.active), self.eng.target
+        target, tb = self.eng.target, self.batches["target"]
+        chunk = self.chunk_for(target)
+        behind = [(sl, len(sl.g.seq) - len(target.seqs[sl.g.seq_id])) for sl in self.active]
+        slots = [sl for sl, n in behind if n <= chunk + 1]
+        for sl, n in behind:  # a call whose prompt is not evaluated yet gets a chunk of it instead of a round
+            if n > chunk + 1:
+                try:
+                    tb.add(sl.g.seq_id, sl.g.seq[-n : chunk - n], "none")
+                except ContextOverflowError:  # the shared cells are full: this call ends at its length
+                    self._finish(sl, "length")
+                    continue
+                self.chunks.append((self.rounds, sl.g.seq_id, "target", chunk, len(slots)))
+        prefill = tb.n
         t0 = perf_counter()
-        proposals = self._draft(slots, self._ks(slots))
+        proposals = draft_all(self, slots, self._ks(slots, prefill))
         for i, sl in enumerate(slots):  # ar verifies what a grammar forces as its proposal (round.forced_run)
             if not sl.g.speculative:
                 proposals[i] = forced_run(sl.g.ctx) or NOTHING
-        tb, live = self.batches["target"], []
+        live = []
         for sl, p in zip(slots, proposals):
             part = target_input(sl.g.ctx, len(target.seqs[sl.g.seq_id]), p)
             try:
@@ -309,12 +328,13 @@ class Scheduler:
                 self._finish(sl, "length")
                 continue
             live.append((sl, p))
-        n = tb.n
+        n, rows_only = tb.n, tb.n == tb.n_rows  # a decode of verify rows alone prices them
         t = perf_counter()
         tb.decode()
         target.synchronize()
         seconds = perf_counter() - t
-        self.prices.observe(self.prices.verify, n, seconds)
+        if rows_only:
+            self.prices.observe(self.prices.verify, n, seconds)
         self.rounds += 1
         self.peak = max(self.peak, len(live))
         for sl, p in live:
@@ -333,19 +353,33 @@ class Scheduler:
             if finish is not None:
                 self._finish(sl, finish)
 
-    def _ks(self, slots: list[Slot]) -> list[int]:
-        """Each call's k: fixed or adaptive as its settings say; `auto` calls by the batch policy, the others'
-        rows priced as plain steps."""
+    def _ks(self, slots: list[Slot], prefill: int) -> list[int]:
+        """Each call's k: fixed or adaptive as its settings say; `auto` calls by the batch policy (the others' rows
+        priced as plain steps), plain where nothing is timed yet or the round also evaluates `prefill` tokens."""
         limits = [max(0, min(sl.g.s.draft_max, sl.g.room)) if sl.g.speculative else 0 for sl in slots]
         ks = [min(sl.k, lim) for sl, lim in zip(slots, limits)]
         auto = [sl.g.speculative and sl.g.s.draft_policy == "auto" for sl in slots]
-        if any(auto):
-            self._prime_draft_cost()
-            costs = [sl.cm if a else None for sl, a in zip(slots, auto)]
-            plan = plan_from_costs(costs, limits, self.prices.verify, self.prices.draft)
-            self.plans.append((len(slots), plan))
-            ks = [p if a else k for p, k, a in zip(plan.ks, ks, auto)]
-        return ks
+        calls = tuple(sl.g.seq_id for sl in slots)
+        held = self._plain is not None and self._plain[0] == calls and self.rounds - self._plain[1] < HOLD_PLAIN
+        if not any(auto) or held or prefill or not self.prices.verify.measured:  # a first round times plain rows
+            return [0 if a else k for k, a in zip(ks, auto)]
+        self._prime_draft_cost()
+        costs = [sl.cm if a else None for sl, a in zip(slots, auto)]
+        start = [self._catch_up(sl) if a else 0.0 for sl, a in zip(slots, auto)]
+        plan = plan_from_costs(costs, limits, self.prices, start=start)
+        self.plans.append((len(slots), plan))
+        self._plain = (calls, self.rounds) if not any(plan.ks) else None
+        return [p if a else k for p, k, a in zip(plan.ks, ks, auto)]
+
+    def _catch_up(self, sl: Slot) -> float:
+        """What drafting at all costs a call this round: its draft model's catch-up on text it skipped, spread over
+        the rounds it has left at two tokens a round (the catch-up serves every round after it)."""
+        assert self.eng.draft is not None
+        behind = len(sl.g.seq) - len(self.eng.draft.seqs[sl.g.seq_id])
+        if behind <= PENDING_MAX:
+            return 0.0
+        per_token = self.eng.policy.length.measured_catch_up_seconds or CATCH_UP_PRIOR * self.prices.draft.seconds(1)
+        return behind * per_token / max(1.0, sl.g.room / 2)
 
     def _prime_draft_cost(self) -> None:
         """Before the batch has timed a draft decode: one row at what the engine measured a draft token costs."""
@@ -356,70 +390,14 @@ class Scheduler:
             per_token = MODEL_DRAFT_COST_PRIOR * self.prices.verify.curve(1)[1]
         self.prices.draft.observe(1, per_token)
 
-    def _draft(self, slots: list[Slot], ks: list[int]) -> list[Proposal]:
-        """Every drafting call's proposal: its grammar's forced tokens first, then one draft decode per position for
-        all calls (the first also evaluating what each draft cache lacks), each call picking from its own row and its
-        grammar's run after each draft decoded with it next, as drafting/proposer.py does for one call."""
-        proposals = [NOTHING] * len(slots)
-        d: Model | None = self.eng.draft
-        if d is None:
-            return proposals
-        db, picks, used = self.batches["draft"], {}, {}
-        t0 = perf_counter()
-        for i, (sl, k) in enumerate(zip(slots, ks)):
-            if not sl.g.speculative:
-                continue
-            ctx, sid = sl.g.ctx, sl.g.seq_id
-            forced = force(ctx, 0, 0)  # no drafter proposes what the grammar forces
-            n = len(forced)
-            proposals[i] = Proposal(n, None, 0, 0.0, forced=forced_flags(ctx, n)) if n else NOTHING
-            if min(k, ctx.room - n) <= 0:
-                continue
-            try:
-                db.add(sid, [*ctx.seq[len(d.seqs[sid]) :], *forced], "last")
-            except ContextOverflowError:
-                continue
-            picks[i], used[i] = DraftPicks(ctx, self.eng.n_vocab, min(k, ctx.room - n), n), n
-        going = dict(picks)
-        while going:
-            rows_only = db.n == db.n_rows  # one token a sequence: a price for the batch policy
-            m, t = db.n_rows, perf_counter()
-            db.decode()
-            d.synchronize()
-            if rows_only:
-                self.prices.observe(self.prices.draft, m, perf_counter() - t)
-            going = {i: pk for i, pk in going.items() if self._next_draft(slots[i], pk, used, i)}
-        share = (perf_counter() - t0) / len(picks) if picks else 0.0
-        for i, pk in picks.items():
-            ctx = slots[i].g.ctx
-            proposals[i] = Proposal(pk.n, MODEL if pk.made else None, ks[i], share, forced=forced_flags(ctx, pk.n))
-        return proposals
-
-    def _next_draft(self, sl: Slot, pk: DraftPicks, used: dict[int, int], i: int) -> bool:
-        """One call's draft from its row of the last draft decode, and the grammar's run after it; whether it
-        drafts on (its draft and run then queued for the next decode)."""
-        ctx, sid, db = sl.g.ctx, sl.g.seq_id, self.batches["draft"]
-        tok = pk.pick(db.rows(sid)[-1])
-        if tok is None:
-            return False
-        run = force(ctx, pk.n, used[i])  # the grammar extends the proposal where it decides alone
-        pk.n, used[i] = pk.n + len(run), used[i] + len(run)
-        if pk.done or pk.n >= ctx.room:  # k drafts made, the grammar complete, or forced slots took the room
-            return False
-        try:
-            db.add(sid, [tok, *run], "last")
-        except ContextOverflowError:  # no room for the next draft: this call's drafts end here
-            return False
-        return True
-
     def _learn(self, sl: Slot, p: Proposal, step: Step) -> None:
         """A drafting call's outcome: its acceptance estimate, and adaptive's +2 / -1."""
         made, accepted = p.drafter_counts(step.accepted)  # forced slots are no draft's evidence
         if not made:
             return
-        if sl.cm is not None:  # its own estimate, and the engine's evidence for the calls after it
+        if sl.cm is not None and sl.shared is not None:  # its own estimate, and its settings' evidence
             sl.cm.observe_acceptance(made, accepted)
-            self.eng.policy.length.cost(MODEL).observe_acceptance(made, accepted)
+            sl.shared.observe_acceptance(made, accepted)
         s = sl.g.s
         if s.draft_policy == "adaptive":
             sl.k = min(sl.k + 2, s.draft_max) if accepted == made else max(sl.k - 1, s.draft_min)

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from fsd_local.drafting.batch_length import plan_batch, plan_from_costs
+from fsd_local.drafting.batch_length import BatchPrices, plan_batch, plan_from_costs
 from fsd_local.drafting.cost_model import CostModel, VerifyCost, best_k, expected_rates
 from support.autosim import trace
 from support.batchsim import F16_DRAFT, F16_TARGET, WIDE_DRAFT, WIDE_TARGET, BatchCosts, extend, run_batch
@@ -186,8 +186,31 @@ def test_plan_from_the_online_estimates():
     for _ in range(40):
         good.observe_acceptance(8, 8)
         poor.observe_acceptance(8, 0)
-    plan = plan_from_costs([good, poor, None], [8, 8, 8], target, drafts)
+    plan = plan_from_costs([good, poor, None], [8, 8, 8], BatchPrices(target, drafts))
     assert plan.ks[0] >= 4 and plan.ks[1] == 0 and plan.ks[2] == 0
+
+
+def test_sizes_never_timed_are_priced_cautiously_and_the_f16_pair_at_four_stops_drafting():
+    """What a cold batch has timed: plain rounds of 4 rows and 1 row, and one draft row. A wider target decode is
+    priced along the fitted slope (not as the widest timed one: free drafts), a wider draft decode by the target's
+    shape; on the F16 pair's curves four sequences at the prior's acceptance then draft nothing."""
+    target, drafts = VerifyCost(), VerifyCost()
+    for n in (1, 4):
+        target.observe(n, F16_TARGET[n])
+    drafts.observe(1, F16_DRAFT[1])
+    v, d = BatchPrices(target, drafts).curves(12, 4)
+    assert v[4] == pytest.approx(F16_TARGET[4]) and v[1] == pytest.approx(F16_TARGET[1])
+    slope = (F16_TARGET[4] - F16_TARGET[1]) / 3
+    assert v[8] == pytest.approx(F16_TARGET[4] + 4 * slope)
+    assert d[4] == pytest.approx(F16_DRAFT[1] * v[4] / v[1])
+    assert d[4] > 0.8 * F16_DRAFT[4]  # the measured draft of 4 rows costs 2.2x one; the target's shape says 2.0x
+    fresh = [CostModel(8, verify=target) for _ in range(4)]  # the prior's acceptance: nothing observed yet
+    plan = plan_from_costs(fresh, [8] * 4, BatchPrices(target, drafts))
+    assert plan.ks == [0, 0, 0, 0]
+    flat = VerifyCost()  # what the flat continuation would have priced: every sequence drafting
+    for n in (1, 4):
+        flat.observe(n, F16_TARGET[n])
+    assert flat.curve(12)[8] == pytest.approx(F16_TARGET[4])
 
 
 def test_bad_input_is_refused_in_words():

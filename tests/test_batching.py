@@ -1,7 +1,8 @@
 """Several calls on one Engine at once (batching.py) on tiny F32 and F16 GGUFs: a call's greedy token ids alone
 equal its ids among four in one batch (ar, sd, fsd); calls that join, leave or are cancelled mid-stream leave
 the others' ids as they were; a grammar's forced tokens proposed in a batch as alone; the batch policy's choice
-under load on injected costs. Nothing is timed."""
+under load on injected costs; a long prompt joining in chunks; sampled calls in a batch keep the target's
+distribution. Nothing is timed."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from fsd_local import CancelToken, Engine
 from fsd_local.batching import BatchPrices
 from fsd_local.drafting.cost_model import VerifyCost
-from support.batchsim import WIDE_DRAFT, WIDE_TARGET, extend
+from support.batchsim import F16_DRAFT, F16_TARGET, WIDE_DRAFT, WIDE_TARGET, extend
 from support.tinymodels import write_tiny_gguf
 from tests.test_forced import PROFILE
 
@@ -223,3 +224,139 @@ def test_the_batch_policy_drafts_long_alone_and_stops_under_load(pairs):
     with _engine((target, target)) as plain:
         want = [plain.generate(p, **{**settings, "mode": "ar"}).token_ids for p in PROMPTS]
     assert [c.token_ids for c in out] == [want[i % 4] for i in range(8)]
+
+
+def test_where_drafting_never_pays_a_batch_of_auto_calls_is_plain_decoding(pairs):
+    """The F16 demo pair's measured costs injected (its draft costs 0.7 of its target): four sd and fsd calls at
+    once with `auto` draft k = 0 every round, the draft model never evaluates a token (not even the prompts), and
+    each call writes what `ar` writes."""
+    settings = {**GREEDY, "draft_policy": "auto", "draft_max": 8}
+    per = [{**settings, **MODES["sd" if i % 2 else "fsd"]} for i in range(4)]
+    with _engine(pairs["f16"], parallel=4) as eng:
+        _injected(eng, F16_TARGET, F16_DRAFT, 4 * 9 + 1)
+        out = [None] * 4
+
+        def run(i):
+            out[i] = [p for p in eng.stream(PROMPTS[i], **per[i])][-1].completion
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        with eng.batch.paused():
+            for t in threads:
+                t.start()
+            while len(eng.batch.waiting) < 4:
+                time.sleep(0.001)
+        for t in threads:
+            t.join(60)
+        assert eng.batch.peak == 4
+        assert set(eng.batch.k_counts) == {0} and eng.batch.k_counts[0] >= 4 * 20
+        assert all(plan.ks == [0] * n for n, plan in eng.batch.plans)
+        assert not any(eng.draft.seqs)  # no draft decode ran: the prompts were never caught up
+    ar = _alone(pairs["f16"], PROMPTS, {**GREEDY, "mode": "ar"})
+    assert [c.token_ids for c in out] == ar
+    assert all(c.stats["drafted"] == 0 for c in out)
+
+
+def test_a_long_prompt_joins_in_chunks_while_the_others_keep_emitting(pairs):
+    """A call with a 280-token prompt joins two streaming calls: every decode holding its prompt holds at most a
+    chunk of it and the others' rows (each takes its round beside it), and all three write what they write alone;
+    its draft model catches up in chunks too when it drafts (sd, fixed k: the same greedy text whatever k)."""
+    settings = {**GREEDY, **MODES["sd"], "max_tokens": 60}
+    long = " ".join(["the cat sat on the mat"] * 12)  # a token a character: ~280 tokens
+    prompts = [PROMPTS[0], PROMPTS[1], long]
+    alone = _alone(pairs["f32"], prompts, settings)
+    with _engine(pairs["f32"], parallel=4) as eng:
+        eng.batch.prefill_chunk = 16
+        n_long = len(eng.tokenize(long))
+        out = [None] * 3
+        started = threading.Event()
+
+        def run(i):
+            if i == 2:
+                started.wait(30)
+            ids = []
+            for piece in eng.stream(prompts[i], **settings):
+                ids += piece.token_ids
+                if i == 0 and len(ids) >= 4:
+                    started.set()
+            out[i] = ids
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        with eng.batch.paused():
+            for t in threads[:2]:
+                t.start()
+            while len(eng.batch.waiting) < 2:
+                time.sleep(0.001)
+        threads[2].start()
+        for t in threads:
+            t.join(60)
+        eng.batch.join(30)
+        chunks = list(eng.batch.chunks)
+    target = [c for c in chunks if c[2] == "target"]
+    draft = [c for c in chunks if c[2] == "draft"]
+    assert n_long > 250 and len(target) >= (n_long - 18) // 16
+    assert all(c[3] == 16 and c[4] >= 1 for c in target)  # a chunk, and at least one other call's round beside it
+    assert len({c[1] for c in target}) == 1 and len({c[0] for c in target}) == len(target)
+    assert draft and all(c[3] == 16 for c in draft)
+    assert out == alone
+
+
+def test_sampled_calls_in_a_batch_keep_the_targets_two_token_distribution(small_vocab_pair):
+    """Sampled sd with up to eight calls in each round (every seed its own call): the first two tokens follow the
+    target's joint distribution at that temperature (chi-square over seeds), as one call alone does
+    (test_dense.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_dense import ALPHA, _first_two, _pvalue
+
+    draft, target = small_vocab_pair
+    t = 0.7
+    settings = {"mode": "sd", "max_tokens": 4, "temperature": t, "ignore_eos": True}
+    with Engine(
+        target=target, draft=draft, n_ctx=1024, n_threads=1, parallel=8, draft_policy="fixed", draft_max=3
+    ) as eng:
+        prompt = eng.tokenize("the sky")
+        n = eng.n_vocab
+        with ThreadPoolExecutor(8) as pool:
+            outs = list(pool.map(lambda seed: eng.generate(prompt, seed=seed, **settings).token_ids, range(2000)))
+        assert eng.batch.peak >= 4
+    counts = np.zeros((n, n), np.int64)
+    for ids in outs:
+        counts[ids[0], ids[1]] += 1
+    assert _pvalue(counts.ravel(), _first_two(target, prompt, t).ravel()) > ALPHA
+
+
+def _evidence(eng) -> dict:
+    """The engine's acceptance evidence of the draft model, by the mode of the settings it was gathered under."""
+    state = eng.policy_state()["lengths"]
+    by_mode = {key[0]: costs for key, costs in state["by_key"].items()}
+    by_mode[state["key"][0]] = state["costs"]
+    return {mode: costs[("model", 0)].pooled() for mode, costs in by_mode.items()}
+
+
+def test_calls_of_mixed_settings_in_one_batch_feed_each_settings_own_evidence(pairs):
+    """An sd call beside an fsd call (tau 0.69: every draft accepted): the engine's evidence under sd's settings
+    is what the same sd call leaves alone, and fsd's is fsd's own, whichever joined last."""
+    sd, fsd = {**GREEDY, **MODES["sd"]}, {**GREEDY, "mode": "fsd", "tau": 0.69}
+    with _engine(pairs["f32"], parallel=2) as eng:
+        eng.generate(PROMPTS[0], **sd)
+        alone = _evidence(eng)["sd"]
+    for order in ((sd, fsd), (fsd, sd)):
+        with _engine(pairs["f32"], parallel=2) as eng:
+            out = [None] * 2
+
+            def run(i, kw=order):
+                out[i] = [p for p in eng.stream(PROMPTS[0] if kw[i] is sd else PROMPTS[1], **kw[i])][-1].completion
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+            with eng.batch.paused():
+                for t in threads:
+                    t.start()
+                while len(eng.batch.waiting) < 2:
+                    time.sleep(0.001)
+            for t in threads:
+                t.join(60)
+            assert eng.batch.peak == 2
+            mixed = _evidence(eng)
+        f = out[order.index(fsd)]
+        assert mixed["sd"] == alone
+        assert f.stats["acceptance_rate"] == 1.0 and f.stats["drafted"] > 0 and mixed["fsd"][0] > alone[0]

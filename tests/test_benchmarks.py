@@ -31,6 +31,10 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             pair + TINY + ["--clients", "2", "--requests", "2", "--prompts", "1", "--tokens", "4"],
             "ar: 2 at once / one at a time",
         ),
+        "batch_join": (
+            pair + TINY + ["--prompt-tokens", "40", "--tokens", "16", "--chunks", "8"],
+            "worst gap while it joins",
+        ),
         "cache_refill": (
             pair + TINY + ["--repeats", "2", "--tokens", "4", "--prompts", "1", "--light-vocab", "400"],
             "own us/round",

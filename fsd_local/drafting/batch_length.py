@@ -152,21 +152,53 @@ def _improve(ks: list[int], price: _Price) -> list[int]:
         ks = found
 
 
+class BatchPrices:
+    """What the batch policy prices a round by: seconds of a target decode of n rows and of a draft decode of m
+    rows, learned from the batch's own decodes unless `frozen` (a test's injected costs)."""
+
+    def __init__(self, verify: VerifyCost, draft: VerifyCost | None = None, frozen: bool = False) -> None:
+        self.verify, self.draft, self.frozen = verify, draft if draft is not None else VerifyCost(), frozen
+
+    def observe(self, curve: VerifyCost, n: int, seconds: float) -> None:
+        if not self.frozen:
+            curve.observe(n, seconds)
+
+    def curves(self, n_hi: int, m_hi: int) -> tuple[list[float], list[float]]:
+        """(v, d) to n_hi target and m_hi draft rows, cautious beyond what was timed: the target's fitted slope
+        past its largest timed size, the draft's largest timed size scaled by the target's shape."""
+        v = _cautious(self.verify, n_hi)
+        d = list(self.draft.curve(m_hi)[: m_hi + 1])
+        last = max(self.draft.measured_sizes(), default=0)
+        for m in range(last + 1, m_hi + 1) if last else ():
+            d[m] = d[last] * v[m] / v[last]
+        return v, d
+
+
+def _cautious(cost: VerifyCost, n_hi: int) -> list[float]:
+    """cost.curve to n_hi, continued past the largest timed size along the fitted slope rather than flat (which
+    prices an untimed wider decode as free: a single sequence's exploration, a loss for the whole batch)."""
+    out = list(cost.curve(n_hi)[: n_hi + 1])
+    last = max(cost.measured_sizes(), default=0)
+    if last:
+        b = cost.fit()[1]
+        for n in range(last + 1, n_hi + 1):
+            out[n] = out[last] + b * (n - last)
+    return out
+
+
 def plan_from_costs(
     costs: Sequence[CostModel | None],
     limits: Sequence[int],
-    verify: VerifyCost,
-    draft: VerifyCost,
+    prices: BatchPrices,
     *,
     free: Sequence[bool] | None = None,
     start: Sequence[float] | None = None,
     round_seconds: float = 0.0,
 ) -> BatchPlan:
     """plan_batch on the online estimates: each sequence's CostModel's acceptance (None: a sequence that never
-    drafts, `ar`), the target's VerifyCost for a decode of n rows and the draft model's for a decode of m rows."""
+    drafts, `ar`) and the batch's prices of a target decode of n rows and a draft decode of m rows."""
     n = len(costs)
     acceptance = [cm.acceptance() if cm is not None else [] for cm in costs]
     limits = [min(k, len(a)) for k, a in zip(limits, acceptance)]
-    v = verify.curve(n + sum(limits) + 1)
-    d = draft.curve(max(1, n) + 1)
+    v, d = prices.curves(n + sum(limits) + 1, max(1, n) + 1)
     return plan_batch(acceptance, limits, v, d, free=free, start=start, round_seconds=round_seconds)

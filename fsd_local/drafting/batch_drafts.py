@@ -1,0 +1,78 @@
+"""The draft half of a batched round (batching.py): every drafting call's proposal from one draft decode per draft
+position for all of them, as drafting/proposer.py drafts for one call; a long catch-up goes in chunks. `sch` is
+batching.Scheduler and each slot its Slot (a layer above: named, not imported)."""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any
+
+from fsd_local.drafting.proposer import MODEL, DraftPicks
+from fsd_local.errors import ContextOverflowError
+from fsd_local.llama.model import Model
+from fsd_local.round import Proposal, force, forced_flags
+
+NOTHING = Proposal(0, None, 0, 0.0)  # a call that drafts nothing this round: its plain step rides along
+
+
+def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
+    """Every drafting call's proposal: its grammar's forced tokens first, then one draft decode per position for
+    all calls (the first also evaluating what each draft cache lacks), each call picking from its own row and its
+    grammar's run after each draft decoded with it next, as drafting/proposer.py does for one call."""
+    proposals = [NOTHING] * len(slots)
+    d: Model | None = sch.eng.draft
+    if d is None:
+        return proposals
+    db, picks, used = sch.batches["draft"], {}, {}
+    t0 = perf_counter()
+    for i, (sl, k) in enumerate(zip(slots, ks)):
+        if not sl.g.speculative:
+            continue
+        ctx, sid = sl.g.ctx, sl.g.seq_id
+        forced = force(ctx, 0, 0)  # no drafter proposes what the grammar forces
+        n = len(forced)
+        proposals[i] = Proposal(n, None, 0, 0.0, forced=forced_flags(ctx, n)) if n else NOTHING
+        behind, k, chunk = ctx.seq[len(d.seqs[sid]) :], max(0, min(k, ctx.room - n)), sch.chunk_for(d)
+        try:
+            if k and len(behind) > chunk + 1:  # a long catch-up goes in chunks, drafting after it
+                db.add(sid, behind[:chunk], "none")
+                sch.chunks.append((sch.rounds, sid, "draft", chunk, len(slots)))
+                k = 0
+            elif k:
+                db.add(sid, [*behind, *forced], "last")
+                picks[i], used[i] = DraftPicks(ctx, sch.eng.n_vocab, k, n), n
+        except ContextOverflowError:  # no room in the draft's cells: this call drafts nothing this round
+            k = 0
+        sch.k_counts[k] += 1
+    going = dict(picks)
+    while going or db.n:
+        rows_only = db.n == db.n_rows  # one token a sequence: a price for the batch policy
+        m, t = db.n_rows, perf_counter()
+        db.decode()
+        d.synchronize()
+        if rows_only:
+            sch.prices.observe(sch.prices.draft, m, perf_counter() - t)
+        going = {i: pk for i, pk in going.items() if _next_draft(sch, slots[i], pk, used, i)}
+    share = (perf_counter() - t0) / len(picks) if picks else 0.0
+    for i, pk in picks.items():
+        ctx = slots[i].g.ctx
+        proposals[i] = Proposal(pk.n, MODEL if pk.made else None, ks[i], share, forced=forced_flags(ctx, pk.n))
+    return proposals
+
+
+def _next_draft(sch: Any, sl: Any, pk: DraftPicks, used: dict[int, int], i: int) -> bool:
+    """One call's draft from its row of the last draft decode, and the grammar's run after it; whether it
+    drafts on (its draft and run then queued for the next decode)."""
+    ctx, sid, db = sl.g.ctx, sl.g.seq_id, sch.batches["draft"]
+    tok = pk.pick(db.rows(sid)[-1])
+    if tok is None:
+        return False
+    run = force(ctx, pk.n, used[i])  # the grammar extends the proposal where it decides alone
+    pk.n, used[i] = pk.n + len(run), used[i] + len(run)
+    if pk.done or pk.n >= ctx.room:  # k drafts made, the grammar complete, or forced slots took the room
+        return False
+    try:
+        db.add(sid, [tok, *run], "last")
+    except ContextOverflowError:  # no room for the next draft: this call's drafts end here
+        return False
+    return True
