@@ -94,6 +94,21 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], r
     return dst
 
 
+def f16_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """`dst`, written once: every block of `src` with its quantised tensors dequantised to F16 (greedy token ids
+    compare exactly on it, docs/measurements/numerics.md)."""
+    from gguf import GGUFReader
+
+    dst = Path(dst)
+    if not dst.exists():
+        reader = GGUFReader(str(src))
+        arch = reader.fields["general.architecture"].contents()
+        n_layer = int(reader.fields[f"{arch}.block_count"].contents())
+        del reader
+        upscale(src, dst, list(range(n_layer)), "f16")
+    return dst
+
+
 PRECISIONS = ("q4_1", "f16", "q4_0", "wide")
 
 
