@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fsd_local import Engine
+from fsd_local.llama.vocab_map import map_between
 
 DATA = Path(__file__).resolve().parent.parent / "fsd_local" / "data"
 LN2 = float(np.log(2.0))
@@ -69,6 +70,20 @@ def rows_of(eng: Engine, text: str, tokens: int) -> tuple[list[int], np.ndarray,
     return reply, p_rows, q_rows
 
 
+def coarsening(eng: Engine) -> np.ndarray | None:
+    """For each target token, the shared target token the draft writes first when it writes that token's text
+    (itself for a shared token; -1: none): the target's row read at the draft's granularity."""
+    a = eng.across
+    if a is None:
+        return None
+    vm = map_between(a.draft.path, eng.target.path, a.draft, eng.target)
+    pi = np.where(a.draft_of >= 0, np.arange(a.draft_of.shape[0]), -1)
+    for t in np.flatnonzero(a.draft_of < 0).tolist():
+        ids = a.follower._tokenize(eng.target.piece(t))
+        pi[t] = vm.target_of[ids[0]] if ids else -1
+    return pi
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True)
@@ -78,13 +93,13 @@ def main() -> None:
     ap.add_argument("--tau", type=float, default=0.3)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    rec: dict[str, list[float]] = {
-        k: [] for k in ("own_top", "p_own", "agree", "prefix", "js", "js_off", "js_shared", "loss", "p_d")
-    }
+    keys = ("own_top", "p_own", "agree", "prefix", "js", "js_off", "js_coarse", "loss", "p_d")
+    rec: dict[str, list[float]] = {k: [] for k in keys}
     with Engine(target=a.target, draft=a.draft, n_ctx=2048, n_threads=a.threads, draft_policy="fixed") as eng:
         across = eng.across
         n_t = eng.target.n_vocab
         own = across.draft_of < 0 if across is not None else np.zeros(n_t, bool)
+        pi = coarsening(eng)
         piece = eng.target.piece
         for text in prompts(a.prompts):
             reply, p_rows, q_rows = rows_of(eng, text, a.tokens)
@@ -93,48 +108,56 @@ def main() -> None:
                     continue
                 p, q = softmax(p_rows[i]), softmax(q_rows[i])
                 top, d = int(np.argmax(p)), int(np.argmax(q))
-                p_own = float(p[own].sum())
-                shared = p.copy()
-                shared[own] = 0.0
-                shared /= max(shared.sum(), 1e-300)
+                coarse = p
+                if pi is not None:
+                    ok = pi >= 0
+                    coarse = np.bincount(pi[ok], weights=p[ok], minlength=n_t)
                 tb, db = piece(top), piece(d)
                 rec["own_top"].append(float(own[top]))
-                rec["p_own"].append(p_own)
+                rec["p_own"].append(float(p[own].sum()))
                 rec["agree"].append(float(top == d))
                 rec["prefix"].append(float(top != d and len(db) < len(tb) and tb.startswith(db)))
                 rec["js"].append(js(p, q))
-                rec["js_off"].append(0.5 * LN2 * p_own)
-                rec["js_shared"].append(js(shared, q))
+                rec["js_off"].append(0.5 * LN2 * float(p[own].sum()))
+                rec["js_coarse"].append(js(coarse, q))
                 rec["loss"].append(float(np.log(p[top]) - np.log(max(p[d], 1e-300))))
                 rec["p_d"].append(float(p[d]))
-    r = {k: np.array(v) for k, v in rec.items()}
+    report(a, across is not None, {k: np.array(v) for k, v in rec.items()})
+
+
+def report(a, mapped: bool, r: dict[str, np.ndarray]) -> None:
     n = r["js"].shape[0]
     fail = r["agree"] == 0
-    print(f"pair: {a.draft} -> {a.target}: {'map' if across is not None else 'same tokenizer'}; {n} positions")
+    print(f"pair: {a.draft} -> {a.target}: {'map' if mapped else 'same tokenizer'}; {n} positions")
+    if not n:
+        return
     print(
         f"target argmax is target-only: {r['own_top'].mean():.1%}; target's mass on target-only tokens: mean "
         f"{r['p_own'].mean():.3f}, median {np.median(r['p_own']):.3f}"
     )
     print(
-        f"q' argmax == p argmax (greedy sd, slot 1): {r['agree'].mean():.1%}; a proper prefix of it: "
-        f"{r['prefix'].mean():.1%} (of the rejected: {r['prefix'][fail].mean():.1%})"
+        f"q' argmax == p argmax (greedy sd's test): {r['agree'].mean():.1%}; a proper prefix of it: "
+        f"{r['prefix'].mean():.1%}; of the rejected, target argmax target-only {r['own_top'][fail].mean():.1%}, "
+        f"draft's a prefix of it {r['prefix'][fail].mean():.1%}"
     )
-    q = (10, 50, 90)
-    for name in ("js", "js_off", "js_shared"):
+    if not fail.any():
+        return
+    for name in ("js", "js_off", "js_coarse"):
         v = r[name][fail]
-        print(
-            f"at rejected slots {name:<10} q10/q50/q90 "
-            + " ".join(f"{x:.3f}" for x in np.percentile(v, q))
-            + f"   mean {v.mean():.3f}"
-        )
-    print(f"at rejected slots, off-support share of js: mean {np.mean(r['js_off'][fail] / r['js'][fail]):.1%}")
-    for name in ("js", "js_shared"):
+        qs = " ".join(f"{x:.3f}" for x in np.percentile(v, (10, 50, 90)))
+        print(f"at rejected slots {name:<10} q10/q50/q90 {qs}   mean {v.mean():.3f}")
+    off = r["js_off"][fail] / np.maximum(r["js"][fail], 1e-12)
+    print(f"at rejected slots, the off-support part of js: mean {off.mean():.1%}, median {np.median(off):.1%}")
+    for name in ("js", "js_coarse"):
         ok = fail & (r[name] <= a.tau)
+        share = ok.sum() / fail.sum()
         loss = r["loss"][ok].mean() if ok.any() else 0.0
+        pd = np.median(r["p_d"][ok]) if ok.any() else 0.0
+        pre = r["prefix"][ok].mean() if ok.any() else 0.0
         print(
-            f"{name} <= {a.tau}: rescues {ok.sum()} of {fail.sum()} rejected slots ({ok.sum() / max(fail.sum(), 1):.1%}); "
-            f"accepted slots {(~fail | ok).mean():.1%} (sd {(~fail).mean():.1%}); mean greedy loss of a rescue "
-            f"{loss:.2f} nats, p(draft) median {np.median(r['p_d'][ok]) if ok.any() else 0:.3f}"
+            f"{name} <= {a.tau}: rescues {ok.sum()} of {fail.sum()} rejected ({share:.1%}), accepted "
+            f"{(~fail | ok).mean():.1%} (sd {(~fail).mean():.1%}); per rescue greedy loss mean {loss:.2f} nats, "
+            f"p(draft) median {pd:.3f}, draft's a prefix of the argmax {pre:.1%}"
         )
 
 

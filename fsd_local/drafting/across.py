@@ -5,6 +5,7 @@ the map (kernels/carry.py), and a proposed target token is decoded as the draft 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from time import perf_counter
 
 import numpy as np
 
@@ -32,6 +33,7 @@ class Across:
         prepare(self.row)  # type: ignore[type-var]
         self.synced = 0  # target tokens of the current text known followed (a generation's start resets it)
         self.full = False  # the draft's context is full: this generation drafts no further
+        self.seconds = 0.0  # time spent carrying rows (`carry`, `argmax`): the map's own cost
 
     def start(self) -> None:
         """A new generation: its text is compared with what the follower holds from the start."""
@@ -61,12 +63,17 @@ class Across:
 
     def carry(self, row: np.ndarray) -> np.ndarray:
         """The draft's row carried onto the target's vocabulary (valid until the next carry)."""
+        t = perf_counter()
         carry_row(row, self.shared_t, self.shared_d, self.extra, self.row)  # type: ignore[type-var, call-arg]
+        self.seconds += perf_counter() - t
         return self.row
 
     def argmax(self, row: np.ndarray) -> int:
         """The target token `carry` would rank first, without writing the carried row (-1: nothing shared)."""
-        return int(carried_argmax(row, self.primary, self.draft_of, self.extra))  # type: ignore[type-var, call-arg, call-overload]
+        t = perf_counter()
+        tok = int(carried_argmax(row, self.primary, self.draft_of, self.extra))  # type: ignore[type-var, call-arg, call-overload]
+        self.seconds += perf_counter() - t
+        return tok
 
     def draft_token(self, token: int) -> int:
         return int(self.draft_of[token])

@@ -32,10 +32,17 @@ def smollm2_path() -> Path:
     return path
 
 
-def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], retype: str | None = None) -> Path:
+def upscale(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    blocks: list[int],
+    retype: str | None = None,
+    overrides: dict[str, int] | None = None,
+) -> Path:
     """Write a copy of a GGUF whose transformer blocks are `blocks` of the source, renumbered 0..n-1, its metadata as is
-    but the block count (and the file type when retyped): "f16" stores every quantised tensor dequantised as F16,
-    "q4_0" requantises every Q4_1 tensor to Q4_0. Written to a temporary file, then renamed."""
+    but the block count, `overrides` (unsigned integer keys) and the file type when retyped: "f16" stores every
+    quantised tensor dequantised as F16, "q4_0" requantises every Q4_1 tensor to Q4_0. Written to a temporary file,
+    then renamed."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, quants
 
@@ -50,8 +57,8 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], r
         for name, f in reader.fields.items():
             if name.startswith("GGUF.") or name == "general.architecture":
                 continue
-            if name == f"{arch}.block_count":
-                writer.add_uint32(name, len(blocks))
+            if name == f"{arch}.block_count" or name in (overrides or {}):
+                writer.add_uint32(name, len(blocks) if name == f"{arch}.block_count" else (overrides or {})[name])
                 continue
             if retype and name == "general.file_type":
                 writer.add_uint32(name, {"f16": LlamaFileType.MOSTLY_F16, "q4_0": LlamaFileType.MOSTLY_Q4_0}[retype])
