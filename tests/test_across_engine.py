@@ -127,14 +127,15 @@ def test_sampled_sd_runs_on_the_targets_vocabulary(files):
         check_follows(eng)
 
 
-def test_sampled_sd_keeps_the_targets_two_token_distribution(files):
+@pytest.mark.parametrize("name", ["bpe", "spm"])
+def test_sampled_sd_keeps_the_targets_two_token_distribution(files, name):
     """The first two tokens of sampled `sd` (drafted through the map, judged, the residual drawn where rejected,
     the draft following a proposed token as its own of the same bytes) against the target's own joint
     distribution (test_dense's machinery); the target's own tokens (q' = 0 there: the byte-fallback twins of its
-    letters) are reached only through the residual."""
+    letters for `bpe`, whole words the draft spells in letters for `spm`) are reached only through the residual."""
     from test_dense import _first_two, _pvalue
 
-    draft, target = files["bpe"]
+    draft, target = files[name]
     n = 2000
     with engine((draft, target), n_ctx=128) as eng:
         a = eng.across
@@ -149,7 +150,7 @@ def test_sampled_sd_keeps_the_targets_two_token_distribution(files):
         own = np.array([a.draft_token(t) < 0 for t in range(v)])
     joint = _first_two(target, prompt, 1.0)
     assert _pvalue(counts.ravel(), joint.ravel()) > 1e-3
-    # the test reaches the target's own tokens: ~2% of the first token's mass here, ~40 draws
+    # the test reaches the target's own tokens (at least 1% of the first token's mass: 20 draws expected)
     assert joint[own].sum() > 0.01 and counts[own].sum() > 0
 
 

@@ -98,7 +98,7 @@ def measure(engine, prompts: list[list[int]], configs: list[tuple[str, dict]], m
                 o.add(stats)
                 o.call(repeat, wall - (sum(m.decode_seconds for m in models) - inside), stats["rounds"])
         if across is not None:
-            o.carry, o.follow = o.carry + across.seconds, o.follow + across.follower.seconds  # type: ignore[operator]
+            o.carry, o.follow = o.carry + across.seconds, o.follow + across.follower.seconds
         rows.append(o.row())
     return rows
 
