@@ -127,8 +127,9 @@ def test_sampled_sd_runs_on_the_targets_vocabulary(files):
         check_follows(eng)
 
 
-@pytest.mark.parametrize("name", ["bpe", "spm"])
-def test_sampled_sd_keeps_the_targets_two_token_distribution(files, name):
+# prompts after which the target gives its own tokens at least 1% (bpe ~2%, spm ~3%)
+@pytest.mark.parametrize(("name", "text"), [("bpe", "the cab and"), ("spm", "the cab and a cab, the")])
+def test_sampled_sd_keeps_the_targets_two_token_distribution(files, name, text):
     """The first two tokens of sampled `sd` (drafted through the map, judged, the residual drawn where rejected,
     the draft following a proposed token as its own of the same bytes) against the target's own joint
     distribution (test_dense's machinery); the target's own tokens (q' = 0 there: the byte-fallback twins of its
@@ -140,7 +141,7 @@ def test_sampled_sd_keeps_the_targets_two_token_distribution(files, name):
     with engine((draft, target), n_ctx=128) as eng:
         a = eng.across
         assert a is not None
-        prompt = eng.tokenize("the cab and")
+        prompt = eng.tokenize(text)
         v = eng.n_vocab
         counts = np.zeros((v, v), np.int64)
         for seed in range(n):
