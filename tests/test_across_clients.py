@@ -12,10 +12,12 @@ import openai
 import pytest
 
 from fsd_local import Engine
+from fsd_local.settings import CHAT_DEFAULTS
 from support.serving import start_serve
 from support.tinymodels import write_tiny_gguf
 
 HELLO = [{"role": "user", "content": "the cab and a band"}]
+OLLAMA_GREEDY = {**CHAT_DEFAULTS, "temperature": 0.0}
 TIMEOUT = 60  # seconds; every wait below is bounded
 
 
@@ -37,7 +39,17 @@ def alone(pair):
         chat = eng.chat(HELLO, max_tokens=24, mode="ar", temperature=0)
         completion = eng.generate("the band and", max_tokens=24, mode="ar", temperature=0)
         assert len(chat.token_ids) > 8 and len(completion.token_ids) > 8  # replies long enough to draft in
-        yield {"chat": chat.text, "completion": completion.text, "n_completion": len(completion.token_ids)}
+        # an Ollama request runs with chat's defaults (repeat penalty ...) under the options it gives
+        o_chat = eng.chat(HELLO, max_tokens=24, mode="ar", **OLLAMA_GREEDY)
+        o_completion = eng.generate("the band and", max_tokens=24, mode="ar", **OLLAMA_GREEDY)
+        yield {
+            "chat": chat.text,
+            "completion": completion.text,
+            "n_completion": len(completion.token_ids),
+            "ollama_chat": o_chat.text,
+            "ollama_completion": o_completion.text,
+            "n_ollama_completion": len(o_completion.token_ids),
+        }
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +99,8 @@ def test_ollama_chat_and_generate_through_the_map(url, alone):
     oc = ollama.Client(host=url, timeout=TIMEOUT)
     opts = {"temperature": 0, "num_predict": 24, "mode": "sd"}
     r = oc.chat(model="m", messages=HELLO, options=opts)
-    assert r.message.content == alone["chat"]
+    assert r.message.content == alone["ollama_chat"]
     streamed = list(oc.chat(model="m", messages=HELLO, options=opts, stream=True))
-    assert "".join(x.message.content for x in streamed) == alone["chat"] and streamed[-1].done
+    assert "".join(x.message.content for x in streamed) == alone["ollama_chat"] and streamed[-1].done
     g = oc.generate(model="m", prompt="the band and", options=opts, raw=True)
-    assert g.response == alone["completion"] and g.eval_count == alone["n_completion"]
+    assert g.response == alone["ollama_completion"] and g.eval_count == alone["n_ollama_completion"]

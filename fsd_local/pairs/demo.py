@@ -39,10 +39,9 @@ def upscale(
     retype: str | None = None,
     overrides: dict[str, int] | None = None,
 ) -> Path:
-    """Write a copy of a GGUF whose transformer blocks are `blocks` of the source, renumbered 0..n-1, its metadata as is
-    but the block count, `overrides` (unsigned integer keys) and the file type when retyped: "f16" stores every
-    quantised tensor dequantised as F16, "q4_0" requantises every Q4_1 tensor to Q4_0. Written to a temporary file,
-    then renamed."""
+    """A copy of a GGUF whose blocks are `blocks` of the source, renumbered, its metadata as is but the block count,
+    `overrides` (unsigned integer keys) and the file type when retyped: "f16" dequantises every quantised tensor to
+    F16, "q4_0" requantises every Q4_1 tensor to Q4_0. Written to a temporary file, then renamed."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, quants
 
