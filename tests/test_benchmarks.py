@@ -20,6 +20,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
     """The smallest run of each script and a piece of what it must print."""
     pair = ["--target", target, "--draft", draft]
     return {
+        "across_divergence": (pair + TINY + ["--prompts", "1", "--tokens", "6"], "positions"),
         "across_pair": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--k", "2"], "tokens per target call"),
         "auto_goals": (pair + TINY + ["--prompts", prompts, "--tokens", "4", "--fixed", "2", "--k-max", "3"], "auto "),
         "batch_costs": (

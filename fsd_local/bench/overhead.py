@@ -25,6 +25,8 @@ class Overhead:
     verify: float = 0.0  # the verifying phase, the target's decode excluded
     policy: float = 0.0
     advance: float = 0.0
+    carry: float | None = None  # a draft of another vocabulary: carrying its rows (the map's own cost)
+    follow: float | None = None  # and following the text (its tokenising and comparing, decodes excluded)
     calls: list[tuple[float, int]] = field(default_factory=list)  # per repeat: (generate's own seconds, rounds)
 
     def add(self, stats: dict) -> None:
@@ -66,6 +68,8 @@ class Overhead:
             "own_us_per_round": self.own * per_round,
             "call_us_per_round_best": best,
             **{f"{p}_us_per_round": getattr(self, p) * per_round for p in PHASES},
+            "map_us_per_round": None if self.carry is None else self.carry * per_round,
+            "follow_us_per_round": None if self.follow is None else self.follow * per_round,
             "draft_us_per_draft_token": self.draft * 1e6 / self.drafted if self.drafted else None,
             "own_share_of_wall": self.own / self.wall if self.wall else None,
             "decode_ms_per_round": (self.draft_decode + self.target_decode) * 1e3 / max(1, self.rounds),
@@ -76,11 +80,14 @@ def measure(engine, prompts: list[list[int]], configs: list[tuple[str, dict]], m
     """Run each (label, settings) on every prompt (token ids) `repeats` times, from an empty cache (an untimed
     short run of each first: kernels and caches warm); returns one Overhead row per configuration."""
     models = [m for m in (engine.target, engine.draft) if m is not None]
+    across = engine.across
     rows = []
     for label, settings in configs:
         engine.reset()
         engine.generate(prompts[0], **{**settings, "max_tokens": 4})  # untimed: JIT cache, first decodes
         o = Overhead(label)
+        if across is not None:
+            o.carry, o.follow = -across.seconds, -across.follower.seconds
         for repeat in range(repeats):
             for p in prompts:
                 engine.reset()
@@ -90,6 +97,8 @@ def measure(engine, prompts: list[list[int]], configs: list[tuple[str, dict]], m
                 wall = perf_counter() - t
                 o.add(stats)
                 o.call(repeat, wall - (sum(m.decode_seconds for m in models) - inside), stats["rounds"])
+        if across is not None:
+            o.carry, o.follow = o.carry + across.seconds, o.follow + across.follower.seconds
         rows.append(o.row())
     return rows
 
@@ -104,6 +113,8 @@ def format_rows(rows: list[dict]) -> str:
         ("verify", 7, lambda r: f"{r['verify_us_per_round']:.0f}"),
         ("policy", 7, lambda r: f"{r['policy_us_per_round']:.0f}"),
         ("advance", 7, lambda r: f"{r['advance_us_per_round']:.0f}"),
+        ("map", 5, lambda r: _f(r["map_us_per_round"], ".0f")),
+        ("follow", 6, lambda r: _f(r["follow_us_per_round"], ".0f")),
         ("us/draft tok", 12, lambda r: _f(r["draft_us_per_draft_token"], ".1f")),
         ("own share", 9, lambda r: f"{r['own_share_of_wall']:.1%}"),
         ("decode ms/round", 15, lambda r: f"{r['decode_ms_per_round']:.1f}"),

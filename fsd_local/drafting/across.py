@@ -4,6 +4,8 @@ the map (kernels/carry.py), and a proposed target token is decoded as the draft 
 
 from __future__ import annotations
 
+from time import perf_counter
+
 import numpy as np
 
 from fsd_local.drafting.follow import Following
@@ -26,15 +28,21 @@ class Across(Following):
         self.row = np.empty(target.n_vocab, np.float32)
         # -inf on the target's own tokens, written once; carry_row writes the shared ones
         prepare(self.row)  # type: ignore[type-var]
+        self.seconds = 0.0  # time spent carrying rows (`carry`, `argmax`): the map's own cost
 
     def carry(self, row: np.ndarray) -> np.ndarray:
         """The draft's row carried onto the target's vocabulary (valid until the next carry)."""
+        t = perf_counter()
         carry_row(row, self.shared_t, self.shared_d, self.extra, self.row)  # type: ignore[type-var, call-arg]
+        self.seconds += perf_counter() - t
         return self.row
 
     def argmax(self, row: np.ndarray) -> int:
         """The target token `carry` would rank first, without writing the carried row (-1: nothing shared)."""
-        return int(carried_argmax(row, self.primary, self.draft_of, self.extra))  # type: ignore[type-var, call-arg, call-overload]
+        t = perf_counter()
+        tok = int(carried_argmax(row, self.primary, self.draft_of, self.extra))  # type: ignore[type-var, call-arg, call-overload]
+        self.seconds += perf_counter() - t
+        return tok
 
     def draft_token(self, token: int) -> int:
         return int(self.draft_of[token])

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from fsd_local.kernels.fastmath import INT32_MIN, kernel, order_key, wide
+from fsd_local.kernels.rows import ARGMAX_BLOCK
 
 NEG_INF = np.float32(-np.inf)
 
@@ -46,16 +47,34 @@ def carry_row(row, shared_t, shared_d, extra, out):
 
 
 @kernel
+def _primary_block_max(row, primary, lo, hi):
+    """The largest order key of row[d] over d in [lo, hi) with primary[d] >= 0 (INT32_MIN: none): one vectorised
+    pass, a select in place of a branch."""
+    wide()
+    rb, pb = row[lo:hi], primary[lo:hi]  # slices: see rows.sum_exp
+    m = INT32_MIN
+    for i in range(rb.shape[0]):
+        k = order_key(rb[i]) if pb[i] >= np.int32(0) else INT32_MIN
+        m = k if k > m else m
+    return m
+
+
+@kernel
 def _primary_max(row, primary):
     """(order key, draft id) of the largest row[d] over the draft tokens d with primary[d] >= 0 (the first
-    such d on ties); (INT32_MIN, -1) when there is none."""
-    wide()
-    best, at = INT32_MIN, -1
-    for d in range(row.shape[0]):
-        k = order_key(row[d]) if primary[d] >= np.int32(0) else INT32_MIN
-        if k > best:
-            best, at = k, d
-    return best, at
+    such d on ties); (INT32_MIN, -1) when there is none. Each ARGMAX_BLOCK block's maximum, then one block
+    scanned (rows.max_argmax's way: an argmax loop does not vectorise)."""
+    n = row.shape[0]
+    best, where = INT32_MIN, 0
+    for lo in range(0, n, ARGMAX_BLOCK):
+        m = _primary_block_max(row, primary, lo, min(lo + ARGMAX_BLOCK, n))
+        if m > best:
+            best, where = m, lo
+    if best > INT32_MIN:
+        for d in range(where, min(where + ARGMAX_BLOCK, n)):
+            if primary[d] >= np.int32(0) and order_key(row[d]) == best:
+                return best, d
+    return INT32_MIN, -1
 
 
 @kernel

@@ -32,10 +32,16 @@ def smollm2_path() -> Path:
     return path
 
 
-def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], retype: str | None = None) -> Path:
-    """Write a copy of a GGUF whose transformer blocks are `blocks` of the source, renumbered 0..n-1, its metadata as is
-    but the block count (and the file type when retyped): "f16" stores every quantised tensor dequantised as F16,
-    "q4_0" requantises every Q4_1 tensor to Q4_0. Written to a temporary file, then renamed."""
+def upscale(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    blocks: list[int],
+    retype: str | None = None,
+    overrides: dict[str, int] | None = None,
+) -> Path:
+    """A copy of a GGUF whose blocks are `blocks` of the source, renumbered, its metadata as is but the block count,
+    `overrides` (unsigned integer keys) and the file type when retyped: "f16" dequantises every quantised tensor to
+    F16, "q4_0" requantises every Q4_1 tensor to Q4_0. Written to a temporary file, then renamed."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, quants
 
@@ -50,8 +56,8 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], r
         for name, f in reader.fields.items():
             if name.startswith("GGUF.") or name == "general.architecture":
                 continue
-            if name == f"{arch}.block_count":
-                writer.add_uint32(name, len(blocks))
+            if name == f"{arch}.block_count" or name in (overrides or {}):
+                writer.add_uint32(name, len(blocks) if name == f"{arch}.block_count" else (overrides or {})[name])
                 continue
             if retype and name == "general.file_type":
                 writer.add_uint32(name, {"f16": LlamaFileType.MOSTLY_F16, "q4_0": LlamaFileType.MOSTLY_Q4_0}[retype])
@@ -91,6 +97,21 @@ def upscale(src: str | os.PathLike, dst: str | os.PathLike, blocks: list[int], r
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    return dst
+
+
+def f16_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """`dst`, written once: every block of `src` with its quantised tensors dequantised to F16 (greedy token ids
+    compare exactly on it, docs/measurements/numerics.md)."""
+    from gguf import GGUFReader
+
+    dst = Path(dst)
+    if not dst.exists():
+        reader = GGUFReader(str(src))
+        arch = reader.fields["general.architecture"].contents()
+        n_layer = int(reader.fields[f"{arch}.block_count"].contents())
+        del reader
+        upscale(src, dst, list(range(n_layer)), "f16")
     return dst
 
 
