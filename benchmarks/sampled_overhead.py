@@ -36,7 +36,8 @@ DEMO = {"T 0.7 fsd js 0.2": {**FSD, "tau": 0.2, "temperature": 0.7}, "T 0.7 sd":
 
 def run_configs(eng, texts: list[str], configs: dict, tokens: int) -> dict:
     """One pass over every configuration: per configuration, the rounds, the calls' own seconds (outside
-    llama.cpp), the statistics' `other` seconds, the verify phase outside the target's decode, the wall seconds."""
+    llama.cpp), the statistics' `other` seconds, the draft and verify phases outside their decodes, the policy and
+    advance phases, the wall seconds."""
     base = {"draft_policy": "fixed", "draft_max": 4, "logprobs": False, "seed": 1}
     ids = [eng.tokenize(t) for t in texts]
     models = [m for m in (eng.target, eng.draft) if m is not None]
@@ -45,6 +46,7 @@ def run_configs(eng, texts: list[str], configs: dict, tokens: int) -> dict:
         eng.reset()
         eng.generate(ids[0], **base, **s, max_tokens=8)  # untimed: kernels, caches
         row = {"rounds": 0, "own": 0.0, "other": 0.0, "verify_own": 0.0, "wall": 0.0, "tokens": 0}
+        row |= {"draft_own": 0.0, "policy": 0.0, "advance": 0.0}
         for p in ids:
             eng.reset()
             inside = sum(m.decode_seconds for m in models)
@@ -56,6 +58,9 @@ def run_configs(eng, texts: list[str], configs: dict, tokens: int) -> dict:
             row["tokens"] += st["tokens"]
             row["other"] += st["seconds"]["other"]
             row["verify_own"] += st["phase_seconds"]["verify"] - st["seconds"]["target"]
+            row["draft_own"] += st["phase_seconds"]["draft"] - st["seconds"]["draft"]
+            row["policy"] += st["phase_seconds"]["policy"]
+            row["advance"] += st["phase_seconds"]["advance"]
             row["wall"] += st["seconds_total"]
         out[label] = row
     return out

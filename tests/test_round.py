@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from fsd_local import Engine
-from fsd_local.drafting.proposer import MODEL
-from fsd_local.round import Proposal, RoundContext, verify
+from fsd_local.drafting.proposer import MODEL, DraftPicks
+from fsd_local.kernels.accept import accept_round
+from fsd_local.kernels.emit import emit_one
+from fsd_local.round import Proposal, RoundContext, decoded_rows, verify
 from fsd_local.settings import Settings
 
 
@@ -181,3 +183,38 @@ def test_engines_side_by_side_keep_each_others_sizes_and_an_entry_without_a_plai
     store.write_text(json.dumps(data))
     with Engine(target=t, draft=d, n_ctx=512, n_threads=1) as fresh:
         assert not _measured(fresh)
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.7}, {"temperature": 0.0}, {"temperature": 0.8, "top_k": 40}])
+def test_the_kernels_typed_once_decide_as_the_dispatched_ones(tiny_engine, sampling):
+    """judge calls accept_round, and a plain step emit_one, through entry points typed once per context
+    (round.py `entry`): on the same rows, drafts and uniforms they decide exactly as numba's dispatch of the
+    same kernels; rows of another type (not a decode's) never reach them."""
+    with tiny_engine.generation("the cat sat", mode="fsd", tau=0.3, divergence="js", seed=3, **sampling) as g:
+        ctx, n = g.ctx, g.ctx.n_vocab
+        accept, emit = ctx.entries()
+        assert ctx.entries() == (accept, emit)  # typed once
+        rng = np.random.default_rng(1)
+        picks = DraftPicks(ctx, n, 3)
+        base = rng.standard_normal(n).astype(np.float32) * 3
+        for _ in range(3):  # draft rows near the target's: some slots pass the SD test, some are rescued or not
+            picks.pick((base + rng.standard_normal(n).astype(np.float32)).copy())
+        P = np.stack([base + 0.5 * rng.standard_normal(n).astype(np.float32) for _ in range(4)])
+        d, out, args = ctx.buffers.drafts, ctx.buffers.out, (ctx.n_vocab, ctx.rule, ctx.sampling)
+        for seed in range(20):
+            u = np.random.default_rng(seed).random(4)
+            got = accept(P.copy(), d, 3, *args, u, out, ctx.budget), out.reason[:3].copy(), out.divergence[:3].copy()
+            want = accept_round(P.copy(), d, 3, *args, u, out, ctx.budget), out.reason[:3], out.divergence[:3]
+            assert got[0] == want[0]
+            np.testing.assert_array_equal(got[1], want[1])
+            np.testing.assert_array_equal(got[2], want[2])
+            x = P[seed % 4]
+            once = emit(x, n, ctx.sampling, u[0], ctx.buffers.row_stats, out)
+            np.testing.assert_array_equal(once, emit_one(x, n, ctx.sampling, u[0], ctx.buffers.row_stats, out))
+    tiny_engine.generate("the cat", mode="ar", max_tokens=2)
+    assert decoded_rows(tiny_engine.target.logits(1))
+    assert not decoded_rows(P.astype(np.float64)) and not decoded_rows(np.asfortranarray(P))
+    assert not decoded_rows(P[:, ::2]) and not decoded_rows(P[0])
+    ro = P.copy()
+    ro.flags.writeable = False
+    assert not decoded_rows(ro)

@@ -8,7 +8,7 @@ from numba import njit
 
 from fsd_local.kernels.dense import draw, summarise
 from fsd_local.kernels.fastmath import from_order_key, kernel, radd, vexp, wide
-from fsd_local.kernels.rows import copy_max_argmax, copy_row, max_argmax_wide, row_max
+from fsd_local.kernels.rows import copy_max_argmax, copy_row, max_argmax, row_max
 from fsd_local.kernels.topk import BLOCK as TOPK_BLOCK
 from fsd_local.kernels.topk import block_max_keys, count_at_least, gather_sorted, top_from_blocks, top_indices
 
@@ -335,11 +335,11 @@ def residual_kept(x, y, n, temperature, px, py, kept, m, u, onehot, d, q_kept, q
 
 @njit(cache=True)
 def pick_kept(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top, summary):
-    """`pick` with the fast paths (greedy: an argmax at memory speed; untruncated: a draw from the block summary):
-    writes (mx, cutoff, lz) to out_stats and the kept tokens to kept; returns (token, p~(token), p~ of the most
-    likely token, how many tokens are kept: -1 when not truncated, or greedy)."""
-    if temperature <= 0.0:
-        mx, t = max_argmax_wide(x, n)
+    """`pick` with the fast paths (greedy: an argmax at memory speed, on one core; untruncated: a draw from the block
+    summary): writes (mx, cutoff, lz) to out_stats and the kept tokens to kept; returns (token, p~(token), p~ of the
+    most likely token, how many tokens are kept: -1 when not truncated, or greedy)."""
+    if temperature <= 0.0:  # one core: right after a decode a parallel region's start costs more than the second
+        mx, t = max_argmax(x, n)  # core saves on a read at memory speed (docs/measurements/sampled-rounds.md)
         return _greedy_pick(x, n, mx, t, want_top, out_stats)
     if untruncated(top_k, top_p, min_p):
         t, p_t, p_top, ok = _pick_dense(x, n, temperature, u, out_stats, summary, x, False)
