@@ -11,6 +11,7 @@ import pytest
 from scipy.stats import chisquare
 
 from fsd_local import Engine
+from fsd_local.drafting.length import CostTable
 from fsd_local.drafting.proposer import MODEL
 from fsd_local.kernels.accept import BY_SD
 from fsd_local.round import FORCED_MAX, Proposal, force, forced_flags, verify
@@ -205,3 +206,50 @@ def test_sampled_output_keeps_the_targets_constrained_distribution(tiny_engine):
         assert set(counts) <= set(cells)
         observed = np.array([counts.get(c, 0) for c in cells])
         assert chisquare(observed, expected * n / expected.sum()).pvalue > 0.001, (mode, observed, expected * n)
+
+
+def _runs_behind_drafts(eng: Engine, prompt: str) -> tuple[int, list[int]]:
+    """Rounds with a forced run right after a drafted slot (sd, fixed k 4), and the reply's ids."""
+    behind = 0
+    with eng.generation(prompt, mode="sd", json_schema=PROFILE, max_tokens=60) as g:
+        while g.stop_reason() is None:
+            step = eng.round(g)
+            f = step.proposal.forced if step.proposal is not None else None
+            behind += f is not None and bool((f[1:] & ~f[:-1]).any())  # a forced slot after a drafted one
+            if g.advance(step)[0] is not None:
+                break
+        return behind, list(g.reply.tokens)
+
+
+@pytest.mark.parametrize("slope", [0.00001, 0.004])
+def test_a_forced_run_rides_behind_drafts_only_where_its_rows_pay(tiny_pair, slope):
+    """Recorded costs (never the host's): rows almost free, every run is proposed behind the drafts; rows dear
+    against a round and drafts mostly rejected, none is (the next round opens with it). The ids stay the same."""
+    d, t = tiny_pair
+    with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
+        length = eng.policy.length
+        length.prices = CostTable(verify=[0.0] + [0.001 + slope * n for n in range(1, 64)], draft=0.0005)
+        length.observe(None, 0, 0, 0.0, 1, 0.0)  # a plain step priced: the verification's costs are known
+        for _ in range(40):  # the draft model's tokens mostly rejected
+            length.cost(MODEL).observe_acceptance(4, 0)
+        off = eng.generate(PROMPTS[1], mode="sd", json_schema=PROFILE, max_tokens=60, jump_forward=False)
+        behind, ids = _runs_behind_drafts(eng, PROMPTS[1])
+    assert ids == off.token_ids
+    assert (behind > 0) if slope < 0.001 else (behind == 0)
+
+
+def test_the_end_of_generation_is_never_forced(tiny_engine):
+    """The grammar's end allows only the end of the reply: the target's bonus token, not a forced slot, and not
+    in the reply."""
+    grammar = 'root ::= "we ran."'
+    for mode in ("ar", "sd"):
+        with tiny_engine.generation("a dog", mode=mode, grammar=grammar, max_tokens=30) as g:
+            steps = []
+            while g.stop_reason() is None:
+                steps.append(tiny_engine.round(g))
+                if g.advance(steps[-1])[0] is not None:
+                    break
+            last = steps[-1]
+            assert tiny_engine.target.is_eog(last.emitted.tokens[-1]) and last.emitted.origins[-1] == "target"
+            assert g.reply.origins == ["forced"] * len(g.reply.tokens)
+            assert b"".join(tiny_engine.token_bytes(t) for t in g.reply.tokens) == b"we ran."
