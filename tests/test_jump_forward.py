@@ -221,15 +221,14 @@ def _runs_behind_drafts(eng: Engine, prompt: str) -> tuple[int, list[int]]:
         return behind, list(g.reply.tokens)
 
 
-DECLINE_OPEN = "run_pays declines on these costs when called alone, yet the engine's rounds still propose runs behind\
- drafts: cause not found by the 2026-12-02 deadline (issue 41)"
-
-
-@pytest.mark.parametrize("dear", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=DECLINE_OPEN))])
-def test_a_forced_run_rides_behind_drafts_only_where_its_rows_pay(tiny_pair, dear):
-    """Recorded costs (never the host's): a row almost free, the runs after the draft model's tokens are proposed;
-    every row past the first dear against a round's start, none is (each opens the next round instead). The ids
-    stay the same."""
+@pytest.mark.parametrize("dear", [False, True])
+def test_a_forced_run_rides_behind_drafts_only_where_its_rows_pay(tiny_pair, dear, tmp_path, monkeypatch):
+    """Recorded costs from an empty store (never the host's, nor an earlier engine's): a row almost free, the runs
+    after the draft model's tokens are proposed; every row past the first dear, none is (each opens the next round
+    instead). The ids stay the same."""
+    # the session's store holds what earlier engines of this pair decoded: averaged into these prices, it bends
+    # the verification curve (v(1) ~0.1 s, v falling with n) and every run then pays
+    monkeypatch.setenv("FSD_LOCAL_COSTS", str(tmp_path / "costs.json"))
     d, t = tiny_pair
     row, start = (1.0, 1e-6) if dear else (1e-8, 1e-3)
     with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
