@@ -3,7 +3,7 @@ same requests, a 3-function tool list and tool_choice "required", sent with the 
 of this process, one per side, each on its own freshly loaded engine.
 
     python benchmarks/tools_jump_forward.py --demo f16 [--configs ar,sd,fsd] [--repeats 1] [--tokens 96]
-        [--store empty|disk]
+        [--store empty|disk] [--target T.gguf --draft D.gguf]
 
 The demo target cannot express tools with its own chat template, so the script writes a copy of it with a Hermes
 template (tests/support/tool_templates.py, the one the tool tests use). Each request is greedy (the calls can be
@@ -130,6 +130,8 @@ def totals(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--demo", default="f16", choices=("f16", "wide", "q4_1"))
+    ap.add_argument("--target", help="a target GGUF instead of a demo pair (with --draft)")
+    ap.add_argument("--draft")
     ap.add_argument("--configs", default="ar,sd,fsd")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=96, help="max_tokens: room for the whole call")
@@ -137,7 +139,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--asks", type=int, default=len(ASKS), help="the first N asks")
     a = ap.parse_args()
-    draft, target = demo_pair(precision=a.demo)
+    if bool(a.target) != bool(a.draft):
+        ap.error("--target and --draft go together (a pair of GGUF paths); leave both out for a demo pair")
+    draft, target = (a.draft, a.target) if a.target else demo_pair(precision=a.demo)
     hermes = with_template(str(target), Path(tempfile.mkdtemp()) / "target-hermes.gguf", TEMPLATES["hermes"])
     store = "EMPTY" if a.store == "empty" else "as on disk"
     print(f"target {target} (Hermes template); cost store {store} per engine; {a.asks} asks x {a.repeats}")
