@@ -184,10 +184,9 @@ class Proposer:
         return Proposal(n, MODEL if made else None, k, perf_counter() - t0, caught_up, probed, flags)
 
     def run_pays(self, made: int, at: int) -> Callable[[int], bool] | None:
-        """Whether a forced run of r slots after the model's `made` drafts (slot `at` on) is worth proposing now:
-        its rows and the draft's decode of it are wasted unless those drafts are all accepted (chance p), and
-        declining it costs about a round's start (the next round opens with it). None: propose it (nothing
-        measured yet)."""
+        """Whether a forced run of r slots after the model's `made` drafts (slot `at` on) pays now: its rows and
+        draft decode, wasted unless those drafts are all accepted (chance p), against a round's start (declined,
+        the next round opens with it); docs/design.md. None: propose it (nothing measured yet)."""
         cm = self.lengths.cost(MODEL)
         if not made or not cm.verify.measured:
             return None
