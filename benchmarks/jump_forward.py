@@ -23,10 +23,12 @@ import argparse
 import json
 import os
 import tempfile
+import time
 from importlib.resources import files
 
 from fsd_local.chain import Chain
 from fsd_local.engine import Engine
+from fsd_local.llama.model import Model
 from fsd_local.pairs.demo import demo_pair
 from fsd_local.settings import CHAT_DEFAULTS, Settings
 
@@ -47,6 +49,36 @@ CONFIGS = {
     "fsd-auto": {"mode": "fsd", "divergence": "js", "tau": 0.2},
 }
 LOSSLESS = ("ar", "sd-k4", "sd-auto")
+# the per-phase breakdown: seconds inside the chain's hooks (llguidance's masks, forced tokens, the matcher's
+# moves), and tokens each model decoded, by model; counted by wrapping those methods in this script only
+CHAIN_HOOKS = ("draft_row", "target_rows", "push", "settle", "admit", "force")
+meter = {"chain": 0.0, "decoded": {}}
+
+
+def _instrument() -> None:
+    for name in CHAIN_HOOKS:
+        inner = getattr(Chain, name)
+
+        def timed(self, *args, _inner=inner):
+            t = time.perf_counter()
+            try:
+                return _inner(self, *args)
+            finally:
+                meter["chain"] += time.perf_counter() - t
+
+        setattr(Chain, name, timed)
+    decode, decode_one = Model.decode, Model.decode_one
+
+    def counted(self, tokens, logits="last"):  # a prompt's batches output no row: they are not the reply's
+        if logits != "none":
+            meter["decoded"][self.role] = meter["decoded"].get(self.role, 0) + len(tokens)
+        return decode(self, tokens, logits)
+
+    def counted_one(self, token):
+        meter["decoded"][self.role] = meter["decoded"].get(self.role, 0) + 1
+        return decode_one(self, token)
+
+    Model.decode, Model.decode_one = counted, counted_one
 
 
 def profile_message(who: str) -> list[dict[str, str]]:
@@ -72,6 +104,7 @@ def run_config(a, target, draft, settings: dict, sampling: str) -> dict[bool, li
             for i, who in enumerate(PEOPLE[: a.prompts]):
                 extra = dict(CHAT_DEFAULTS, seed=1000 * r + i) if sampling == "chat" else {}
                 for on in (True, False) if (r + i) % 2 == 0 else (False, True):
+                    meter["chain"], meter["decoded"] = 0.0, {}
                     out = sides[on].chat(
                         profile_message(who),
                         json_schema=PROFILE,
@@ -82,7 +115,14 @@ def run_config(a, target, draft, settings: dict, sampling: str) -> dict[bool, li
                     )
                     forcible = forced_along(sides[on], out.token_ids)
                     replies[on].append(
-                        {"ids": out.token_ids, "finish": out.finish_reason, "forcible": forcible, **out.stats}
+                        {
+                            "ids": out.token_ids,
+                            "finish": out.finish_reason,
+                            "forcible": forcible,
+                            "chain_seconds": meter["chain"],
+                            "decoded": dict(meter["decoded"]),
+                            **out.stats,
+                        }
                     )
     finally:
         for e in sides.values():
@@ -109,7 +149,18 @@ def summary(replies: list[dict]) -> dict:
     calls = sum(r["target_calls"] for r in replies)
     forced = sum(r.get("forced_accepted", 0) for r in replies)
     forcible = sum(r["forcible"] for r in replies)
+    phase = {k: sum(r["seconds"][k] for r in replies) for k in ("target", "draft", "other")}
+    chain = sum(r["chain_seconds"] for r in replies)
+    decoded = {m: sum(r["decoded"].get(m, 0) for r in replies) for m in ("target", "draft")}
     return {
+        "ms_per_token": {
+            "target": 1000 * phase["target"] / tokens,
+            "draft": 1000 * phase["draft"] / tokens,
+            "chain": 1000 * chain / tokens,
+            "rest": 1000 * (phase["other"] - chain) / tokens,
+        },
+        "decoded_per_token": {m: decoded[m] / tokens for m in decoded},
+        "chain_share": chain / seconds if seconds else 0.0,
         "tokens": tokens,
         "target_calls": calls,
         "tokens_per_call": tokens / calls if calls else 0.0,
@@ -134,6 +185,7 @@ def main() -> None:
     ap.add_argument("--empty-store", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    _instrument()
     draft, target = (a.draft, a.target) if a.target else demo_pair(precision=a.demo)
     store = "EMPTY" if a.empty_store else "as on disk"
     print(f"target {target}; cost store {store}; {a.prompts} prompts x {a.repeats}, max_tokens {a.tokens}", flush=True)
@@ -157,6 +209,18 @@ def main() -> None:
                 f"{off['forcible_share']:5.0%} "
                 f"{'-' if same is None else same}",
                 flush=True,
+            )
+    print("\nper reply token: ms in the target, the draft, the chain, the rest of the loop; tokens each decoded")
+    print(
+        f"{'config':9s} {'sampling':8s} side {'target':>7s} {'draft':>6s} {'chain':>6s} {'rest':>6s} {'share':>6s} "
+        f"{'t.dec':>6s} {'d.dec':>6s}"
+    )
+    for row in results:
+        for side in ("on", "off"):
+            m, d, sm = row[side]["ms_per_token"], row[side]["decoded_per_token"], row[side]
+            print(
+                f"{row['config']:9s} {row['sampling']:8s} {side:4s} {m['target']:7.2f} {m['draft']:6.2f} "
+                f"{m['chain']:6.2f} {m['rest']:6.2f} {sm['chain_share']:6.1%} {d['target']:6.2f} {d['draft']:6.2f}"
             )
     if a.json:
         print(json.dumps(results, indent=1))

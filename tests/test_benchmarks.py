@@ -62,6 +62,10 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             pair + TINY + ["--prompts", "1", "--tokens", "8", "--configs", "ar,sd-k4", "--sampling", "greedy,chat"],
             "sd-k4     chat",
         ),
+        "tools_jump_forward": (
+            pair + TINY + ["--asks", "1", "--tokens", "8", "--configs", "sd-k4"],
+            "sd-k4 ",
+        ),
         "record_traces": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--out", str(tmp / "t.json")], "written"),
         "repack_cost": (pair + TINY + ["--tokens", "4", "--repeats", "1"], "no-repack / repack"),
         "rules_frontier": (
