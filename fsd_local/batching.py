@@ -15,7 +15,7 @@ from time import perf_counter
 from typing import Any
 
 from fsd_local.chain import Chain
-from fsd_local.drafting.batch_drafts import NOTHING, draft_all
+from fsd_local.drafting.batch_drafts import NOTHING, WAITING, draft_all
 from fsd_local.drafting.batch_length import BatchPlan, BatchPrices, plan_from_costs
 from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel
 from fsd_local.drafting.length import CATCH_UP_PRIOR, PENDING_MAX
@@ -321,6 +321,8 @@ class Scheduler:
                 proposals[i] = forced_run(sl.g.ctx) or NOTHING
         live = []
         for sl, p in zip(slots, proposals):
+            if p is WAITING:
+                continue
             part = target_input(sl.g.ctx, len(target.seqs[sl.g.seq_id]), p)
             try:
                 tb.add(sl.g.seq_id, part.tokens, f"from:{part.first_row}")

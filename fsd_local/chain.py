@@ -4,8 +4,6 @@ draft's and the target's rows of a round, each row as if the drafts before it ha
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from fsd_local.constrain import Constraint, compile_grammar
@@ -134,16 +132,10 @@ class Chain:
         """Push the tokens the grammar forces after the accepted text and this round's drafts (at most `limit`,
         none past the grammar's end) and return them: [] without jump_forward or where the grammar leaves a
         choice. They are drafts like any other: verified by the target, rolled back by `settle` if rejected."""
-        return self.offer(limit, None) or []
-
-    def offer(self, limit: int, worth: Callable[[int], bool] | None) -> list[int] | None:
-        """`force`, unless `worth(run length)` declines the run: None then, nothing pushed."""
         if not self.jump:
             return []
         assert self.constraint is not None, "jump_forward acts under a constraint"
         forced = self.constraint.forced(limit)
-        if forced and worth is not None and not worth(len(forced)):
-            return None
         for i, tok in enumerate(forced):
             if not self.push(tok):  # the grammar is complete after it: nothing may follow but the end
                 del forced[i + 1 :]

@@ -171,15 +171,7 @@ def force(ctx: RoundContext, at: int, used: int) -> list[int]:
     """Write the tokens the grammar forces after this round's first `at` slots into slots at.. of the draft
     buffers (pushed into the chain), at most FORCED_MAX - `used` and never past the round's room: [] without
     jump_forward or where the grammar leaves a choice. The target judges them exactly (kernels/accept.py)."""
-    return offer(ctx, at, used, None) or []
-
-
-def offer(ctx: RoundContext, at: int, used: int, worth: Callable[[int], bool] | None) -> list[int] | None:
-    """`force`, unless `worth(run length)` declines the run (the drafter's tokens before it may be rejected):
-    None then, nothing written."""
-    run = ctx.chain.offer(min(FORCED_MAX - used, ctx.room - at), worth)
-    if run is None:
-        return None
+    run = ctx.chain.force(min(FORCED_MAX - used, ctx.room - at))
     d = ctx.buffers.drafts
     for j, tok in enumerate(run, at):
         d.tokens[j], d.prob[j], d.onehot[j] = tok, 1.0, FORCED

@@ -11,7 +11,6 @@ import pytest
 from scipy.stats import chisquare
 
 from fsd_local import Engine
-from fsd_local.drafting.length import CostTable
 from fsd_local.drafting.proposer import MODEL
 from fsd_local.kernels.accept import BY_SD
 from fsd_local.round import FORCED_MAX, Proposal, force, forced_flags, verify
@@ -206,42 +205,6 @@ def test_sampled_output_keeps_the_targets_constrained_distribution(tiny_engine):
         assert set(counts) <= set(cells)
         observed = np.array([counts.get(c, 0) for c in cells])
         assert chisquare(observed, expected * n / expected.sum()).pvalue > 0.001, (mode, observed, expected * n)
-
-
-def _runs_behind_drafts(eng: Engine, prompt: str) -> tuple[int, list[int]]:
-    """Rounds with a forced run right after a draft model's slot (sd, fixed k 4), and the reply's ids."""
-    behind = 0
-    with eng.generation(prompt, mode="sd", json_schema=PROFILE, max_tokens=60, drafter="model") as g:
-        while g.stop_reason() is None:
-            step = eng.round(g)
-            f = step.proposal.forced if step.proposal is not None else None
-            behind += f is not None and bool((f[1:] & ~f[:-1]).any())  # a forced slot after a drafted one
-            if g.advance(step)[0] is not None:
-                break
-        return behind, list(g.reply.tokens)
-
-
-@pytest.mark.parametrize("dear", [False, True])
-def test_a_forced_run_rides_behind_drafts_only_where_its_rows_pay(tiny_pair, dear, tmp_path, monkeypatch):
-    """Recorded costs from an empty store (never the host's, nor an earlier engine's): a row almost free, the runs
-    after the draft model's tokens are proposed; every row past the first dear, none is (each opens the next round
-    instead). The ids stay the same."""
-    # the session's store holds what earlier engines of this pair decoded: averaged into these prices, it bends
-    # the verification curve (v(1) ~0.1 s, v falling with n) and every run then pays
-    monkeypatch.setenv("FSD_LOCAL_COSTS", str(tmp_path / "costs.json"))
-    d, t = tiny_pair
-    row, start = (1.0, 1e-6) if dear else (1e-8, 1e-3)
-    with Engine(target=t, draft=d, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=4) as eng:
-        length = eng.policy.length
-        length.prices = CostTable(verify=[0.0] + [start + row * (n - 1) for n in range(1, 64)], draft=1e-4)
-        for n in range(1, 30):  # decodes of every size priced: the verification's costs are known
-            length.observe(None, 0, 0, 0.0, n, 0.0)
-        off = eng.generate(
-            PROMPTS[1], mode="sd", json_schema=PROFILE, max_tokens=60, jump_forward=False, drafter="model"
-        )
-        behind, ids = _runs_behind_drafts(eng, PROMPTS[1])
-    assert ids == off.token_ids
-    assert (behind == 0) if dear else (behind > 0)
 
 
 def test_the_end_of_generation_is_never_forced(tiny_engine):

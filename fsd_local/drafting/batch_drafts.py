@@ -13,6 +13,7 @@ from fsd_local.llama.model import Model
 from fsd_local.round import Proposal, force, forced_flags
 
 NOTHING = Proposal(0, None, 0, 0.0)  # a call that drafts nothing this round: its plain step rides along
+WAITING = Proposal(0, None, 0, 0.0)  # a call whose draft cache catches up in chunks: no target row this round
 
 
 def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
@@ -29,16 +30,21 @@ def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
         if not sl.g.speculative:
             continue
         ctx, sid = sl.g.ctx, sl.g.seq_id
+        behind, chunk = ctx.seq[len(d.seqs[sid]) :], sch.chunk_for(d)
+        if k and len(behind) > chunk + 1:  # a long catch-up goes in chunks; the call waits and drafts after it,
+            try:  # as it would alone (a round of k = 0 instead would change what a lossy rule accepts)
+                db.add(sid, behind[:chunk], "none")
+                sch.chunks.append((sch.rounds, sid, "draft", chunk, len(slots)))
+                proposals[i] = WAITING
+                continue
+            except ContextOverflowError:  # no room in the draft's cells: this call drafts nothing this round
+                k = 0
         forced = force(ctx, 0, 0)  # no drafter proposes what the grammar forces
         n = len(forced)
         proposals[i] = Proposal(n, None, 0, 0.0, forced=forced_flags(ctx, n)) if n else NOTHING
-        behind, k, chunk = ctx.seq[len(d.seqs[sid]) :], max(0, min(k, ctx.room - n)), sch.chunk_for(d)
+        k = max(0, min(k, ctx.room - n))
         try:
-            if k and len(behind) > chunk + 1:  # a long catch-up goes in chunks, drafting after it
-                db.add(sid, behind[:chunk], "none")
-                sch.chunks.append((sch.rounds, sid, "draft", chunk, len(slots)))
-                k = 0
-            elif k:
+            if k:
                 db.add(sid, [*behind, *forced], "last")
                 picks[i], used[i] = DraftPicks(ctx, sch.eng.n_vocab, k, n), n
         except ContextOverflowError:  # no room in the draft's cells: this call drafts nothing this round

@@ -4,8 +4,6 @@ which scores what it skipped (docs/design.md, "Drafting and the draft length")."
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from time import perf_counter
 
 import numpy as np
@@ -21,7 +19,7 @@ from fsd_local.kernels.names import DIVERGENCE_MODES
 from fsd_local.kernels.sampling import pick_kept, pick_kept_copy
 from fsd_local.kernels.score import score_slots
 from fsd_local.llama.model import Model
-from fsd_local.round import Proposal, RoundContext, Step, force, forced_flags, offer
+from fsd_local.round import Proposal, RoundContext, Step, force, forced_flags
 
 MODEL: Source = ("model", 0)
 # the target's rows of the latest plain steps kept for scoring the draft model's catch-up (length.py): a probe
@@ -173,10 +171,7 @@ class Proposer:
             picks = DraftPicks(ctx, self.n_vocab, k, n)  # the draft's last row is the first draw's
             device = d.sampler.active  # greedy picks made on the device, no draft row read (device_picks.py)
             while (tok := picks.picked(d.sampler.take()) if device else picks.pick(d.logits(1)[0])) is not None:
-                # the grammar extends the proposal where it decides alone, where its rows pay behind these drafts
-                run = offer(ctx, picks.n, used, self.run_pays(picks.made, picks.n))
-                if run is None:  # the next round opens with it, verified behind accepted text only
-                    break
+                run = force(ctx, picks.n, used)  # the grammar extends the proposal where it decides alone
                 picks.n, used = picks.n + len(run), used + len(run)
                 if picks.done or picks.n >= ctx.room:  # forced slots take the room of the drafts after them
                     break
@@ -188,22 +183,6 @@ class Proposer:
         made = n - used
         flags = forced_flags(ctx, n)
         return Proposal(n, MODEL if made else None, k, perf_counter() - t0, caught_up, probed, flags)
-
-    def run_pays(self, made: int, at: int) -> Callable[[int], bool] | None:
-        """Whether a forced run of r slots after the model's `made` drafts (slot `at` on) pays now: its rows and
-        draft decode, wasted unless those drafts are all accepted (chance p), against a round's start (declined,
-        the next round opens with it); docs/design.md. None: propose it (nothing measured yet)."""
-        cm = self.lengths.cost(MODEL)
-        if not made or not cm.verify.measured:
-            return None
-        p = math.prod(cm.acceptance()[:made])
-
-        def pays(r: int) -> bool:
-            v = cm.verify.curve(at + r + 1)
-            waste = v[at + r + 1] - v[at + 1] + self.lengths.catch_up_seconds(r, cm)
-            return (1.0 - p) * waste <= p * v[1]
-
-        return pays
 
     def _draft_across(self, ctx: RoundContext, a: Across, t0: float, forced: list[int]) -> Proposal:
         """The draft model of another vocabulary: its cache brought to the text, its rows carried onto the
