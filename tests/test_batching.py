@@ -48,11 +48,13 @@ def _alone(pair, prompts, settings):
 
 
 def _together(eng, prompts, settings, each=None):
-    """Every prompt's call from its own thread, started together; `each(i, stream)` may read a stream itself."""
+    """Every prompt's call from its own thread, started together (`settings`: one dict, or one per prompt);
+    `each(i, stream)` may read a stream itself."""
     out: list = [None] * len(prompts)
+    per = settings if isinstance(settings, list) else [settings] * len(prompts)
 
     def run(i):
-        stream = eng.stream(prompts[i], **settings)
+        stream = eng.stream(prompts[i], **per[i])
         out[i] = each(i, stream) if each else [p for p in stream][-1].completion
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
@@ -140,19 +142,7 @@ def test_forced_tokens_of_a_grammar_are_proposed_in_a_batch_as_alone(pairs, mode
     with _engine(pairs["f32"]) as eng:
         alone = [eng.generate(p, **kw) for p, kw in zip(PROMPTS, per)]
     with _engine(pairs["f32"], parallel=4) as eng:
-        out = [None] * 4
-
-        def run(i):
-            out[i] = [p for p in eng.stream(PROMPTS[i], **per[i])][-1].completion
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-        with eng.batch.paused():
-            for t in threads:
-                t.start()
-            while len(eng.batch.waiting) < 4:
-                time.sleep(0.001)
-        for t in threads:
-            t.join(60)
+        out = _together(eng, PROMPTS[:4], per)
         assert eng.batch.peak == 4
     assert [c.token_ids for c in out] == [c.token_ids for c in alone]
     for i in (0, 2):
@@ -234,19 +224,7 @@ def test_where_drafting_never_pays_a_batch_of_auto_calls_is_plain_decoding(pairs
     per = [{**settings, **MODES["sd" if i % 2 else "fsd"]} for i in range(4)]
     with _engine(pairs["f16"], parallel=4) as eng:
         _injected(eng, F16_TARGET, F16_DRAFT, 4 * 9 + 1)
-        out = [None] * 4
-
-        def run(i):
-            out[i] = [p for p in eng.stream(PROMPTS[i], **per[i])][-1].completion
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-        with eng.batch.paused():
-            for t in threads:
-                t.start()
-            while len(eng.batch.waiting) < 4:
-                time.sleep(0.001)
-        for t in threads:
-            t.join(60)
+        out = _together(eng, PROMPTS[:4], per)
         assert eng.batch.peak == 4
         assert set(eng.batch.k_counts) == {0} and eng.batch.k_counts[0] >= 4 * 20
         assert all(plan.ks == [0] * n for n, plan in eng.batch.plans)
