@@ -100,9 +100,9 @@ def chat(url: str, prompt: str, tokens: int, mode: dict, **kw) -> httpx.Response
     return httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
 
 
-def load(url: str, ps: list[str], clients: int, requests: int, tokens: int, mode: dict) -> tuple[int, float]:
-    """(tokens, seconds): `clients` threads sharing `requests` greedy chat requests."""
-    todo, lock, made = list(range(requests)), threading.Lock(), [0] * clients
+def load(url: str, ps: list[str], clients: int, requests: int, tokens: int, mode: dict) -> tuple[int, float, list]:
+    """(tokens, seconds, each reply's statistics): `clients` threads sharing `requests` greedy chat requests."""
+    todo, lock, made, stats = list(range(requests)), threading.Lock(), [0] * clients, []
 
     def client(c: int) -> None:
         while True:
@@ -113,6 +113,7 @@ def load(url: str, ps: list[str], clients: int, requests: int, tokens: int, mode
             reply = chat(url, ps[r % len(ps)], tokens, mode, temperature=0.0, ignore_eos=True)
             reply.raise_for_status()
             made[c] += reply.json()["usage"]["completion_tokens"]
+            stats.append(reply.json()["fsd"])
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     t0 = perf_counter()
@@ -120,24 +121,56 @@ def load(url: str, ps: list[str], clients: int, requests: int, tokens: int, mode
         t.start()
     for t in threads:
         t.join()
-    return sum(made), perf_counter() - t0
+    return sum(made), perf_counter() - t0, stats
+
+
+def rounds_seen(stats: list) -> str:
+    """What the replies' rounds were: k chosen (histogram over rounds), acceptance, target rows per verify."""
+    ks: list[int] = []
+    rows: Counter[int] = Counter()
+    secs: Counter[int] = Counter()
+    for st in stats:
+        hist = st.get("k_histogram") or []
+        ks += [0] * (len(hist) - len(ks))
+        for k, n in enumerate(hist):
+            ks[k] += n
+        for n, count, seconds in st.get("verify_by_batch") or []:
+            rows[n] += count
+            secs[n] += seconds
+    drafted = sum(st.get("drafted", 0) for st in stats)
+    accepted = sum(st.get("accepted_sd", 0) + st.get("accepted_fuzzy", 0) for st in stats)
+    verify = " ".join(f"{n}:{rows[n]}x{1000 * secs[n] / rows[n]:.1f}ms" for n in sorted(rows))
+    return f"k histogram {ks}, accepted {accepted}/{drafted}, verify rows:count x mean [{verify}]"
 
 
 def throughput(a, ps: list[str]) -> None:
-    print(f"\n== {a.clients} clients, {a.requests} requests x {a.tokens} tokens: --parallel {a.clients} vs 1")
-    rates: dict[str, float] = {}
-    for m in a.modes.split(","):
-        for p in (1, a.clients):
+    """Passes interleaved (every mode and --parallel in each pass) so that ratios compare neighbouring runs."""
+    modes = a.modes.split(",")
+    single = modes if a.single is None else [m for m in a.single.split(",") if m]
+    print(f"\n== {a.clients} clients, {a.requests} requests x {a.tokens} tokens: --parallel {a.clients} vs 1, ")
+    print(f"{a.repeats} interleaved passes; --parallel 1 for {single}")
+    rates: dict[str, list[float]] = {}
+    for r in range(a.repeats):
+        for p, m in [(a.clients, m) for m in modes] + [(1, m) for m in single]:
             srv = Server(a, ROOT, "--parallel", str(p))
             try:
                 chat(srv.url, "Hi", 4, MODES[m])  # untimed: first touches
-                n, s = load(srv.url, ps, a.clients, a.requests, a.tokens, MODES[m])
+                n, s, stats = load(srv.url, ps, a.clients, a.requests, a.tokens, MODES[m])
             finally:
                 srv.stop()
-            rates[f"{p}:{m}"] = n / s
-            print(f"--parallel {p} {m:>4}: {n} tokens in {s:.2f} s = {n / s:.1f} tok/s", flush=True)
-    for m in a.modes.split(","):
-        print(f"{m}: {a.clients} at once / one at a time = {rates[f'{a.clients}:{m}'] / rates[f'1:{m}']:.2f}")
+            rates.setdefault(f"{p}:{m}", []).append(n / s)
+            print(f"pass {r} --parallel {p} {m:>4}: {n} tokens in {s:.2f} s = {n / s:.1f} tok/s; {rounds_seen(stats)}")
+            sys.stdout.flush()
+    c = a.clients
+    for m in modes:
+        for other, label in [(f"1:{m}", f"{m} one at a time"), (f"{c}:ar", f"ar at {c}")]:
+            if other == f"{c}:{m}" or other not in rates:
+                continue
+            each = [x / y for x, y in zip(rates[f"{c}:{m}"], rates[other], strict=True)]
+            print(
+                f"{m} at {c} / {label}: per pass {' '.join(f'{x:.3f}' for x in each)}; "
+                f"mean {sum(each) / len(each):.3f}; best/best {max(rates[f'{c}:{m}']) / max(rates[other]):.3f}"
+            )
 
 
 def alone(a, ps: list[str]) -> None:
@@ -150,7 +183,7 @@ def alone(a, ps: list[str]) -> None:
             srv = Server(a, root)
             try:
                 chat(srv.url, "Hi", 4, MODES["ar"])
-                n, s = load(srv.url, ps, 1, a.alone, a.tokens, MODES["ar"])
+                n, s, _ = load(srv.url, ps, 1, a.alone, a.tokens, MODES["ar"])
             finally:
                 srv.stop()
             best[name] = max(best.get(name, 0.0), n / s)
@@ -163,6 +196,7 @@ def soak(a, ps: list[str]) -> None:
     srv = Server(a, ROOT)
     codes: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
+    refused: dict[str, str] = {}  # the first answer of each kind and status that was not 200
     stop = threading.Event()
     rss: list[float] = []
 
@@ -181,6 +215,9 @@ def soak(a, ps: list[str]) -> None:
                 "POST", srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=600
             ) as r:
                 codes[str(r.status_code)] += 1
+                if r.status_code != 200:
+                    r.read()
+                    refused.setdefault(f"{kind} {r.status_code}", r.text[:300])
                 for i, _ in enumerate(r.iter_lines()):
                     if kind == "cancel" and i == 4:
                         break
@@ -191,6 +228,8 @@ def soak(a, ps: list[str]) -> None:
         else:
             r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=600)
         codes[str(r.status_code)] += 1
+        if r.status_code != 200:
+            refused.setdefault(f"{kind} {r.status_code}", f"{body.get('mode')}: {r.text[:300]}")
 
     def client(c: int) -> None:
         rng = random.Random(c)
@@ -219,6 +258,8 @@ def soak(a, ps: list[str]) -> None:
     fives = sum(n for c, n in codes.items() if c.startswith("5"))
     print(f"requests by kind: {dict(sorted(kinds.items()))}")
     print(f"answers by status: {dict(sorted(codes.items()))}; 5xx: {fives}")
+    for what, text in sorted(refused.items()):
+        print(f"first {what}: {text}")
     print(
         f"RSS (server + model process), MiB: after {a.warmup} s warm-up {rss[0]:.0f}, end {rss[-1]:.0f}, "
         f"max {max(rss):.0f}; samples every 5 s: {' '.join(f'{x:.0f}' for x in rss)}"
@@ -238,6 +279,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--modes", default="ar", help="comma-separated, for the --parallel comparison ('' skips it)")
+    ap.add_argument("--single", help="modes also run with --parallel 1 (comma-separated; default: --modes)")
     ap.add_argument("--alone", type=int, default=0, help="requests one at a time against --base (0 skips it)")
     ap.add_argument("--base", default="/work/main", help="the tree --alone compares against")
     ap.add_argument("--repeats", type=int, default=2)
