@@ -144,23 +144,34 @@ def rounds_seen(stats: list) -> str:
 
 
 def throughput(a, ps: list[str]) -> None:
-    """Passes interleaved (every mode and --parallel in each pass) so that ratios compare neighbouring runs."""
+    """Passes interleaved (every mode and --parallel in each pass) so that ratios compare neighbouring runs; with
+    --same-server each pass runs its modes on one server per --parallel, in the order m1..mk mk..m1 (a mode's
+    rate is the mean of its two runs), so that no ratio compares two processes."""
     modes = a.modes.split(",")
     single = modes if a.single is None else [m for m in a.single.split(",") if m]
     print(f"\n== {a.clients} clients, {a.requests} requests x {a.tokens} tokens: --parallel {a.clients} vs 1, ")
-    print(f"{a.repeats} interleaved passes; --parallel 1 for {single}")
+    print(f"{a.repeats} interleaved passes; --parallel 1 for {single}; one server a pass: {a.same_server}")
     rates: dict[str, list[float]] = {}
     for r in range(a.repeats):
-        for p, m in [(a.clients, m) for m in modes] + [(1, m) for m in single]:
-            srv = Server(a, ROOT, "--parallel", str(p))
-            try:
-                chat(srv.url, "Hi", 4, MODES[m])  # untimed: first touches
-                n, s, stats = load(srv.url, ps, a.clients, a.requests, a.tokens, MODES[m])
-            finally:
-                srv.stop()
-            rates.setdefault(f"{p}:{m}", []).append(n / s)
-            print(f"pass {r} --parallel {p} {m:>4}: {n} tokens in {s:.2f} s = {n / s:.1f} tok/s; {rounds_seen(stats)}")
-            sys.stdout.flush()
+        for p, ms in [(a.clients, modes), (1, single)]:
+            runs = [[m] for m in ms] if not a.same_server else [ms + ms[::-1]] if ms else []
+            for order in runs:
+                srv = Server(a, ROOT, "--parallel", str(p))
+                try:
+                    seen: dict[str, list[float]] = {}
+                    for m in order:
+                        chat(srv.url, "Hi", 4, MODES[m])  # untimed: first touches
+                        n, s, stats = load(srv.url, ps, a.clients, a.requests, a.tokens, MODES[m])
+                        seen.setdefault(m, []).append(n / s)
+                        print(
+                            f"pass {r} --parallel {p} {m:>4}: {n} tokens in {s:.2f} s = {n / s:.1f} tok/s; "
+                            f"{rounds_seen(stats)}",
+                            flush=True,
+                        )
+                finally:
+                    srv.stop()
+                for m, xs in seen.items():
+                    rates.setdefault(f"{p}:{m}", []).append(sum(xs) / len(xs))
     c = a.clients
     for m in modes:
         for other, label in [(f"1:{m}", f"{m} one at a time"), (f"{c}:ar", f"ar at {c}")]:
@@ -280,6 +291,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--modes", default="ar", help="comma-separated, for the --parallel comparison ('' skips it)")
     ap.add_argument("--single", help="modes also run with --parallel 1 (comma-separated; default: --modes)")
+    ap.add_argument("--same-server", action="store_true", help="each pass runs its modes on one server (ABBA)")
     ap.add_argument("--alone", type=int, default=0, help="requests one at a time against --base (0 skips it)")
     ap.add_argument("--base", default="/work/main", help="the tree --alone compares against")
     ap.add_argument("--repeats", type=int, default=2)

@@ -16,7 +16,7 @@ from typing import Any
 
 from fsd_local.chain import Chain
 from fsd_local.drafting.batch_drafts import NOTHING, WAITING, draft_all
-from fsd_local.drafting.batch_length import BatchPlan, BatchPrices, plan_from_costs
+from fsd_local.drafting.batch_length import BatchPlan, BatchPrices, plan_from_costs, probe_pays
 from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel
 from fsd_local.drafting.length import CATCH_UP_PRIOR, PENDING_MAX
 from fsd_local.drafting.proposer import MODEL
@@ -44,6 +44,8 @@ PREFILL_CHUNK = 64
 # rounds a plan of no drafts holds while the same calls run and nothing is prefilled: no draft, no new acceptance
 # evidence, so only the slowly moving prices could change it (and the search costs ~2% of a round of 4 on this host)
 HOLD_PLAIN = 16
+# drafts a probe tries (`Scheduler._probe_for`): as the one-call policy's probes of prompt lookup
+PROBE_K = 2
 
 
 def check_batchable(s: Settings, across: bool = False) -> None:
@@ -105,6 +107,8 @@ class Scheduler:
         self.peak = 0  # the most calls one round has advanced
         self.prefill_chunk = PREFILL_CHUNK
         self._plain: tuple[tuple[int, ...], int] | None = None  # (calls, round) of the last plan of no drafts
+        self._probe: int | None = None  # the call (seq_id) drafting PROBE_K until it has drafted, though plans do not
+        self.probes, self._turn = 0, 0  # probes started; whose turn to be weighed for the next
         self.k_counts: Counter[int] = Counter()  # the k each drafting-mode call drafted, a count per round it ran
         # (round, seq_id, role, tokens, calls that took a round beside it) of each chunk of a prompt or catch-up
         self.chunks: deque[tuple[int, int, str, int, int]] = deque(maxlen=4096)
@@ -294,6 +298,8 @@ class Scheduler:
         """The slot freed; its caches cut back to a prefix of its text (kept for a next turn that extends it)."""
         g = sl.g
         self.active.remove(sl)
+        if g.seq_id == self._probe:
+            self._probe = None
         for m in g.models:
             m.forget_unknown_tail(g.seq_id)
             m.keep_common_prefix(g.seq, 0, g.seq_id)
@@ -356,32 +362,53 @@ class Scheduler:
                 self._finish(sl, finish)
 
     def _ks(self, slots: list[Slot], prefill: int) -> list[int]:
-        """Each call's k: fixed or adaptive as its settings say; `auto` calls by the batch policy (the others' rows
-        priced as plain steps), plain where nothing is timed yet or the round also evaluates `prefill` tokens."""
+        """Each call's k: fixed or adaptive as its settings say; `auto` calls by the batch policy (the others' ks
+        priced as given), plain where nothing is timed yet or the round also evaluates `prefill` tokens."""
         limits = [max(0, min(sl.g.s.draft_max, sl.g.room)) if sl.g.speculative else 0 for sl in slots]
         ks = [min(sl.k, lim) for sl, lim in zip(slots, limits)]
         auto = [sl.g.speculative and sl.g.s.draft_policy == "auto" for sl in slots]
         calls = tuple(sl.g.seq_id for sl in slots)
         held = self._plain is not None and self._plain[0] == calls and self.rounds - self._plain[1] < HOLD_PLAIN
         if not any(auto) or held or prefill or not self.prices.verify.measured:  # a first round times plain rows
-            return [0 if a else k for k, a in zip(ks, auto)]
-        self._prime_draft_cost()
-        costs = [sl.cm if a else None for sl, a in zip(slots, auto)]
-        start = [self._catch_up(sl) if a else 0.0 for sl, a in zip(slots, auto)]
-        plan = plan_from_costs(costs, limits, self.prices, start=start)
-        self.plans.append((len(slots), plan))
-        self._plain = (calls, self.rounds) if not any(plan.ks) else None
-        return [p if a else k for p, k, a in zip(plan.ks, ks, auto)]
+            out = [0 if a else k for k, a in zip(ks, auto)]
+        else:
+            self._prime_draft_cost()
+            given = [k > 0 and not a for k, a in zip(ks, auto)]  # their rows and draft decodes are paid anyway
+            costs = [sl.cm if a or f else None for sl, a, f in zip(slots, auto, given)]
+            start = [self._catch_up(sl) if a or f else 0.0 for sl, a, f in zip(slots, auto, given)]
+            lims = [lim if a else k for lim, k, a in zip(limits, ks, auto)]
+            plan = plan_from_costs(costs, lims, self.prices, start=start, fixed=given)
+            self.plans.append((len(slots), plan))
+            self._plain = (calls, self.rounds) if not any(p for p, a in zip(plan.ks, auto) if a) else None
+            if self._plain is not None and self._probe is None:
+                self._probe = self._probe_for(slots, auto, lims, costs, given)
+            out = [p if a else k for p, k, a in zip(plan.ks, ks, auto)]
+        probe = None if prefill else self._probe  # it drafts until it has drafted (a catch-up may take rounds)
+        return [min(PROBE_K, lim) if sl.g.seq_id == probe else k for sl, k, lim in zip(slots, out, limits)]
 
-    def _catch_up(self, sl: Slot) -> float:
+    def _probe_for(self, slots, auto, limits, costs, given) -> int | None:
+        """The call whose drafts are tried though the plan drafts none (each `auto` call in turn), where what they
+        would tell is worth their price and its catch-up's (batch_length.probe_pays; docs/design.md)."""
+        turn = [j for j, a in enumerate(auto) if a and limits[j]]
+        if not turn:
+            return None
+        self._turn += 1
+        j = turn[self._turn % len(turn)]
+        sl, horizon = slots[j], len(slots) * slots[j].g.room  # its rounds left at one token a call
+        if not probe_pays(costs, limits, self.prices, j, PROBE_K, horizon, self._catch_up(sl, False), fixed=given):
+            return None
+        self.probes += 1
+        return sl.g.seq_id
+
+    def _catch_up(self, sl: Slot, spread: bool = True) -> float:
         """What drafting at all costs a call this round: its draft model's catch-up on text it skipped, spread over
-        the rounds it has left at two tokens a round (the catch-up serves every round after it)."""
+        the rounds it has left at two tokens a round (the catch-up serves every round after it) unless not `spread`."""
         assert self.eng.draft is not None
         behind = len(sl.g.seq) - len(self.eng.draft.seqs[sl.g.seq_id])
         if behind <= PENDING_MAX:
             return 0.0
         per_token = self.eng.policy.length.measured_catch_up_seconds or CATCH_UP_PRIOR * self.prices.draft.seconds(1)
-        return behind * per_token / max(1.0, sl.g.room / 2)
+        return behind * per_token / (max(1.0, sl.g.room / 2) if spread else 1.0)
 
     def _prime_draft_cost(self) -> None:
         """Before the batch has timed a draft decode: one row at what the engine measured a draft token costs."""
@@ -397,6 +424,8 @@ class Scheduler:
         made, accepted = p.drafter_counts(step.accepted)  # forced slots are no draft's evidence
         if not made:
             return
+        if sl.g.seq_id == self._probe:  # the probe's evidence is in: plan again now
+            self._probe, self._plain = None, None
         if sl.cm is not None and sl.shared is not None:  # its own estimate, and its settings' evidence
             sl.cm.observe_acceptance(made, accepted)
             sl.shared.observe_acceptance(made, accepted)

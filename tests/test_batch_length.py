@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from fsd_local.drafting.batch_length import BatchPrices, plan_batch, plan_from_costs
+from fsd_local.drafting.batch_length import BatchPrices, plan_batch, plan_from_costs, probe_pays
 from fsd_local.drafting.cost_model import CostModel, VerifyCost, best_k, expected_rates
 from support.autosim import trace
 from support.batchsim import F16_DRAFT, F16_TARGET, WIDE_DRAFT, WIDE_TARGET, BatchCosts, extend, run_batch
@@ -37,10 +37,12 @@ def _rate(ks, acceptance, verify, draft, free=None, start=None):
     return tokens / seconds
 
 
-def _brute(acceptance, limits, verify, draft, free=None, start=None):
+def _brute(acceptance, limits, verify, draft, free=None, start=None, fixed=None):
+    """The best rate of every allocation (a fixed sequence drafting exactly its limit)."""
+    fixed = fixed or [False] * len(limits)
     return max(
         _rate(list(ks), acceptance, verify, draft, free, start)
-        for ks in itertools.product(*(range(lim + 1) for lim in limits))
+        for ks in itertools.product(*((lim,) if f else range(lim + 1) for lim, f in zip(limits, fixed)))
     )
 
 
@@ -107,6 +109,45 @@ def test_close_to_the_best_on_tiled_curves_with_free_drafters_and_start_costs():
         assert plan.rate == pytest.approx(_rate(plan.ks, acceptance, verify, draft, free, start), rel=1e-12)
         ratios.append(plan.rate / _brute(acceptance, limits, verify, draft, free, start))
     assert min(ratios) >= 0.99 and sum(ratios) / len(ratios) >= 0.9999
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_fixed_k_beside_chosen_ones_is_priced_and_never_changed(seed):
+    """Sequences whose settings fix their k (fixed or adaptive policies) beside `auto` ones: the plan keeps each
+    fixed k and, where the search is exact (affine draft decodes, no start costs), reaches the best allocation of
+    the others with the fixed drafts' rows and draft decodes counted; on tiled curves with catch-ups, within 1%."""
+    rng = random.Random(seed)
+    n = rng.randint(2, 4)
+    acceptance, limits = _instance(rng, n, 4)
+    fixed = [rng.random() < 0.4 for _ in range(n)]
+    fixed[0] = True
+    limits[0] = max(1, limits[0])
+    verify = [0.0] + [0.03 + 0.05 * rng.random() + 0.01 * i for i in range(n * 5 + 1)]
+    d0, d1 = 0.02 * rng.random(), 0.01 * rng.random()
+    draft = [0.0] + [d0 + d1 * m for m in range(1, n + 1)]
+    plan = plan_batch(acceptance, limits, verify, draft, fixed=fixed)
+    assert all(k == lim for k, lim, f in zip(plan.ks, limits, fixed) if f)
+    assert plan.rate == pytest.approx(_rate(plan.ks, acceptance, verify, draft), rel=1e-12)
+    assert plan.rate == pytest.approx(_brute(acceptance, limits, verify, draft, fixed=fixed), rel=1e-12)
+    acceptance, limits, verify, draft, free, start = _realistic(rng, n, 4)
+    plan = plan_batch(acceptance, limits, verify, draft, free=free, start=start, fixed=fixed)
+    assert all(k == lim for k, lim, f in zip(plan.ks, limits, fixed) if f)
+    best = _brute(acceptance, limits, verify, draft, free, start, fixed)
+    assert plan.rate == pytest.approx(_rate(plan.ks, acceptance, verify, draft, free, start), rel=1e-12)
+    assert plan.rate >= 0.99 * best
+
+
+def test_drafts_a_fixed_k_pays_for_anyway_are_cheaper_for_the_others():
+    """The wide pair at four sequences, acceptance 0.97: alone among plain steps each `auto` sequence drafts at
+    most one token; beside a sequence whose settings fix k = 8 (its eight draft decodes run whatever the plan),
+    an extra row in each of those decodes costs less than a decode of its own, and the others draft more."""
+    a = [[0.97] * 8] * 4
+    verify, draft = extend(WIDE_TARGET, 40), extend(WIDE_DRAFT, 4)
+    alone = plan_batch(a, [8] * 4, verify, draft)
+    beside = plan_batch(a, [8] * 4, verify, draft, fixed=[True, False, False, False])
+    assert max(alone.ks) <= 1 and beside.ks[0] == 8
+    assert sum(beside.ks[1:]) > sum(alone.ks[1:])
+    assert beside.rate == pytest.approx(_brute(a, [8] * 4, verify, draft, fixed=[True, False, False, False]))
 
 
 def test_sequences_that_cannot_draft_ride_along_and_free_drafters_add_no_draft_rows():
@@ -211,6 +252,37 @@ def test_sizes_never_timed_are_priced_cautiously_and_the_f16_pair_at_four_stops_
     for n in (1, 4):
         flat.observe(n, F16_TARGET[n])
     assert flat.curve(12)[8] == pytest.approx(F16_TARGET[4])
+
+
+def _taught(verify, draft, n, rounds):
+    """n sequences' estimates after `rounds` rounds each of 8 drafts all refused, and the batch's prices."""
+    target, drafts = VerifyCost(), VerifyCost()
+    for i in range(1, 9 * n + 2):
+        target.observe(i, extend(verify, 9 * n + 1)[i])
+    for m in range(1, n + 1):
+        drafts.observe(m, extend(draft, n)[m])
+    costs = [CostModel(8, verify=target) for _ in range(n)]
+    for cm in costs:
+        for _ in range(rounds):
+            cm.observe_acceptance(8, 0)
+    return costs, BatchPrices(target, drafts, frozen=True)
+
+
+def test_a_batch_drafting_nothing_probes_where_the_evidence_is_worth_its_price():
+    """Coming back from k = 0 in a batch: on the wide pair's costs two sequences whose few rounds refused every
+    draft plan none, yet acceptance as high as the uncertainty allows would make drafting pay, so a probe of 2
+    drafts pays unless its catch-up costs more than it could save over the next 60 tokens; after many such
+    rounds (the estimate settled low) no probe pays; on the F16 pair's costs (its draft costs 0.7 of its target)
+    no acceptance makes drafting pay at 2 or 4 sequences, so no probe does either."""
+    costs, prices = _taught(WIDE_TARGET, WIDE_DRAFT, 2, 2)
+    assert plan_from_costs(costs, [8, 8], prices).ks == [0, 0]
+    assert probe_pays(costs, [8, 8], prices, 0, 2, 60, 0.0) and probe_pays(costs, [8, 8], prices, 1, 2, 60, 0.05)
+    assert not probe_pays(costs, [8, 8], prices, 0, 2, 60, 0.5)
+    settled, prices = _taught(WIDE_TARGET, WIDE_DRAFT, 2, 40)
+    assert not probe_pays(settled, [8, 8], prices, 0, 2, 60, 0.0)
+    for n in (2, 4):
+        costs, prices = _taught(F16_TARGET, F16_DRAFT, n, 2)
+        assert not probe_pays(costs, [8] * n, prices, 0, 2, 30 * n, 0.0)
 
 
 def test_bad_input_is_refused_in_words():

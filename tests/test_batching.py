@@ -234,6 +234,44 @@ def test_where_drafting_never_pays_a_batch_of_auto_calls_is_plain_decoding(pairs
     assert all(c.stats["drafted"] == 0 for c in out)
 
 
+def test_a_call_of_fixed_k_is_priced_beside_auto_calls_at_its_own_k(pairs):
+    """The F16 demo pair's measured costs injected: one sd call whose settings fix k = 5 beside three `auto` calls
+    (at most 4): every plan of the four holds the fixed call's 5 (its rows and draft decodes priced, never
+    changed), and each call writes what `ar` writes."""
+    auto = {**GREEDY, **MODES["sd"], "draft_policy": "auto", "draft_max": 4}
+    per = [{**GREEDY, **MODES["sd"], "draft_max": 5, "max_tokens": 200}] + [auto] * 3  # room for k = 5 throughout
+    with _engine(pairs["f16"], parallel=4) as eng:
+        _injected(eng, F16_TARGET, F16_DRAFT, 4 * 9 + 1)
+        out = _together(eng, PROMPTS[:4], per)
+        four = [plan.ks for n, plan in eng.batch.plans if n == 4]
+    assert four and all(sorted(ks)[-1] == 5 and sorted(ks)[-2] <= 4 for ks in four)
+    assert out[0].stats["drafted"] > 0
+    ar = _alone(pairs["f16"], PROMPTS, {**GREEDY, "mode": "ar"})
+    assert [c.token_ids for c in out[1:]] == ar[1:]
+    assert out[0].token_ids == _alone(pairs["f16"], PROMPTS[:1], {**GREEDY, "mode": "ar", "max_tokens": 200})[0]
+
+
+def test_a_batch_that_plans_no_drafts_probes_and_comes_back_to_drafting(pairs):
+    """The wide pair's measured costs injected, a draft that is the target (every draft accepted) and the
+    engine's evidence under these settings one round of 8 refused drafts: two `auto` calls at once plan no
+    drafts, one probes (2 drafts: batch_length.probe_pays), its accepted drafts bring the plans back to drafting,
+    and each call still writes the target's greedy text."""
+    draft, target = pairs["f32"]
+    settings = {**GREEDY, **MODES["sd"], "draft_policy": "auto", "draft_max": 8, "max_tokens": 96}
+    with Engine(target=target, draft=target, n_ctx=2048, n_threads=1, parallel=2) as eng:
+        _injected(eng, WIDE_TARGET, WIDE_DRAFT, 2 * 9 + 1)
+        eng.generate(PROMPTS[0], **{**settings, "draft_policy": "fixed", "draft_max": 1, "max_tokens": 1})
+        # the settings' evidence (eng.policy.length's, which each call forks at its join): mean acceptance 1/3
+        eng.policy.length.cost(("model", 0)).observe_acceptance(8, 0)
+        out = _together(eng, PROMPTS[:2], settings)
+        plans = [plan.ks for n, plan in eng.batch.plans if n == 2]
+    assert plans[0] == [0, 0] and eng.batch.probes >= 1
+    assert any(sum(ks) > 0 for ks in plans[1:]) and sum(c.stats["drafted"] for c in out) > 2
+    with _engine((target, target)) as plain:
+        want = [plain.generate(p, **{**settings, "mode": "ar"}).token_ids for p in PROMPTS[:2]]
+    assert [c.token_ids for c in out] == want
+
+
 def test_a_long_prompt_joins_in_chunks_while_the_others_keep_emitting(pairs):
     """A call with a 280-token prompt joins two streaming calls: every decode holding its prompt holds at most a
     chunk of it and the others' rows (each takes its round beside it), and all three write what they write alone;

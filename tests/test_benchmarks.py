@@ -82,7 +82,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             pair
             + TINY
             + ["--ctx", "512", "--clients", "2", "--requests", "2", "--prompts", "1", "--tokens", "4", "--modes", "ar"]
-            + ["--alone", "1", "--repeats", "1", "--base", str(ROOT), "--soak", "8", "--warmup", "2"]
+            + ["--alone", "1", "--repeats", "1", "--base", str(ROOT), "--soak", "8", "--warmup", "2", "--same-server"]
             + ["--soak-tokens", "4"],
             "; 5xx: 0",
         ),

@@ -29,15 +29,17 @@ def plan_batch(
     *,
     free: Sequence[bool] | None = None,
     start: Sequence[float] | None = None,
+    fixed: Sequence[bool] | None = None,
     round_seconds: float = 0.0,
 ) -> BatchPlan:
     """The ks with the highest expected tokens per second. acceptance[i]: sequence i's a_1..; limits[i]: its most
     drafts (0: none); verify[n] / draft[m]: seconds of a target decode of n rows / a draft decode of m rows (index 0
-    unused); free[i]: it drafts without the draft model; start[i]: what drafting at all costs it this round."""
+    unused); free[i]: it drafts without the draft model; start[i]: what drafting at all costs it this round;
+    fixed[i]: it drafts exactly limits[i] (its settings fix its k): priced, not chosen."""
     n = len(acceptance)
     if len(limits) != n:
         raise ValueError(f"{n} sequences' acceptance, {len(limits)} limits")
-    price = _Price(acceptance, limits, verify, draft, free, start, round_seconds)
+    price = _Price(acceptance, limits, verify, draft, free, start, fixed, round_seconds)
     # the order by survival cannot see that a free drafter's drafts cost less, nor that a sequence that must catch
     # up may be worth leaving out: search those subsets too
     subsets = [np.ones(len(price.s), bool)]
@@ -49,7 +51,7 @@ def plan_batch(
         subsets.append(ready)
         if len(waiting) > 1:  # each waiting sequence alone, and all but each
             subsets += [keep for w in waiting for keep in (ready | (price.i == w), price.i != w)]
-    searched = {tuple(_search(price, keep)) for keep in subsets} | {(0,) * n}
+    searched = {tuple(_search(price, keep)) for keep in subsets} | {tuple(price.base)}
     ks = max((_improve(list(ks), price) for ks in searched), key=price.rate)
     tokens, seconds = price(ks)
     return BatchPlan(ks, tokens / seconds, price.rate([0] * n), tokens, seconds)
@@ -58,10 +60,12 @@ def plan_batch(
 class _Price:
     """The drafts as arrays in falling survival (s, position - 1 j, sequence i) and the price of given ks."""
 
-    def __init__(self, acceptance, limits, verify, draft, free, start, round_seconds):
+    def __init__(self, acceptance, limits, verify, draft, free, start, fixed, round_seconds):
         n = len(acceptance)
         self.n, self.round_seconds = n, round_seconds
         self.limits = [max(0, min(k, len(a))) for k, a in zip(limits, acceptance)]
+        self.fixed = np.zeros(n, bool) if fixed is None else np.asarray(fixed, bool)
+        self.base = [k if f else 0 for k, f in zip(self.limits, self.fixed.tolist())]  # the ks no plan changes
         self.free = np.zeros(n, bool) if free is None else np.asarray(free, bool)
         self.start = np.zeros(n) if start is None else np.asarray(start, float)
         self.verify, self.draft = np.asarray(verify, float), np.asarray(draft, float)
@@ -102,26 +106,37 @@ class _Price:
 
 def _search(price: _Price, keep: np.ndarray) -> list[int]:
     """The best allocation of the K first drafts (of those `keep` allows) at positions <= L, over every cap L on
-    the model drafters and total K: a row per cap, a column per draft, each priced at once."""
+    the model drafters and total K, beside the fixed sequences' drafts: a row per cap, a column per draft, each
+    priced at once."""
+    keep = keep & ~price.fixed[price.i]
     s, j, i = price.s[keep], price.j[keep], price.i[keep]
     model = ~price.free[i]
     n, caps = price.n, int(j.max(initial=-1)) + 1
+    base = price.base
+    # what the fixed drafts cost whatever the plan: their rows of each draft decode, their catch-ups, their tokens
+    fixed_at = np.zeros(max(base, default=0) + caps + 1, int)
+    for k, m in zip(base, price.model_at):
+        fixed_at[:k] += m
+    tokens0 = n + sum(g[k] - 1.0 for g, k in zip(price.gain, base))
+    seconds0 = sum(price.d[r] for r in fixed_at if r) + sum(c for k, c in zip(base, price.start_at) if k)
+    seconds0 += price.round_seconds
+    rows0 = n + sum(base)
     if not caps:
-        return [0] * n
+        return list(base)
     # the draft decode row a draft adds is the next of its position's (a cap drops whole positions, so the rank
     # is the same under every cap); the first draft of a sequence adds its start cost
     at = (j[:, None] == np.arange(caps)) & model[:, None]
-    rank = np.cumsum(at, axis=0)[np.arange(len(j)), j] * model
+    rank = (np.cumsum(at, axis=0)[np.arange(len(j)), j] + fixed_at[j]) * model
     add = np.where(model, price.draft[rank] - price.draft[np.maximum(rank - 1, 0)] * (rank > 1), 0.0)
     add += np.where(j == 0, price.start[i], 0.0)
     taken = (j < np.arange(1, caps + 1)[:, None]) | ~model  # caps x drafts
     count = np.cumsum(taken, axis=1)
-    tokens = n + np.cumsum(np.where(taken, s, 0.0), axis=1)
-    seconds = np.cumsum(np.where(taken, add, 0.0), axis=1) + price.verify[n + count] + price.round_seconds
+    tokens = tokens0 + np.cumsum(np.where(taken, s, 0.0), axis=1)
+    seconds = seconds0 + np.cumsum(np.where(taken, add, 0.0), axis=1) + price.verify[rows0 + count]
     rate = np.where(taken, tokens / seconds, 0.0)
     cap, last = np.unravel_index(int(np.argmax(rate)), rate.shape)
-    ks = np.zeros(n, int)
-    if rate[cap, last] > n / (price.verify[n] + price.round_seconds):
+    ks = np.asarray(base, int)
+    if rate[cap, last] > tokens0 / (seconds0 + price.verify[rows0]):
         sel = taken[cap, : last + 1]
         np.maximum.at(ks, i[: last + 1][sel], j[: last + 1][sel] + 1)
     return ks.tolist()
@@ -130,7 +145,8 @@ def _search(price: _Price, keep: np.ndarray) -> list[int]:
 def _improve(ks: list[int], price: _Price) -> list[int]:
     """Local search: one sequence's k up or down by one or to 0, or one draft moved from a sequence to one that
     drafts differently (free against model, or either must catch up), while that raises the rate."""
-    n, limits, model, start = price.n, price.limits, price.model_at, price.start_at
+    n, model, start = price.n, price.model_at, price.start_at
+    limits = [0 if f else k for k, f in zip(price.limits, price.fixed.tolist())]  # a fixed k never moves
     mixed = [
         (a, b)
         for a in range(n)
@@ -139,7 +155,13 @@ def _improve(ks: list[int], price: _Price) -> list[int]:
     ]
     best = price.rate(ks)
     while True:
-        moves = [{a: k} for a in range(n) for k in {ks[a] - 1, ks[a] + 1, 0} if k != ks[a] and 0 <= k <= limits[a]]
+        moves = [
+            {a: k}
+            for a in range(n)
+            if limits[a]
+            for k in {ks[a] - 1, ks[a] + 1, 0}
+            if k != ks[a] and 0 <= k <= limits[a]
+        ]
         moves += [{a: ks[a] - 1, b: ks[b] + 1} for a, b in mixed if ks[a] and ks[b] < limits[b]]
         found = None
         for move in moves:
@@ -193,6 +215,7 @@ def plan_from_costs(
     *,
     free: Sequence[bool] | None = None,
     start: Sequence[float] | None = None,
+    fixed: Sequence[bool] | None = None,
     round_seconds: float = 0.0,
 ) -> BatchPlan:
     """plan_batch on the online estimates: each sequence's CostModel's acceptance (None: a sequence that never
@@ -201,4 +224,35 @@ def plan_from_costs(
     acceptance = [cm.acceptance() if cm is not None else [] for cm in costs]
     limits = [min(k, len(a)) for k, a in zip(limits, acceptance)]
     v, d = prices.curves(n + sum(limits) + 1, max(1, n) + 1)
-    return plan_batch(acceptance, limits, v, d, free=free, start=start, round_seconds=round_seconds)
+    return plan_batch(acceptance, limits, v, d, free=free, start=start, fixed=fixed, round_seconds=round_seconds)
+
+
+def probe_pays(
+    costs: Sequence[CostModel | None],
+    limits: Sequence[int],
+    prices: BatchPrices,
+    i: int,
+    k: int,
+    horizon: float,
+    catch_up: float,
+    *,
+    fixed: Sequence[bool] | None = None,
+) -> bool:
+    """Whether sequence i should draft k this round though the plan drafts nothing: the seconds its evidence is
+    expected to save over `horizon` tokens of the batch (the plan had its acceptance been each value
+    CostModel.belief finds plausible) exceed the round's extra price and the `catch_up` it pays first."""
+    cm = costs[i]
+    assert cm is not None
+    n = len(costs)
+    acceptance = [c.acceptance() if c is not None else [] for c in costs]
+    limits = [min(lim, len(a)) for lim, a in zip(limits, acceptance)]
+    v, d = prices.curves(n + sum(limits) + 1, max(1, n) + 1)
+    now = plan_batch(acceptance, limits, v, d, fixed=fixed)
+    value = 0.0
+    for a, weight in cm.belief(k):
+        told = [*acceptance[:i], [a] * len(acceptance[i]), *acceptance[i + 1 :]]
+        value += weight * horizon * (1.0 / now.rate - 1.0 / plan_batch(told, limits, v, d, fixed=fixed).rate)
+    price = _Price(acceptance, limits, v, d, None, None, fixed, 0.0)
+    probe = [min(k, limits[i]) if j == i else x for j, x in enumerate(now.ks)]
+    (t0, s0), (t1, s1) = price(now.ks), price(probe)
+    return value > catch_up + (s1 - s0) - (t1 - t0) / now.rate

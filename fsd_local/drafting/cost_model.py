@@ -215,17 +215,21 @@ class CostModel:
 
     def _probe_value(self, m: int, k_limit: int | None) -> float:
         """probe_value per token of horizon (it is linear in the horizon)."""
-        mu, w = self.pooled()
-        w = min(w, VOI_WEIGHT_CAP)  # old evidence ages: acceptance follows the text, not only the pair
-        sd = math.sqrt(max(mu * (1.0 - mu), 1e-4) / (w + 1.0) * m / (w + m))
         v1 = self.verify.seconds(1)
         value = 0.0
-        for z, weight in _NORMAL_NODES:
-            a = min(max(mu + sd * z, 0.0), 0.999)
+        for a, weight in self.belief(m):
             rate = self.rate_at(a, k_limit)
             if rate * v1 > 1.0:
                 value += weight * (v1 - 1.0 / rate)
         return value
+
+    def belief(self, m: int) -> list[tuple[float, float]]:
+        """(acceptance, weight): what scoring m more positions may show the pooled acceptance to be (the estimate's
+        uncertainty as those positions shrink it), at Gauss-Hermite nodes."""
+        mu, w = self.pooled()
+        w = min(w, VOI_WEIGHT_CAP)  # old evidence ages: acceptance follows the text, not only the pair
+        sd = math.sqrt(max(mu * (1.0 - mu), 1e-4) / (w + 1.0) * m / (w + m))
+        return [(min(max(mu + sd * z, 0.0), 0.999), weight) for z, weight in _NORMAL_NODES]
 
     def draft_seconds_per_token(self) -> float:
         """Measured mean, or the prior ratio times one target decode (relative units before any verify)."""
