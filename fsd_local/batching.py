@@ -23,7 +23,6 @@ from fsd_local.drafting.proposer import MODEL
 from fsd_local.errors import ContextOverflowError, FSDError
 from fsd_local.generation import Generation
 from fsd_local.kernels.names import SPECULATIVE_MODES
-from fsd_local.kernels.warm import one_core
 from fsd_local.llama.model import Model
 from fsd_local.llama.seq_batch import SeqBatch
 from fsd_local.results import CancelToken, Piece
@@ -176,7 +175,6 @@ class Scheduler:
             t.join(timeout)
 
     def _work(self) -> None:
-        one_core()  # a worker thread per busy spell: its own kernel threads would slow every decode
         while True:
             with self._cond:
                 if not self.waiting and not self.active:

@@ -52,12 +52,3 @@ def warm_up() -> None:
                     P, idx, Q, idx, n, rule, sampling, 1.0, us, q_stats[0], out.kept[0], out.summaries[0], scored
                 )
     _warm = True
-
-
-def one_core() -> None:
-    """This thread's parallel kernels run on one core (numba's thread count is per thread): beside a model that
-    decodes on every core, kernel threads launched from a new thread cost the decodes after them more than they
-    save (docs/measurements/server-load.md: a batch's lone call decoded at half speed)."""
-    import numba
-
-    numba.set_num_threads(1)
