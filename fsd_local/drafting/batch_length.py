@@ -33,9 +33,8 @@ def plan_batch(
     round_seconds: float = 0.0,
 ) -> BatchPlan:
     """The ks with the highest expected tokens per second. acceptance[i]: sequence i's a_1..; limits[i]: its most
-    drafts (0: none); verify[n] / draft[m]: seconds of a target decode of n rows / a draft decode of m rows (index 0
-    unused); free[i]: it drafts without the draft model; start[i]: what drafting at all costs it this round;
-    fixed[i]: it drafts exactly limits[i] (its settings fix its k): priced, not chosen."""
+    drafts; verify[n] / draft[m]: seconds of a decode of n target / m draft rows (index 0 unused); free[i]: it drafts
+    without the draft model; start[i]: what drafting at all costs it; fixed[i]: it drafts exactly limits[i]."""
     n = len(acceptance)
     if len(limits) != n:
         raise ValueError(f"{n} sequences' acceptance, {len(limits)} limits")
