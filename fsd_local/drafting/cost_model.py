@@ -110,6 +110,11 @@ class CostModel:
         self.rounds = self.probes = 0
         self._version += 1
 
+    def forget_draft_cost(self) -> None:
+        """No draft token timed and no hint: its cost is the prior again."""
+        self._draft_mean, self._draft_weight, self.draft_cost_hint = 0.0, 0.0, 0.0
+        self._version += 1
+
     def settings_changed(self, keep: float = 0.1) -> None:
         """Acceptance depends on tau, mode, divergence and temperature: keep only `keep` of its evidence (so a
         couple of rounds under the new settings dominate), keep every cost."""

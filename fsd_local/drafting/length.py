@@ -51,9 +51,35 @@ class DraftLength:
         self.policy, self.k, self.k_min, self.k_max = "fixed", 4, 1, 4
         self.accept_prior = ACCEPT_PRIOR_LOSSLESS
         self._shadow: tuple[Source, list[int], int] | None = None  # (source, declined proposal, its position)
-        # recorded costs that replace every measured one: what a test of the policy in a real engine sets, so that
-        # what the policy decides hangs on the models' acceptance and these seconds, never on the host's load
-        self.prices: CostTable | None = None
+        self._prices: CostTable | None = None
+
+    @property
+    def prices(self) -> CostTable | None:
+        """Recorded costs that replace every measured one, those loaded from the cost store included: what a test
+        of the policy in a real engine sets, so that what the policy decides hangs on the models' acceptance and
+        these seconds, never on the host's load or on what an earlier process stored."""
+        return self._prices
+
+    @prices.setter
+    def prices(self, table: CostTable | None) -> None:
+        # what was measured or loaded before is dropped, and every later observation reads the table instead
+        self._prices = table
+        if table is not None:
+            self.verify.forget()
+            for cm in self.costs.values():
+                cm.forget_draft_cost()
+            for costs in self._by_key.values():
+                for cm in costs.values():
+                    cm.forget_draft_cost()
+            self._catch_up_mean, self._catch_up_weight = 0.0, 0.0
+
+    def observe_batch(self, n: int, seconds: float) -> None:
+        """A target decode of n tokens outside a round (timed at load, or stored) took `seconds`."""
+        self.verify.observe(n, self._prices.v(n) if self._prices is not None else seconds)
+
+    def observe_draft_token(self, seconds: float) -> None:
+        """The draft model's decode of one token outside a round (timed at load, or stored) took `seconds`."""
+        self.cost(("model", 0)).observe_draft(1, self._prices.draft if self._prices is not None else seconds)
 
     def start(self, settings) -> None:
         """A new generation: take its policy and bounds; forget acceptance evidence gathered under other rules."""
@@ -205,8 +231,8 @@ class DraftLength:
 
     def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
         """The draft model evaluated n_tokens it had missed (one batch) in `seconds`."""
-        if self.prices is not None:
-            seconds = n_tokens * self.prices.catch_up
+        if self._prices is not None:
+            seconds = n_tokens * self._prices.catch_up
         if n_tokens > 1 and seconds > 0:
             self._catch_up_weight = self._catch_up_weight * 0.8 + 1.0
             self._catch_up_mean += (seconds / n_tokens - self._catch_up_mean) / self._catch_up_weight
@@ -224,8 +250,8 @@ class DraftLength:
     ) -> None:
         """One round: what was drafted (by `source`) and accepted, what drafting cost, and the target's decode of
         `batch` tokens that verified it (or, with nothing drafted, that was a plain step)."""
-        if self.prices is not None:
-            verify_seconds, draft_seconds = self.prices.v(batch), n_drafted * self.prices.draft
+        if self._prices is not None:
+            verify_seconds, draft_seconds = self._prices.v(batch), n_drafted * self._prices.draft
         self.verify.observe(batch, verify_seconds)
         if source is None or not n_drafted:
             return
