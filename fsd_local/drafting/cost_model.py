@@ -206,7 +206,7 @@ class CostModel:
         kmax = self.k_max if k_limit is None else max(0, min(self.k_max, k_limit))
         return max(expected_rates([a] * kmax, self.draft_seconds_per_token(), self.verify.curve(kmax + 1)))
 
-    def probe_value(self, m: int, horizon: int, k_limit: int | None = None) -> float:
+    def probe_value(self, m: int, horizon: float, k_limit: int | None = None) -> float:
         """Expected seconds saved over the next `horizon` tokens by scoring m more positions before choosing
         between plain steps and drafting (a preposterior value of information); 0 when no plausible acceptance
         makes drafting pay."""
