@@ -59,9 +59,9 @@ class DraftLength:
 
     @property
     def prices(self) -> CostTable | None:
-        """Recorded costs that replace every measured one, those loaded from the cost store included: what a test
-        of the policy in a real engine sets, so that what the policy decides hangs on the models' acceptance and
-        these seconds, never on the host's load or on what an earlier process stored."""
+        """Recorded costs that replace every cost one sequence's policy measures or loads from the store (a batch
+        of several times its own decodes: BatchPrices, frozen in a test): what a test of the policy sets, so that
+        what it decides hangs on the models' acceptance and these seconds, never on the host's load or the store."""
         return self._prices
 
     @prices.setter
