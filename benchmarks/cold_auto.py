@@ -173,6 +173,14 @@ def report(rule: str, cfgs: dict, reps: list[dict]) -> dict:
     }
 
 
+def _repeat_line(rule: str, r: int, rep: dict) -> str:
+    """One repeat's tokens/s per configuration, and auto's k histogram, seconds and positions probed."""
+    auto = rep["auto"]
+    sec = " ".join(f"{part} {v:.2f}" for part, v in auto["seconds"].items())
+    rates = ", ".join(f"{n} {v['tok_s']:.2f}" for n, v in rep.items())
+    return f"{rule} repeat {r}: {rates} tok/s; auto k {auto['k_histogram']} s {sec} probed {auto['probed']}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--demo", default="wide", choices=("wide", "f16", "q4_1"))
@@ -205,7 +213,10 @@ def main() -> None:
         if a.store == "disk":
             reps = [in_process(target, draft, prompts, cfgs, a, r) for r in range(a.repeats)]
         else:
-            reps = [fresh_process(rule, a, r) for r in range(a.repeats)]
+            reps = []
+            for r in range(a.repeats):  # each repeat said as it ends: a run cut short still tells what it measured
+                reps.append(fresh_process(rule, a, r))
+                print(_repeat_line(rule, r, reps[-1]), flush=True)
         results[rule] = report(rule, cfgs, reps)
     if a.json:
         print(json.dumps(results, indent=1))

@@ -389,9 +389,10 @@ def test_two_early_rejections_do_not_keep_a_lossy_rule_from_drafting_for_a_sessi
     best = max(fixed, key=lambda k: rate(fixed[k]))
     assert rate(auto) >= 0.97 * rate(fixed[best]), ([r.ks for r in auto], best)
     assert all(sum(1 for k in r.ks if k >= 8) >= 2 for r in auto), [r.ks for r in auto]
-    # the same session under sd's prior: the lock-in this test guards against
+    # the same session under sd's prior falls short: it locks into plain steps (WIDE_17: 0.69 of the best), or
+    # drafts again only after a look on thin evidence (WIDE_AMD: 0.96; 0.52 before looks counted a next reply)
     sd_prior, _ = session(traces, costs, 64, stored=False, prompt=40, rule=SD)
-    assert rate(sd_prior) < 0.8 * rate(fixed[best]) and all(k == 0 for k in sd_prior[-1].ks)
+    assert rate(sd_prior) < 0.97 * rate(fixed[best]), [r.ks for r in sd_prior]
 
 
 def test_the_acceptance_prior_follows_the_rule():

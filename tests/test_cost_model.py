@@ -382,3 +382,30 @@ def test_tiled_costs_pick_the_efficient_batch():
     assert tail.count(4) == 0, cm.k_histogram
     # with k + 1 = 8 out of reach (k_max 6), a batch of 4 (225 ms) beats 5..7 (303..355 ms)
     assert best_k(expected_rates(acc[:6], 13 * MS, curve)) == 3
+
+
+def test_recorded_prices_replace_the_costs_loaded_from_the_store_and_those_timed_later(tmp_path):
+    """`DraftLength.prices` replaces every measured cost: what the cost store held when the engine loaded (10x
+    dearer here) and what is timed after the table is set (calibration's restore and measure path) never mix in."""
+    import json
+
+    from fsd_local.drafting.calibration import CATCH_UP_BATCH, CostStore
+    from fsd_local.drafting.length import CostTable, DraftLength
+
+    stored = {"sizes": {str(n): 0.4 * n for n in range(1, 6)}, "draft": 0.1, "catch_up": 0.05}
+    (tmp_path / "costs.json").write_text(json.dumps({"pair": stored}))
+    lengths = DraftLength()
+    CostStore(tmp_path / "costs.json", "pair").load(lengths)
+    model = lengths.cost(("model", 0))
+    assert lengths.verify.seconds(3) == pytest.approx(1.2) and model.draft_seconds_per_token() == pytest.approx(0.1)
+    table = CostTable([0.0, 0.04, 0.05, 0.06], draft=0.01, catch_up=0.005)
+    lengths.prices = table
+    assert not lengths.verify.measured and not model.draft_measured and lengths.measured_catch_up_seconds == 0.0
+    lengths.observe_batch(2, 9.0)  # timed at load, or restored from a store, after the table was set
+    lengths.observe_draft_token(9.0)
+    lengths.observe_catch_up(CATCH_UP_BATCH, 9.0)
+    lengths.observe(("model", 0), 2, 1, 9.0, 3, 9.0)  # a round
+    lengths.observe(None, 0, 0, 0.0, 1, 9.0)  # a plain step
+    assert lengths.verify.measured_sizes() == pytest.approx({1: 0.04, 2: 0.05, 3: 0.06})
+    assert model.draft_seconds_per_token() == pytest.approx(0.01)
+    assert lengths.catch_up_seconds(10, model) == pytest.approx(10 * 0.005)

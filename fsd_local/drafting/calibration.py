@@ -151,9 +151,9 @@ def restore(lengths: DraftLength, entry: dict) -> None:
         sizes = {}
     for n in sorted(sizes):
         for _ in range(int(STORED_WEIGHT)):
-            lengths.verify.observe(n, sizes[n])
+            lengths.observe_batch(n, sizes[n])
     if float(entry.get("draft", 0)) > 0:
-        lengths.cost(("model", 0)).observe_draft(1, float(entry["draft"]))
+        lengths.observe_draft_token(float(entry["draft"]))
     if float(entry.get("catch_up", 0)) > 0:
         lengths.observe_catch_up(CATCH_UP_BATCH, CATCH_UP_BATCH * float(entry["catch_up"]))
 
@@ -164,13 +164,13 @@ def measure_costs(lengths: DraftLength, target: Model, draft: Model | None, n_hi
     t0 = perf_counter()
     todo = [n for n in range(1, n_hi + 1) if not lengths.verify.measured_at(n)]
     for n, seconds in time_sizes(target, todo, token).items():
-        lengths.verify.observe(n, seconds)
+        lengths.observe_batch(n, seconds)
     cm = lengths.cost(("model", 0))
     if draft is not None and not cm.draft_measured:
         # the draft's own BOS: a draft of another vocabulary may not have the target's id
         timed = time_sizes(draft, [1, CATCH_UP_BATCH], draft.bos if draft.bos >= 0 else 0)
         if 1 in timed:
-            cm.observe_draft(1, timed[1])
+            lengths.observe_draft_token(timed[1])
         if CATCH_UP_BATCH in timed:
             lengths.observe_catch_up(CATCH_UP_BATCH, timed[CATCH_UP_BATCH])
     return perf_counter() - t0

@@ -110,6 +110,11 @@ class CostModel:
         self.rounds = self.probes = 0
         self._version += 1
 
+    def forget_draft_cost(self) -> None:
+        """No draft token timed and no hint: its cost is the prior again."""
+        self._draft_mean, self._draft_weight, self.draft_cost_hint = 0.0, 0.0, 0.0
+        self._version += 1
+
     def settings_changed(self, keep: float = 0.1) -> None:
         """Acceptance depends on tau, mode, divergence and temperature: keep only `keep` of its evidence (so a
         couple of rounds under the new settings dominate), keep every cost."""
@@ -201,7 +206,7 @@ class CostModel:
         kmax = self.k_max if k_limit is None else max(0, min(self.k_max, k_limit))
         return max(expected_rates([a] * kmax, self.draft_seconds_per_token(), self.verify.curve(kmax + 1)))
 
-    def probe_value(self, m: int, horizon: int, k_limit: int | None = None) -> float:
+    def probe_value(self, m: int, horizon: float, k_limit: int | None = None) -> float:
         """Expected seconds saved over the next `horizon` tokens by scoring m more positions before choosing
         between plain steps and drafting (a preposterior value of information); 0 when no plausible acceptance
         makes drafting pay."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, CostModel, VerifyCost, best_k
+from fsd_local.drafting.cost_model import MODEL_DRAFT_COST_PRIOR, VOI_WEIGHT_CAP, CostModel, VerifyCost, best_k
 from fsd_local.kernels.names import TAU_MODES
 
 # A source of drafts: (drafter, evidence class). The model drafter has one class; prompt lookup has one per match
@@ -22,6 +22,9 @@ K_LIMIT = 64  # settings' largest draft_max
 ACCEPT_PRIOR_LOSSLESS = 0.5
 ACCEPT_PRIOR_LOSSY = 0.85
 CATCH_UP_PRIOR = 0.5  # a catch-up batch's seconds per token / a drafted token's, before measuring
+# the evidence (positions, the prior's included) from which a look's value is counted over this reply only; below
+# it the next reply counts too, in proportion to how thin the evidence is (`DraftLength.look_horizon`)
+NEXT_REPLY_EVIDENCE = 2.0 * VOI_WEIGHT_CAP
 # a drafting round leaves the draft model at most this many tokens behind the text (the last draft it did not
 # evaluate and the target's token); more means it skipped rounds and must catch up first
 PENDING_MAX = 2
@@ -51,9 +54,36 @@ class DraftLength:
         self.policy, self.k, self.k_min, self.k_max = "fixed", 4, 1, 4
         self.accept_prior = ACCEPT_PRIOR_LOSSLESS
         self._shadow: tuple[Source, list[int], int] | None = None  # (source, declined proposal, its position)
-        # recorded costs that replace every measured one: what a test of the policy in a real engine sets, so that
-        # what the policy decides hangs on the models' acceptance and these seconds, never on the host's load
-        self.prices: CostTable | None = None
+        self.written = 0  # tokens this reply's rounds have written (`look_horizon`)
+        self._prices: CostTable | None = None
+
+    @property
+    def prices(self) -> CostTable | None:
+        """Recorded costs that replace every cost one sequence's policy measures or loads from the store (a batch
+        of several times its own decodes: BatchPrices, frozen in a test): what a test of the policy sets, so that
+        what it decides hangs on the models' acceptance and these seconds, never on the host's load or the store."""
+        return self._prices
+
+    @prices.setter
+    def prices(self, table: CostTable | None) -> None:
+        # what was measured or loaded before is dropped, and every later observation reads the table instead
+        self._prices = table
+        if table is not None:
+            self.verify.forget()
+            for cm in self.costs.values():
+                cm.forget_draft_cost()
+            for costs in self._by_key.values():
+                for cm in costs.values():
+                    cm.forget_draft_cost()
+            self._catch_up_mean, self._catch_up_weight = 0.0, 0.0
+
+    def observe_batch(self, n: int, seconds: float) -> None:
+        """A target decode of n tokens outside a round (timed at load, or stored) took `seconds`."""
+        self.verify.observe(n, self._prices.v(n) if self._prices is not None else seconds)
+
+    def observe_draft_token(self, seconds: float) -> None:
+        """The draft model's decode of one token outside a round (timed at load, or stored) took `seconds`."""
+        self.cost(("model", 0)).observe_draft(1, self._prices.draft if self._prices is not None else seconds)
 
     def start(self, settings) -> None:
         """A new generation: take its policy and bounds; forget acceptance evidence gathered under other rules."""
@@ -78,7 +108,7 @@ class DraftLength:
                     cm.settings_changed()
             self.costs = known
         self._acceptance_key = key
-        self._shadow = None
+        self._shadow, self.written = None, 0
         self.accept_prior = accept_prior(settings)
         for cm in self.costs.values():
             cm.accept_prior_first = self.accept_prior
@@ -157,11 +187,17 @@ class DraftLength:
     def probe(self, source: Source, behind: int, scorable: int, horizon: int) -> bool:
         """After plain steps: whether to catch the drafter up on the `behind` tokens it skipped now, scoring the
         `scorable` positions whose target rows were kept, because what they would tell is worth more over the
-        next `horizon` tokens than the catch-up costs (module docstring)."""
+        tokens they serve (`look_horizon`, `horizon` of them left in this reply) than the catch-up costs."""
         if self.policy != "auto" or scorable <= 0 or behind <= PENDING_MAX:
             return False
         cm = self.cost(source)
-        return cm.probe_value(scorable, horizon) > self.catch_up_seconds(behind, cm)
+        return cm.probe_value(scorable, self.look_horizon(horizon, cm)) > self.catch_up_seconds(behind, cm)
+
+    def look_horizon(self, left: int, cm: CostModel) -> float:
+        """The tokens a look's evidence serves: the `left` of this reply and, while the evidence is thinner than
+        NEXT_REPLY_EVIDENCE, a share of a next reply as long as this one (docs/design.md, "Looking again")."""
+        thin = max(0.0, 1.0 - cm.pooled()[1] / NEXT_REPLY_EVIDENCE)
+        return left + thin * (self.written + left)
 
     def observe_stream(self, source: Source, accepted) -> None:
         """Scored positions of skipped text (`CostModel.observe_stream`)."""
@@ -205,8 +241,8 @@ class DraftLength:
 
     def observe_catch_up(self, n_tokens: int, seconds: float) -> None:
         """The draft model evaluated n_tokens it had missed (one batch) in `seconds`."""
-        if self.prices is not None:
-            seconds = n_tokens * self.prices.catch_up
+        if self._prices is not None:
+            seconds = n_tokens * self._prices.catch_up
         if n_tokens > 1 and seconds > 0:
             self._catch_up_weight = self._catch_up_weight * 0.8 + 1.0
             self._catch_up_mean += (seconds / n_tokens - self._catch_up_mean) / self._catch_up_weight
@@ -224,9 +260,10 @@ class DraftLength:
     ) -> None:
         """One round: what was drafted (by `source`) and accepted, what drafting cost, and the target's decode of
         `batch` tokens that verified it (or, with nothing drafted, that was a plain step)."""
-        if self.prices is not None:
-            verify_seconds, draft_seconds = self.prices.v(batch), n_drafted * self.prices.draft
+        if self._prices is not None:
+            verify_seconds, draft_seconds = self._prices.v(batch), n_drafted * self._prices.draft
         self.verify.observe(batch, verify_seconds)
+        self.written += n_accepted + 1
         if source is None or not n_drafted:
             return
         cm = self.cost(source)

@@ -37,6 +37,11 @@ class VerifyCost:
         self._live: list[int] = []  # the sizes with weight
         self._cache: list[float] | None = None
 
+    def forget(self) -> None:
+        """No decode timed: every size priced by the prior again (the policy's costs replaced by a table)."""
+        self.level, self._live, self._cache = 1.0, [], None
+        self._mean, self._weight = [0.0] * len(self._mean), [0.0] * len(self._weight)
+
     @property
     def measured(self) -> bool:
         return any(w > 0.0 for w in self._weight)
