@@ -16,6 +16,7 @@ from fsd_local.kernels.penalties import (
     penalise_row,
     window_move,
 )
+from fsd_local.kernels.typed import Typed
 from fsd_local.settings import Settings
 
 
@@ -42,6 +43,7 @@ class Chain:
         self.n_pending = 0
         self._past_counts: np.ndarray | None = None  # scratch of past_row
         self.active = bool(len(self.bias_ids) or self.last_n or self.constraint)
+        self.typed = Typed()  # the row kernels, typed at their first call (numba's dispatch types named tuples)
 
     def start(self, text) -> Chain:
         """The accepted text the first round follows (the prompt)."""
@@ -64,13 +66,13 @@ class Chain:
     def _row(self, row: np.ndarray, j: int) -> None:
         """Process one row in place as position j of this round (after the accepted text and drafts[:j])."""
         if len(self.bias_ids):
-            apply_bias(row, self.bias_ids, self.bias_values)
+            self.typed.call(apply_bias, row, self.bias_ids, self.bias_values)
         if self.window is not None:
             lo, drop, p_lo = self.size, 0, 0  # the whole text (repeat_last_n -1): nothing leaves the window
             if self.last_n >= 0:  # drafts[:j] push the oldest tokens out of a full window (and, past it, each other)
                 held = min(self.size, self.last_n)
                 lo, drop, p_lo = self.size - held, min(held, max(0, held + j - self.last_n)), max(0, j - self.last_n)
-            penalise_row(row, self.pen, self.window, self.text, lo, lo + drop, self.pending, p_lo, j)
+            self.typed.call(penalise_row, row, self.pen, self.window, self.text, lo, lo + drop, self.pending, p_lo, j)
         if self.constraint is not None:
             bits = self.constraint.mask(j)
             n = min(row.shape[0], 32 * bits.shape[0])

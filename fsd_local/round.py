@@ -28,6 +28,7 @@ from fsd_local.kernels.budget import Budget, stop_at
 from fsd_local.kernels.dense import new_summaries
 from fsd_local.kernels.emit import accept_tops, emit_one
 from fsd_local.kernels.sampling import KEPT_MAX
+from fsd_local.kernels.typed import Typed
 from fsd_local.results import Emitted
 from fsd_local.settings import Settings
 
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 ORIGINS = ("target", "sd", "fuzzy")  # why each emitted token is there, by the kernel's reason code
 NO_LOSS = np.zeros(0)
 NO_ROWS = np.zeros((0, 0), np.float32)  # a step whose token was picked on the device read no row
-F32 = np.dtype(np.float32)
 # tokens a grammar forces that one round may propose besides its drafts: a long literal is verified over several
 # rounds, each target decode at most draft_max + FORCED_MAX tokens past the pending text
 FORCED_MAX = 16
@@ -48,20 +48,6 @@ def slots(s: Settings) -> int:
     the tokens the grammar forces."""
     jump = s.jump_forward and (s.grammar is not None or s.json_schema is not None)
     return s.draft_max + (FORCED_MAX if jump else 0)
-
-
-def entry(kernel, *args):
-    """`kernel` compiled (or loaded from numba's cache) for the exact types of `args`, called without numba's
-    dispatcher, which types every argument of every call: ~10 us warm for a round's named tuples of arrays, more
-    after a decode has evicted the caches. It unboxes without checking: call it only with arguments of those types."""
-    return kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
-
-
-def decoded_rows(rows: np.ndarray) -> bool:
-    """Whether `rows` has the type of the logit rows Model.logits gives (float32, 2-D, C-contiguous, writable): the
-    type RoundContext.entries are typed for."""
-    f = rows.flags
-    return rows.dtype == F32 and rows.ndim == 2 and f.c_contiguous and f.writeable
 
 
 class Buffers(NamedTuple):
@@ -127,7 +113,8 @@ class RoundContext:
     logprobs: bool  # the request asked for each emitted token's log-probability
     ends_reply: Callable[[Sequence[int]], int | None]  # the first of these drafts that would end the reply
     room: int = 0
-    _entries: dict = field(default_factory=dict, init=False, repr=False)  # entries(): kernels typed once
+    draws: tuple | None = None  # drafting's reading of the settings for its draws, made at its first round
+    typed: Typed = field(default_factory=Typed, init=False, repr=False)  # the round's kernels, typed once
 
     @classmethod
     def start(cls, s: Settings, seq, n_vocab: int, chain: Chain, budget: Budget, buffers: Buffers, ends_reply):
@@ -135,16 +122,6 @@ class RoundContext:
         uniforms = Uniforms(s.seed, len(buffers.out.gap), sampling.temperature > 0)
         logprobs = buffers.out.logprob.shape[0] > 0
         return cls(s, seq, n_vocab, rule_of(s), sampling, chain, budget, buffers, uniforms, logprobs, ends_reply)
-
-    def entries(self):
-        """(accept_round, emit_one) typed once for this context's buffers, rule, sampling and budget and a
-        decode's rows (`entry`): called every round, they skip numba's typing of their arguments."""
-        if not self._entries:
-            out, rows, u = self.buffers.out, np.zeros((1, 1), np.float32), np.zeros(1)  # no draw from the stream
-            d, rule, sampling, budget = self.buffers.drafts, self.rule, self.sampling, self.budget
-            self._entries["accept"] = entry(accept_round, rows, d, 0, self.n_vocab, rule, sampling, u, out, budget)
-            self._entries["emit"] = entry(emit_one, rows[0], 0, sampling, 0.0, self.buffers.row_stats, out)
-        return self._entries["accept"], self._entries["emit"]
 
 
 class Proposal(NamedTuple):
@@ -242,8 +219,9 @@ def judge(ctx: RoundContext, proposal: Proposal, rows: np.ndarray, batch: int, s
         stop_at(ctx.budget, end)  # budget's cap also holds at a draft that would end the reply
     ctx.chain.target_rows(rows, n)  # the same processing as the draft's rows had
     u = ctx.random.take(n + 1)
-    kernel = ctx.entries()[0] if decoded_rows(rows) else accept_round
-    accepted, nxt = kernel(rows, drafts, n, ctx.n_vocab, ctx.rule, ctx.sampling, u, out, ctx.budget)
+    accepted, nxt = ctx.typed.call(
+        accept_round, rows, drafts, n, ctx.n_vocab, ctx.rule, ctx.sampling, u, out, ctx.budget
+    )
     ctx.chain.settle(accepted, nxt)
     emitted = _emitted(tokens[:accepted] + [int(nxt)], out, accepted, n, ctx.logprobs)
     if proposal.forced is not None:
@@ -302,8 +280,8 @@ def plain_emit(
     # within the vocabulary the pair shares: a target with padding entries past the draft's never emits them,
     # so every id of the text is one a next turn's prompt check accepts
     n = min(n_vocab, ctx.n_vocab)
-    kernel = ctx.entries()[1] if decoded_rows(rows) else emit_one
-    tok, _ = kernel(rows[0], n, ctx.sampling, float(ctx.random.take(1)[0]), ctx.buffers.row_stats, out)
+    u = float(ctx.random.take(1)[0])
+    tok, _ = ctx.typed.call(emit_one, rows[0], n, ctx.sampling, u, ctx.buffers.row_stats, out)
     return _emit(ctx, rows, tok, decoder, batch, seconds, t0)
 
 

@@ -8,13 +8,21 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from numba import njit
 
 from fsd_local import Engine
 from fsd_local.drafting.proposer import MODEL, DraftPicks
 from fsd_local.kernels.accept import accept_round
 from fsd_local.kernels.emit import emit_one
-from fsd_local.round import Proposal, RoundContext, decoded_rows, verify
+from fsd_local.kernels.sampling import pick_kept, pick_kept_copy
+from fsd_local.kernels.typed import decoded
+from fsd_local.round import Proposal, RoundContext, verify
 from fsd_local.settings import Settings
+
+
+@njit
+def _head_sum(x, n):
+    return x[:n].sum()
 
 
 def _propose(ctx: RoundContext, tokens: list[int]) -> Proposal:
@@ -187,34 +195,46 @@ def test_engines_side_by_side_keep_each_others_sizes_and_an_entry_without_a_plai
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0.7}, {"temperature": 0.0}, {"temperature": 0.8, "top_k": 40}])
 def test_the_kernels_typed_once_decide_as_the_dispatched_ones(tiny_engine, sampling):
-    """judge calls accept_round, and a plain step emit_one, through entry points typed once per context
-    (round.py `entry`): on the same rows, drafts and uniforms they decide exactly as numba's dispatch of the
-    same kernels; rows of another type (not a decode's) never reach them."""
+    """The round's kernels called through entry points typed once per context (kernels/typed.py: accept_round,
+    emit_one, the draft's picks) decide exactly as numba's dispatch of the same kernels on the same rows, drafts
+    and uniforms; rows of another type (not a decode's) go through the dispatcher."""
     with tiny_engine.generation("the cat sat", mode="fsd", tau=0.3, divergence="js", seed=3, **sampling) as g:
         ctx, n = g.ctx, g.ctx.n_vocab
-        accept, emit = ctx.entries()
-        assert ctx.entries() == (accept, emit)  # typed once
         rng = np.random.default_rng(1)
         picks = DraftPicks(ctx, n, 3)
         base = rng.standard_normal(n).astype(np.float32) * 3
         for _ in range(3):  # draft rows near the target's: some slots pass the SD test, some are rescued or not
             picks.pick((base + rng.standard_normal(n).astype(np.float32)).copy())
+        assert len(ctx.typed) == 1  # the pick, typed at its first call and reused
+        d = ctx.buffers.drafts
+        x, s = base + rng.standard_normal(n).astype(np.float32), ctx.sampling
+        sampled = (s.temperature, s.top_k, s.top_p, s.min_p)
+        stats, kept = np.zeros(3, np.float32), np.empty(d.kept.shape[1], np.int64)
+        for kernel in (pick_kept, pick_kept_copy):
+            args = (n, *sampled, 0.4, stats, kept, True) + (
+                (d.rows[3 % len(d.rows)],) if kernel is pick_kept_copy else ()
+            )
+            assert ctx.typed.call(kernel, x.copy(), *args, d.summary) == kernel(x.copy(), *args, d.summary)
         P = np.stack([base + 0.5 * rng.standard_normal(n).astype(np.float32) for _ in range(4)])
-        d, out, args = ctx.buffers.drafts, ctx.buffers.out, (ctx.n_vocab, ctx.rule, ctx.sampling)
+        out, args = ctx.buffers.out, (ctx.n_vocab, ctx.rule, ctx.sampling)
+        typed = len(ctx.typed)
         for seed in range(20):
             u = np.random.default_rng(seed).random(4)
-            got = accept(P.copy(), d, 3, *args, u, out, ctx.budget), out.reason[:3].copy(), out.divergence[:3].copy()
+            got = ctx.typed.call(accept_round, P.copy(), d, 3, *args, u, out, ctx.budget)
+            got = got, out.reason[:3].copy(), out.divergence[:3].copy()
             want = accept_round(P.copy(), d, 3, *args, u, out, ctx.budget), out.reason[:3], out.divergence[:3]
             assert got[0] == want[0]
             np.testing.assert_array_equal(got[1], want[1])
             np.testing.assert_array_equal(got[2], want[2])
             x = P[seed % 4]
-            once = emit(x, n, ctx.sampling, u[0], ctx.buffers.row_stats, out)
+            once = ctx.typed.call(emit_one, x, n, ctx.sampling, u[0], ctx.buffers.row_stats, out)
             np.testing.assert_array_equal(once, emit_one(x, n, ctx.sampling, u[0], ctx.buffers.row_stats, out))
+        assert len(ctx.typed) == typed + 2  # accept_round and emit_one, once each
+        strided = np.repeat(P[0], 2)[::2]  # rows of another type than a decode's: through the dispatcher
+        assert ctx.typed.call(_head_sum, strided, 7) == _head_sum(P[0].copy(), 7) and len(ctx.typed) == typed + 2
     tiny_engine.generate("the cat", mode="ar", max_tokens=2)
-    assert decoded_rows(tiny_engine.target.logits(1))
-    assert not decoded_rows(P.astype(np.float64)) and not decoded_rows(np.asfortranarray(P))
-    assert not decoded_rows(P[:, ::2]) and not decoded_rows(P[0])
+    assert decoded(tiny_engine.target.logits(1)) and decoded(tiny_engine.target.logits(1)[0])
+    assert not decoded(P.astype(np.float64)) and not decoded(np.asfortranarray(P)) and not decoded(P[:, ::2])
     ro = P.copy()
     ro.flags.writeable = False
-    assert not decoded_rows(ro)
+    assert not decoded(ro)

@@ -25,6 +25,7 @@ MODEL: Source = ("model", 0)
 # the target's rows of the latest plain steps kept for scoring the draft model's catch-up (length.py): a probe
 # after a long plain streak scores its last ROWS_KEPT positions (it catches up on all of them)
 ROWS_KEPT = 16
+NOTHING: list[int] = []  # no forced token (never written)
 
 
 def rows_needed(ctx: RoundContext) -> bool:
@@ -40,16 +41,16 @@ class DraftPicks:
     the token drafted at slot `n` (None: none); `n` slots are in the buffers (`made` by the model, the rest forced);
     `done`: no further draft may follow."""
 
-    __slots__ = ("chain", "copy", "done", "drafts", "k", "made", "n", "n_vocab", "p_min", "sampled", "us")
+    __slots__ = ("chain", "copy", "done", "drafts", "k", "made", "n", "n_vocab", "p_min", "sampled", "typed", "us")
 
     def __init__(self, ctx: RoundContext, n_vocab: int, k: int, n: int = 0) -> None:
-        s = ctx.sampling
         self.chain, self.drafts, self.n_vocab, self.k, self.n = ctx.chain, ctx.buffers.drafts, n_vocab, k, n
-        self.made, self.done = 0, False
-        self.copy = rows_needed(ctx)
+        self.made, self.done, self.typed = 0, False, ctx.typed
+        if ctx.draws is None:  # what every round of this context reads alike, read from its settings once
+            s = ctx.sampling
+            ctx.draws = (rows_needed(ctx), float(ctx.settings.draft_p_min), (s.temperature, s.top_k, s.top_p, s.min_p))
+        self.copy, self.p_min, self.sampled = ctx.draws
         self.us = ctx.random.take(k)  # one per draw (forced slots draw nothing)
-        self.p_min = ctx.settings.draft_p_min
-        self.sampled = (s.temperature, s.top_k, s.top_p, s.min_p)
 
     @property
     def bare(self) -> bool:
@@ -58,27 +59,37 @@ class DraftPicks:
 
     def pick(self, row: np.ndarray) -> int | None:
         i, d, u = self.n, self.drafts, self.us[self.made]
-        self.chain.draft_row(row, i)
+        if self.chain.active:
+            self.chain.draft_row(row, i)
         want_top = self.p_min > 0
         if self.copy:  # the kernel reads the row after the draft's next decode has overwritten llama.cpp's buffer
-            tok, p_tok, p_top, d.kept_n[i] = pick_kept_copy(
-                row, self.n_vocab, *self.sampled, u, d.stats[i], d.kept[i], want_top, d.rows[i], d.summary
+            tok, p_tok, p_top, d.kept_n[i] = self.typed.call(
+                pick_kept_copy,
+                row,
+                self.n_vocab,
+                *self.sampled,
+                u,
+                d.stats[i],
+                d.kept[i],
+                want_top,
+                d.rows[i],
+                d.summary,
             )
         else:
-            tok, p_tok, p_top, d.kept_n[i] = pick_kept(
-                row, self.n_vocab, *self.sampled, u, d.stats[i], d.kept[i], want_top, d.summary
+            tok, p_tok, p_top, d.kept_n[i] = self.typed.call(
+                pick_kept, row, self.n_vocab, *self.sampled, u, d.stats[i], d.kept[i], want_top, d.summary
             )
-        return self._keep(tok, p_tok, p_top)
-
-    def picked(self, tok: int) -> int | None:
-        """A greedy pick made on the device (device_picks.py: only where no draft row and no p_min is read)."""
-        return self._keep(tok, 1.0, 1.0)
-
-    def _keep(self, tok: int, p_tok: float, p_top: float) -> int | None:
         if p_top < self.p_min:
             self.done = True
             return None
         return self.put(tok, p_tok)
+
+    def picked(self, tok: int) -> int | None:
+        """A greedy pick made on the device (device_picks.py: only where no draft row and no p_min is read)."""
+        if self.p_min > 1.0:
+            self.done = True
+            return None
+        return self.put(tok, 1.0)
 
     def put(self, tok: int, p_tok: float = 1.0) -> int | None:
         i, d = self.n, self.drafts
@@ -170,8 +181,9 @@ class Proposer:
                 d.decode([*seq[len(d.tokens) :], *forced], "last")
             picks = DraftPicks(ctx, self.n_vocab, k, n)  # the draft's last row is the first draw's
             device = d.sampler.active  # greedy picks made on the device, no draft row read (device_picks.py)
+            jump = ctx.chain.jump
             while (tok := picks.picked(d.sampler.take()) if device else picks.pick(d.logits(1)[0])) is not None:
-                run = force(ctx, picks.n, used)  # the grammar extends the proposal where it decides alone
+                run = force(ctx, picks.n, used) if jump else NOTHING  # the grammar extends the proposal alone
                 picks.n, used = picks.n + len(run), used + len(run)
                 if picks.done or picks.n >= ctx.room:  # forced slots take the room of the drafts after them
                     break

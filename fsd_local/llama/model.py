@@ -127,6 +127,7 @@ class Model(SequenceCache):
             self.close()
             raise ModelLoadError(_no_tokenizer(role, opts.path))
         self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}  # is_eog's answers: asked of every draft and every emitted token
         self._piece_buf = ctypes.create_string_buffer(256)
         if opts.vocab_only:
             return
@@ -246,7 +247,10 @@ class Model(SequenceCache):
         return bool(lc.llama_vocab_get_add_bos(self.vocab))
 
     def is_eog(self, token: int) -> bool:
-        return bool(lc.llama_vocab_is_eog(self.vocab, token))
+        e = self._eog.get(token)
+        if e is None:
+            e = self._eog[token] = bool(lc.llama_vocab_is_eog(self.vocab, token))
+        return e
 
     def token_text(self, token: int) -> bytes:
         return lc.llama_vocab_get_text(self.vocab, token) or b""
