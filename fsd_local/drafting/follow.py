@@ -76,6 +76,9 @@ class TextFollower:
         self.retokenised = 0  # draft tokens produced by tokenising tails
         self.far_back = 0  # tails that had to start more than BACK + BACK_MAX tokens before the change
         self.misaligned = 0  # tails the draft's tokens did not render exactly (bytes it has no token for)
+        self.redecoded = 0  # cached draft tokens of the text a tail replaced: decoded again (one vocabulary never is)
+        self.sync_tokens = 0  # draft tokens decoded here (the new text's, and the re-decoded)
+        self.sync_seconds = 0.0  # llama.cpp's decode time here
         self.reset()
 
     def reset(self) -> None:
@@ -189,6 +192,7 @@ class TextFollower:
         Only this and the draft's proposals write the draft's cache."""
         t0 = perf_counter()
         decode0 = self.draft.decode_seconds
+        settled = len(self.ids)
         changed = self._follow(seq, start)
         end = _complete_utf8(self.text)
         j = self._boundary(min(changed, end))
@@ -204,8 +208,12 @@ class TextFollower:
             # the cache is known to hold ids[:j] when its token there is ours; else it is compared whole
             known = min(j, len(d.tokens))
             known = known if known == 0 or d.tokens[known - 1] == self.ids[known - 1] else 0
+            before = len(d.tokens)
             d.keep_common_prefix(self.ids, known)
+            self.redecoded += max(0, min(settled, before) - len(d.tokens))
+            self.sync_tokens += len(self.ids) - len(d.tokens)
             d.decode(self.ids[len(d.tokens) :], "last")
+        self.sync_seconds += self.draft.decode_seconds - decode0
         self.seconds += perf_counter() - t0 - (self.draft.decode_seconds - decode0)
         return ok
 
