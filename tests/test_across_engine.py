@@ -237,7 +237,6 @@ def test_greedy_sd_and_fsd_at_tau_0_emit_ars_ids_for_gemma_3_on_f16(real_pair_f1
 
 
 @pytest.mark.real
-@pytest.mark.xfail(strict=True, reason="not yet true of SmolLM2-135M: 0.84 of greedy drafts accepted (across-pair.md)")
 def test_smollm2_drafting_for_itself_through_the_map_accepts_every_greedy_token(real_pair_f16):
     """SmolLM2-135M (F16) for its own copy whose end of generation is another id: the pair takes the map, every
     piece shared and carried to itself, so each greedy draft is the target's token."""

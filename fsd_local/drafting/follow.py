@@ -57,7 +57,7 @@ class Renderer:
 
 class TextFollower:
     """Keeps `ids`, the draft's tokens of the text the target's tokens render to, and brings the draft's cache
-    to them (`sync`); the target's BOS renders as nothing, and a space-prefixing tokenizer reads ' ' + text."""
+    to them (`sync`); the BOS the target adds renders as nothing, and a space-prefixing tokenizer reads ' ' + text."""
 
     def __init__(self, draft: Model, target: Model, back: int = BACK):
         self.draft, self.target = draft, target
@@ -90,8 +90,11 @@ class TextFollower:
         self.exact: list[bool] = [True] * len(self.head)  # whether that offset is exact (_tail_tokens)
 
     # ------------------------------------------------------------------ text
-    def _render_target(self, token: int) -> bytes:
-        return b"" if token == self.target.bos else self.target_text(token)
+    def _render_target(self, token: int, at: int) -> bytes:
+        # only the BOS the target's tokenizer adds at the start is the draft's own (`head`); elsewhere the token is
+        # text (SmolLM2's BOS is <|im_start|>, which its chat template writes before every message)
+        first = at == 0 and token == self.target.bos and self.target.add_bos
+        return b"" if first else self.target_text(token)
 
     def _render(self, ids) -> bytes:
         return b"".join(self.draft_text(t) for t in ids)
@@ -142,8 +145,9 @@ class TextFollower:
             a += 1
         at = self.ends[a - 1] if a else len(self.lead)
         del self.followed[a:], self.ends[a:], self.text[at:]
-        for t in seq[a:]:
-            self.text += self._render_target(t)
+        for i in range(a, len(seq)):
+            t = seq[i]
+            self.text += self._render_target(t, i)
             self.followed.append(t)
             self.ends.append(len(self.text))
         return at
