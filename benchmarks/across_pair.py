@@ -49,12 +49,16 @@ def run(eng: Engine, texts: list[str], tokens: int, conversation: bool = False, 
         messages.append({"role": "user", "content": text})
         d0 = eng.draft.decode_seconds if eng.draft else 0.0
         f0 = eng.across.follower.seconds if eng.across else 0.0
+        c0 = _catch_up(eng)
         t = perf_counter()
         out = eng.chat(messages, max_tokens=tokens, temperature=0, **settings)
         messages.append({"role": "assistant", "content": out.text})
         total["seconds"] += perf_counter() - t
         draft_s += (eng.draft.decode_seconds if eng.draft else 0.0) - d0
         follow_s += (eng.across.follower.seconds if eng.across else 0.0) - f0
+        catch_up = [b - a for a, b in zip(c0, _catch_up(eng))]
+        for key, v in zip(("redecoded", "sync_tokens", "sync_seconds"), catch_up):
+            total[key] = total.get(key, 0) + v
         st = out.stats
         total["tokens"] += len(out.token_ids)
         total["target_calls"] += st["target_calls"]
@@ -68,6 +72,12 @@ def run(eng: Engine, texts: list[str], tokens: int, conversation: bool = False, 
     total["draft_seconds"] = draft_s
     total["follow_seconds"] = follow_s
     return total
+
+
+def _catch_up(eng: Engine) -> tuple[int, int, float]:
+    """The follower's counters: cached tokens decoded again, tokens its syncs decoded, their decode seconds."""
+    f = eng.across.follower if eng.across else None
+    return (f.redecoded, f.sync_tokens, f.sync_seconds) if f else (0, 0, 0.0)
 
 
 def pair_files(a) -> tuple[str, str]:
@@ -93,6 +103,22 @@ def pair_files(a) -> tuple[str, str]:
             upscale(draft, twin, list(range(n_layer)), overrides={"tokenizer.ggml.eos_token_id": eos + 1})
         target = str(twin)
     return draft, target
+
+
+def catch_up_line(name: str, r: dict) -> str:
+    """The catch-up against the draft's time: the follower's own time, and the cached tokens it decoded again
+    priced at most at what a drafted token's decode cost (they ride in the sync's batch with the new text)."""
+    draft_s, drafting = r["draft_seconds"], r["draft_seconds"] - r["sync_seconds"]
+    per_token = drafting / max(r["drafted"], 1)
+    extra = r["redecoded"] * per_token
+    decoded = r["sync_tokens"] + r["drafted"]
+    return (
+        f"catch-up {name}: own {r['follow_seconds'] * 1e3:.0f} ms = {r['follow_seconds'] / draft_s:.1%} of the "
+        f"draft's decode time; syncs decoded {r['sync_tokens']} tokens in {r['sync_seconds']:.2f} s, "
+        f"{r['redecoded']} of them cached tokens decoded again ({r['redecoded'] / decoded:.1%}"
+        f" of {decoded} decoded), at most {extra * 1e3:.0f} ms at {per_token * 1e3:.1f} ms a "
+        f"drafted token = {extra / draft_s:.1%}; own + that: {(r['follow_seconds'] + extra) / draft_s:.1%}"
+    )
 
 
 def main() -> None:
@@ -137,6 +163,9 @@ def main() -> None:
             f"{r['tokens'] / r['seconds']:>8.1f}{r['loss_max']:>9.3f}{r['draft_seconds']:>9.2f}{follow:>17.0f}"
             f"{share:>14.1%}"
         )
+    for name, r in results.items():
+        if r["draft_seconds"] and r.get("sync_tokens"):
+            print(catch_up_line(name, r))
     sd, fsd = (results[n] for n in ("sd", f"fsd js {a.tau}"))
     ratio = (fsd["tokens"] / fsd["target_calls"]) / (sd["tokens"] / sd["target_calls"])
     print(f"fsd js {a.tau} / sd tokens per target call: {ratio:.2f}x")

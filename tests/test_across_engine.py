@@ -234,3 +234,28 @@ def test_greedy_sd_and_fsd_at_tau_0_emit_ars_ids_for_gemma_3_on_f16(real_pair_f1
             assert fsd.stats["accepted_fuzzy"] == 0
             drafted += sd.stats["accepted_sd"]
         assert drafted > 0
+
+
+@pytest.mark.real
+def test_smollm2_drafting_for_itself_through_the_map_accepts_every_greedy_token(real_pair_f16):
+    """SmolLM2-135M (F16) for its own copy whose end of generation is another id: the pair takes the map, every
+    piece shared and carried to itself, so each greedy draft is the target's token."""
+    from gguf import GGUFReader
+
+    from fsd_local.pairs.demo import upscale
+    from fsd_local.paths import cache_dir
+
+    draft = real_pair_f16[0]
+    r = GGUFReader(draft)
+    n_layer = int(r.fields["llama.block_count"].contents())
+    eos = int(r.fields["tokenizer.ggml.eos_token_id"].contents())
+    del r
+    twin = cache_dir() / "f16" / f"smollm2-135m.F16.eos{eos + 1}.gguf"
+    if not twin.exists():
+        upscale(draft, twin, list(range(n_layer)), overrides={"tokenizer.ggml.eos_token_id": eos + 1})
+    with Engine(target=str(twin), draft=draft, n_ctx=1024, n_threads=2, draft_policy="fixed", draft_max=4) as eng:
+        assert eng.across is not None and eng.pairing.path == "map"
+        for text in CHAT_PROMPTS:
+            sd = eng.chat([{"role": "user", "content": text}], max_tokens=32, mode="sd", temperature=0)
+            assert sd.stats["accepted_sd"] == sd.stats["drafted"] > 0, (text, sd.stats)
+            assert sd.stats["target_calls"] < len(sd.token_ids)

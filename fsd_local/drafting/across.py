@@ -29,6 +29,7 @@ class Across(Following):
         # -inf on the target's own tokens, written once; carry_row writes the shared ones
         prepare(self.row)  # type: ignore[type-var]
         self.seconds = 0.0  # time spent carrying rows (`carry`, `argmax`): the map's own cost
+        self._prepared: np.ndarray | None = None  # the round's draft rows whose target-only entries are -inf
 
     def carry(self, row: np.ndarray) -> np.ndarray:
         """The draft's row carried onto the target's vocabulary (valid until the next carry)."""
@@ -36,6 +37,18 @@ class Across(Following):
         carry_row(row, self.shared_t, self.shared_d, self.extra, self.row)  # type: ignore[type-var, call-arg]
         self.seconds += perf_counter() - t
         return self.row
+
+    def carry_into(self, row: np.ndarray, rows: np.ndarray, i: int) -> np.ndarray:
+        """The draft's row carried onto the target's vocabulary straight into rows[i], the round's buffer the
+        acceptance kernel reads (no carried copy copied again); `rows` prepared once, then only shared ids written."""
+        t = perf_counter()
+        if rows is not self._prepared:  # only carried rows are ever written into an across engine's draft rows
+            for r in rows:
+                prepare(r)  # type: ignore[type-var]
+            self._prepared = rows
+        carry_row(row, self.shared_t, self.shared_d, self.extra, rows[i])  # type: ignore[type-var, call-arg]
+        self.seconds += perf_counter() - t
+        return rows[i]
 
     def argmax(self, row: np.ndarray) -> int:
         """The target token `carry` would rank first, without writing the carried row (-1: nothing shared)."""

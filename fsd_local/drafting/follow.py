@@ -57,7 +57,7 @@ class Renderer:
 
 class TextFollower:
     """Keeps `ids`, the draft's tokens of the text the target's tokens render to, and brings the draft's cache
-    to them (`sync`); the target's BOS renders as nothing, and a space-prefixing tokenizer reads ' ' + text."""
+    to them (`sync`); the BOS the target adds renders as nothing, and a space-prefixing tokenizer reads ' ' + text."""
 
     def __init__(self, draft: Model, target: Model, back: int = BACK):
         self.draft, self.target = draft, target
@@ -76,6 +76,9 @@ class TextFollower:
         self.retokenised = 0  # draft tokens produced by tokenising tails
         self.far_back = 0  # tails that had to start more than BACK + BACK_MAX tokens before the change
         self.misaligned = 0  # tails the draft's tokens did not render exactly (bytes it has no token for)
+        self.redecoded = 0  # cached draft tokens of the text a tail replaced: decoded again (one vocabulary never is)
+        self.sync_tokens = 0  # draft tokens decoded here (the new text's, and the re-decoded)
+        self.sync_seconds = 0.0  # llama.cpp's decode time here
         self.reset()
 
     def reset(self) -> None:
@@ -87,8 +90,11 @@ class TextFollower:
         self.exact: list[bool] = [True] * len(self.head)  # whether that offset is exact (_tail_tokens)
 
     # ------------------------------------------------------------------ text
-    def _render_target(self, token: int) -> bytes:
-        return b"" if token == self.target.bos else self.target_text(token)
+    def _render_target(self, token: int, at: int) -> bytes:
+        # only the BOS the target's tokenizer adds at the start is the draft's own (`head`); elsewhere the token is
+        # text (SmolLM2's BOS is <|im_start|>, which its chat template writes before every message)
+        first = at == 0 and token == self.target.bos and self.target.add_bos
+        return b"" if first else self.target_text(token)
 
     def _render(self, ids) -> bytes:
         return b"".join(self.draft_text(t) for t in ids)
@@ -139,8 +145,9 @@ class TextFollower:
             a += 1
         at = self.ends[a - 1] if a else len(self.lead)
         del self.followed[a:], self.ends[a:], self.text[at:]
-        for t in seq[a:]:
-            self.text += self._render_target(t)
+        for i in range(a, len(seq)):
+            t = seq[i]
+            self.text += self._render_target(t, i)
             self.followed.append(t)
             self.ends.append(len(self.text))
         return at
@@ -189,6 +196,7 @@ class TextFollower:
         Only this and the draft's proposals write the draft's cache."""
         t0 = perf_counter()
         decode0 = self.draft.decode_seconds
+        settled = len(self.ids)
         changed = self._follow(seq, start)
         end = _complete_utf8(self.text)
         j = self._boundary(min(changed, end))
@@ -204,8 +212,12 @@ class TextFollower:
             # the cache is known to hold ids[:j] when its token there is ours; else it is compared whole
             known = min(j, len(d.tokens))
             known = known if known == 0 or d.tokens[known - 1] == self.ids[known - 1] else 0
+            before = len(d.tokens)
             d.keep_common_prefix(self.ids, known)
+            self.redecoded += max(0, min(settled, before) - len(d.tokens))
+            self.sync_tokens += len(self.ids) - len(d.tokens)
             d.decode(self.ids[len(d.tokens) :], "last")
+        self.sync_seconds += self.draft.decode_seconds - decode0
         self.seconds += perf_counter() - t0 - (self.draft.decode_seconds - decode0)
         return ok
 

@@ -57,12 +57,14 @@ class DraftPicks:
         """Greedy, no row kept, no chain, no confidence floor: a draft is its row's argmax and nothing else."""
         return not self.copy and self.sampled[0] <= 0 and self.p_min <= 0 and not self.chain.active
 
-    def pick(self, row: np.ndarray) -> int | None:
+    def pick(self, row: np.ndarray, kept: bool = False) -> int | None:
+        """`kept`: row is the buffer's row for this slot already (a carried row), so it is not copied there."""
         i, d, u = self.n, self.drafts, self.us[self.made]
         if self.chain.active:
             self.chain.draft_row(row, i)
         want_top = self.p_min > 0
-        if self.copy:  # the kernel reads the row after the draft's next decode has overwritten llama.cpp's buffer
+        # the kernel reads the row after the draft's next decode has overwritten llama.cpp's buffer
+        if self.copy and not kept:
             tok, p_tok, p_top, d.kept_n[i] = self.typed.call(
                 pick_kept_copy,
                 row,
@@ -212,7 +214,12 @@ class Proposer:
             bare = picks.bare
             while True:
                 row = d.logits(1)[0]
-                tok = (None if (t := a.argmax(row)) < 0 else picks.put(t)) if bare else picks.pick(a.carry(row))
+                if bare:
+                    tok = None if (t := a.argmax(row)) < 0 else picks.put(t)
+                elif picks.copy:  # a row the kernel reads: carried into its buffer, not copied after
+                    tok = picks.pick(a.carry_into(row, picks.drafts.rows, picks.n), kept=True)
+                else:
+                    tok = picks.pick(a.carry(row))
                 if tok is None or picks.done or a.draft_token(tok) < 0:
                     break
                 d.decode_one(a.draft_token(tok))

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from fsd_local.kernels.fastmath import INT32_MIN, kernel, order_key, wide
-from fsd_local.kernels.rows import ARGMAX_BLOCK
+from fsd_local.kernels.rows import ARGMAX_BLOCK, max_argmax
 
 NEG_INF = np.float32(-np.inf)
 
@@ -62,9 +62,13 @@ def _primary_block_max(row, primary, lo, hi):
 @kernel
 def _primary_max(row, primary):
     """(order key, draft id) of the largest row[d] over the draft tokens d with primary[d] >= 0 (the first
-    such d on ties); (INT32_MIN, -1) when there is none. Each ARGMAX_BLOCK block's maximum, then one block
-    scanned (rows.max_argmax's way: an argmax loop does not vectorise)."""
+    such d on ties); (INT32_MIN, -1) when there is none. The row's own argmax where the map carries it (the
+    primary mask then cannot move it: nothing before it is as large); else each ARGMAX_BLOCK block's maximum over
+    the carried tokens, then one block scanned (rows.max_argmax's way: an argmax loop does not vectorise)."""
     n = row.shape[0]
+    mx, d = max_argmax(row, n)
+    if mx == mx and primary[d] >= np.int32(0):
+        return order_key(mx), d
     best, where = INT32_MIN, 0
     for lo in range(0, n, ARGMAX_BLOCK):
         m = _primary_block_max(row, primary, lo, min(lo + ARGMAX_BLOCK, n))
