@@ -80,6 +80,15 @@ class DraftPicks:
             return None
         return self.put(tok, p_tok)
 
+    def ends(self, ctx: RoundContext) -> bool:
+        """After a draw: the run the grammar then forces joins the proposal as its last slots, and drafting ends
+        there; as it does at k drafts, the grammar's end, or the round's room."""
+        run = force(ctx, self.n, self.n - self.made)
+        self.n += len(run)
+        # a run follows the draft that closed a free stretch (a string, a number), the least sure of them: drafting
+        # on would pay the draft's decode of the run and the draws after it on that bet (design.md, "Forced tokens")
+        return bool(run) or self.done or self.n >= ctx.room
+
     def put(self, tok: int, p_tok: float = 1.0) -> int | None:
         i, d = self.n, self.drafts
         d.tokens[i], d.prob[i], d.onehot[i] = tok, p_tok, 0
@@ -145,8 +154,9 @@ class Proposer:
         return self._draft_model(ctx, t0, forced)
 
     def _draft_model(self, ctx: RoundContext, t0: float, forced: list[int]) -> Proposal:
-        """The draft model's drafts after the `forced` slots, each followed by what the grammar then forces: the
-        model decodes forced tokens in the batch of its next draw, never draws them."""
+        """The draft model's drafts after the `forced` slots, up to the first draft after which the grammar forces
+        a run (proposed, the round's last slots): the model never draws nor decodes a forced token in a round; it
+        decodes the accepted ones with the next round's pending text."""
         if isinstance(self.across, Across):
             return self._draft_across(ctx, self.across, t0, forced)
         if isinstance(self.across, TextDraft):
@@ -158,7 +168,7 @@ class Proposer:
         if self.keeps_rows and self.lengths.probe(MODEL, behind, len(self._scorable(seq)), ctx.room + 1):
             caught_up, probed = self.catch_up(ctx)  # what the skipped text says is worth its catch-up
             behind = 0
-        n, used = len(forced), len(forced)
+        n, made = len(forced), 0
         k = self.lengths.choose(MODEL, ctx.room - n, behind=behind)
         if k > 0:
             if len(seq) - len(d.tokens) > PENDING_MAX:  # it skipped rounds: catch up, scoring them
@@ -171,16 +181,10 @@ class Proposer:
             picks = DraftPicks(ctx, self.n_vocab, k, n)  # the draft's last row is the first draw's
             device = d.sampler.active  # greedy picks made on the device, no draft row read (device_picks.py)
             while (tok := picks.picked(d.sampler.take()) if device else picks.pick(d.logits(1)[0])) is not None:
-                run = force(ctx, picks.n, used)  # the grammar extends the proposal where it decides alone
-                picks.n, used = picks.n + len(run), used + len(run)
-                if picks.done or picks.n >= ctx.room:  # forced slots take the room of the drafts after them
+                if picks.ends(ctx):
                     break
-                if run:
-                    d.decode([tok, *run], "last")
-                else:
-                    d.decode_one(tok)
-            n = picks.n
-        made = n - used
+                d.decode_one(tok)
+            n, made = picks.n, picks.made
         flags = forced_flags(ctx, n)
         return Proposal(n, MODEL if made else None, k, perf_counter() - t0, caught_up, probed, flags)
 
