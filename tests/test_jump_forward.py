@@ -110,6 +110,28 @@ def test_a_forced_run_after_a_rejected_draft_is_dropped_with_it(tiny_engine):
         assert g.reply.tokens == ref and "forced" in g.reply.origins
 
 
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+def test_the_draft_model_stops_at_a_run_behind_its_draft(tiny_engine, prompt):
+    """sd, fixed k 4: a proposal is the grammar's run, the draft model's drafts, and the run the grammar forces
+    after the last of them (then no draft follows); the draft model has decoded none of that run."""
+    tails = 0
+    with tiny_engine.generation(prompt, mode="sd", json_schema=PROFILE, max_tokens=60) as g:
+        while g.stop_reason() is None:
+            step = tiny_engine.round(g)
+            p = step.proposal
+            if p is not None and p.forced is not None and p.source == MODEL:
+                f = p.forced[: p.n].tolist()
+                head = f.index(False)  # the draft model's first draft
+                made = f[head:].count(False)
+                assert f[head:] == [False] * made + [True] * (len(f) - head - made) and made <= 4
+                if f[-1]:  # a run behind the last draft: the draft's cache ends before that draft
+                    tails += 1
+                    assert len(tiny_engine.draft.tokens) == len(g.ctx.seq) + head + made - 1
+            if g.advance(step)[0] is not None:
+                break
+    assert tails > 0
+
+
 @pytest.mark.parametrize("mode", ["ar", "sd"])
 def test_a_forced_run_stops_at_max_tokens(tiny_engine, mode):
     on, off = _both(tiny_engine, "a dog", mode=mode, json_schema=PROFILE, max_tokens=5)
