@@ -18,8 +18,8 @@ WAITING = Proposal(0, None, 0, 0.0)  # a call whose draft cache catches up in ch
 
 def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
     """Every drafting call's proposal: its grammar's forced tokens first, then one draft decode per position for
-    all calls (the first also evaluating what each draft cache lacks), each call picking from its own row until
-    its grammar forces a run after a draft, as drafting/proposer.py does for one call."""
+    all calls (the first also evaluating what each draft cache lacks), each call picking from its own row and its
+    grammar's run after each draft decoded with it next, as drafting/proposer.py does for one call."""
     proposals = [NOTHING] * len(slots)
     d: Model | None = sch.eng.draft
     if d is None:
@@ -67,14 +67,14 @@ def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
 
 
 def _next_draft(sch: Any, sl: Any, pk: DraftPicks) -> bool:
-    """One call's draft from its row of the last draft decode, and the grammar's run after it (which ends its
-    drafts, DraftPicks.ends); whether it drafts on (its draft then queued for the next decode)."""
+    """One call's draft from its row of the last draft decode, and the grammar's run after it (DraftPicks.ends);
+    whether it drafts on (its draft and run then queued for the next decode)."""
     ctx, sid, db = sl.g.ctx, sl.g.seq_id, sch.batches["draft"]
     tok = pk.pick(db.rows(sid)[-1])
     if tok is None or pk.ends(ctx):
         return False
     try:
-        db.add(sid, [tok], "last")
+        db.add(sid, [tok, *pk.run], "last")
     except ContextOverflowError:  # no room for the next draft: this call's drafts end here
         return False
     return True

@@ -10,7 +10,7 @@ import numpy as np
 
 from fsd_local.drafting.across import Across
 from fsd_local.drafting.follow import Following
-from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
+from fsd_local.drafting.length import ACCEPT_PRIOR_LOSSY, PENDING_MAX, DraftLength, Source, accept_prior
 from fsd_local.drafting.ngram import NgramDrafter, match_class
 from fsd_local.drafting.text_draft import TextDraft
 from fsd_local.kernels.accept import ONE_HOT, Drafts
@@ -40,12 +40,30 @@ class DraftPicks:
     the token drafted at slot `n` (None: none); `n` slots are in the buffers (`made` by the model, the rest forced);
     `done`: no further draft may follow."""
 
-    __slots__ = ("chain", "copy", "done", "drafts", "k", "made", "n", "n_vocab", "p_min", "sampled", "us")
+    __slots__ = (
+        "chain",
+        "copy",
+        "done",
+        "drafts",
+        "k",
+        "made",
+        "n",
+        "n_vocab",
+        "p_min",
+        "past_runs",
+        "run",
+        "sampled",
+        "us",
+    )
 
     def __init__(self, ctx: RoundContext, n_vocab: int, k: int, n: int = 0) -> None:
         s = ctx.sampling
         self.chain, self.drafts, self.n_vocab, self.k, self.n = ctx.chain, ctx.buffers.drafts, n_vocab, k, n
         self.made, self.done = 0, False
+        self.run: list[int] = []  # what the grammar forced after the latest draw
+        # a lossy rule keeps most drafts (its acceptance prior, length.py): drafting on behind a run is a good bet
+        # there; under a lossless one the draft a run follows closed a free stretch, the round's least sure
+        self.past_runs = accept_prior(ctx.settings) == ACCEPT_PRIOR_LOSSY
         self.copy = rows_needed(ctx)
         self.us = ctx.random.take(k)  # one per draw (forced slots draw nothing)
         self.p_min = ctx.settings.draft_p_min
@@ -81,13 +99,11 @@ class DraftPicks:
         return self.put(tok, p_tok)
 
     def ends(self, ctx: RoundContext) -> bool:
-        """After a draw: the run the grammar then forces joins the proposal as its last slots, and drafting ends
-        there; as it does at k drafts, the grammar's end, or the round's room."""
-        run = force(ctx, self.n, self.n - self.made)
-        self.n += len(run)
-        # a run follows the draft that closed a free stretch (a string, a number), the least sure of them: drafting
-        # on would pay the draft's decode of the run and the draws after it on that bet (design.md, "Forced tokens")
-        return bool(run) or self.done or self.n >= ctx.room
+        """After a draw: the run the grammar then forces joins the proposal (`run`); drafting ends there under a
+        lossless rule, and at k drafts, the grammar's end, or the round's room (design.md, "Forced tokens")."""
+        self.run = force(ctx, self.n, self.n - self.made)
+        self.n += len(self.run)
+        return (bool(self.run) and not self.past_runs) or self.done or self.n >= ctx.room
 
     def put(self, tok: int, p_tok: float = 1.0) -> int | None:
         i, d = self.n, self.drafts
@@ -154,9 +170,9 @@ class Proposer:
         return self._draft_model(ctx, t0, forced)
 
     def _draft_model(self, ctx: RoundContext, t0: float, forced: list[int]) -> Proposal:
-        """The draft model's drafts after the `forced` slots, up to the first draft after which the grammar forces
-        a run (proposed, the round's last slots): the model never draws nor decodes a forced token in a round; it
-        decodes the accepted ones with the next round's pending text."""
+        """The draft model's drafts after the `forced` slots, each followed by what the grammar then forces; under a
+        lossless rule the first such run ends them (DraftPicks.ends). The model never draws a forced token; it
+        decodes a run with its next draw, or with the next round's pending text."""
         if isinstance(self.across, Across):
             return self._draft_across(ctx, self.across, t0, forced)
         if isinstance(self.across, TextDraft):
@@ -183,7 +199,10 @@ class Proposer:
             while (tok := picks.picked(d.sampler.take()) if device else picks.pick(d.logits(1)[0])) is not None:
                 if picks.ends(ctx):
                     break
-                d.decode_one(tok)
+                if picks.run:  # drafting on behind a run: the draft model decodes it with its draft
+                    d.decode([tok, *picks.run], "last")
+                else:
+                    d.decode_one(tok)
             n, made = picks.n, picks.made
         flags = forced_flags(ctx, n)
         return Proposal(n, MODEL if made else None, k, perf_counter() - t0, caught_up, probed, flags)
