@@ -112,11 +112,29 @@ def test_a_forced_run_after_a_rejected_draft_is_dropped_with_it(tiny_engine):
 
 def test_the_draft_model_stops_at_a_run_behind_its_draft(tiny_engine):
     """sd, fixed k 4: a proposal is the grammar's run, the draft model's drafts, and the run the grammar forces
-    after the last of them (then no draft follows); the draft model has decoded none of that run."""
+    after the last of them (a lossless rule drafts no further); the draft model has decoded none of that run."""
     tails = 0
     for prompt in PROMPTS[:2]:  # on "the cat sat" the grammar forces no run behind a draft; on "we ran far" it does
         tails += _drafts_then_a_run(tiny_engine, prompt)
     assert tails > 0
+
+
+def test_a_lossy_rule_drafts_on_behind_a_run(tiny_engine):
+    """fsd at tau 0.6, fixed k 4: a lossy rule keeps most drafts, so the draft model drafts on behind a run (a
+    draft after a forced slot that follows a draft)."""
+    on = 0
+    for prompt in PROMPTS[:2]:
+        with tiny_engine.generation(prompt, mode="fsd", tau=0.6, json_schema=PROFILE, max_tokens=60) as g:
+            while g.stop_reason() is None:
+                step = tiny_engine.round(g)
+                p = step.proposal
+                if p is not None and p.forced is not None and p.source == MODEL:
+                    f = p.forced[: p.n].tolist()
+                    tail = f[f.index(False) :]
+                    on += True in tail and False in tail[tail.index(True) :]
+                if g.advance(step)[0] is not None:
+                    break
+    assert on > 0
 
 
 def _drafts_then_a_run(eng: Engine, prompt: str) -> int:
