@@ -110,6 +110,53 @@ def test_a_forced_run_after_a_rejected_draft_is_dropped_with_it(tiny_engine):
         assert g.reply.tokens == ref and "forced" in g.reply.origins
 
 
+def test_the_draft_model_stops_at_a_run_behind_its_draft(tiny_engine):
+    """sd, fixed k 16: a proposal is the grammar's run, the draft model's drafts, and the run the grammar forces
+    after the last of them (a lossless rule drafts no further); the draft model has decoded none of that run."""
+    tails = 0
+    for prompt in PROMPTS[:2]:  # on "the cat sat" the grammar forces no run behind a draft; on "we ran far" it does
+        tails += _drafts_then_a_run(tiny_engine, prompt)
+    assert tails > 0
+
+
+def test_a_lossy_rule_drafts_on_behind_a_run(tiny_engine):
+    """fsd at tau 0.6, fixed k 4: a lossy rule keeps most drafts, so the draft model drafts on behind a run (a
+    draft after a forced slot that follows a draft)."""
+    on = 0
+    for prompt in PROMPTS[:2]:
+        with tiny_engine.generation(prompt, mode="fsd", tau=0.6, json_schema=PROFILE, max_tokens=60) as g:
+            while g.stop_reason() is None:
+                step = tiny_engine.round(g)
+                p = step.proposal
+                if p is not None and p.forced is not None and p.source == MODEL:
+                    f = p.forced[: p.n].tolist()
+                    tail = f[f.index(False) :]
+                    on += True in tail and False in tail[tail.index(True) :]
+                if g.advance(step)[0] is not None:
+                    break
+    assert on > 0
+
+
+def _drafts_then_a_run(eng: Engine, prompt: str) -> int:
+    """Checks each round of one reply (test above); returns how many proposals ended with a run behind a draft."""
+    tails = 0
+    with eng.generation(prompt, mode="sd", draft_max=16, json_schema=PROFILE, max_tokens=60) as g:
+        while g.stop_reason() is None:
+            step = eng.round(g)
+            p = step.proposal
+            if p is not None and p.forced is not None and p.source == MODEL:
+                f = p.forced[: p.n].tolist()
+                head = f.index(False)  # the draft model's first draft
+                made = f[head:].count(False)
+                assert f[head:] == [False] * made + [True] * (len(f) - head - made) and made <= 16
+                if f[-1]:  # a run behind the last draft: the draft's cache ends before that draft
+                    tails += 1
+                    assert len(eng.draft.tokens) == len(g.ctx.seq) + head + made - 1
+            if g.advance(step)[0] is not None:
+                break
+    return tails
+
+
 @pytest.mark.parametrize("mode", ["ar", "sd"])
 def test_a_forced_run_stops_at_max_tokens(tiny_engine, mode):
     on, off = _both(tiny_engine, "a dog", mode=mode, json_schema=PROFILE, max_tokens=5)

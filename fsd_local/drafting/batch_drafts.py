@@ -24,7 +24,7 @@ def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
     d: Model | None = sch.eng.draft
     if d is None:
         return proposals
-    db, picks, used = sch.batches["draft"], {}, {}
+    db, picks = sch.batches["draft"], {}
     t0 = perf_counter()
     for i, (sl, k) in enumerate(zip(slots, ks)):
         if not sl.g.speculative:
@@ -46,7 +46,7 @@ def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
         try:
             if k:
                 db.add(sid, [*behind, *forced], "last")
-                picks[i], used[i] = DraftPicks(ctx, sch.eng.n_vocab, k, n), n
+                picks[i] = DraftPicks(ctx, sch.eng.n_vocab, k, n)
         except ContextOverflowError:  # no room in the draft's cells: this call drafts nothing this round
             k = 0
         sch.k_counts[k] += 1
@@ -58,7 +58,7 @@ def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
         d.synchronize()
         if rows_only:
             sch.prices.observe(sch.prices.draft, m, perf_counter() - t)
-        going = {i: pk for i, pk in going.items() if _next_draft(sch, slots[i], pk, used, i)}
+        going = {i: pk for i, pk in going.items() if _next_draft(sch, slots[i], pk)}
     share = (perf_counter() - t0) / len(picks) if picks else 0.0
     for i, pk in picks.items():
         ctx = slots[i].g.ctx
@@ -66,19 +66,15 @@ def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
     return proposals
 
 
-def _next_draft(sch: Any, sl: Any, pk: DraftPicks, used: dict[int, int], i: int) -> bool:
-    """One call's draft from its row of the last draft decode, and the grammar's run after it; whether it
-    drafts on (its draft and run then queued for the next decode)."""
+def _next_draft(sch: Any, sl: Any, pk: DraftPicks) -> bool:
+    """One call's draft from its row of the last draft decode, and the grammar's run after it (DraftPicks.ends);
+    whether it drafts on (its draft and run then queued for the next decode)."""
     ctx, sid, db = sl.g.ctx, sl.g.seq_id, sch.batches["draft"]
     tok = pk.pick(db.rows(sid)[-1])
-    if tok is None:
-        return False
-    run = force(ctx, pk.n, used[i])  # the grammar extends the proposal where it decides alone
-    pk.n, used[i] = pk.n + len(run), used[i] + len(run)
-    if pk.done or pk.n >= ctx.room:  # k drafts made, the grammar complete, or forced slots took the room
+    if tok is None or pk.ends(ctx):
         return False
     try:
-        db.add(sid, [tok, *run], "last")
+        db.add(sid, [tok, *pk.run], "last")
     except ContextOverflowError:  # no room for the next draft: this call's drafts end here
         return False
     return True

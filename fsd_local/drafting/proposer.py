@@ -10,7 +10,7 @@ import numpy as np
 
 from fsd_local.drafting.across import Across
 from fsd_local.drafting.follow import Following
-from fsd_local.drafting.length import PENDING_MAX, DraftLength, Source
+from fsd_local.drafting.length import ACCEPT_PRIOR_LOSSY, PENDING_MAX, DraftLength, Source, accept_prior
 from fsd_local.drafting.ngram import NgramDrafter, match_class
 from fsd_local.drafting.text_draft import TextDraft
 from fsd_local.kernels.accept import ONE_HOT, Drafts
@@ -41,15 +41,37 @@ class DraftPicks:
     the token drafted at slot `n` (None: none); `n` slots are in the buffers (`made` by the model, the rest forced);
     `done`: no further draft may follow."""
 
-    __slots__ = ("chain", "copy", "done", "drafts", "k", "made", "n", "n_vocab", "p_min", "sampled", "typed", "us")
+    __slots__ = (
+        "chain",
+        "copy",
+        "done",
+        "drafts",
+        "jump",
+        "k",
+        "made",
+        "n",
+        "n_vocab",
+        "p_min",
+        "past_runs",
+        "run",
+        "sampled",
+        "typed",
+        "us",
+    )
 
     def __init__(self, ctx: RoundContext, n_vocab: int, k: int, n: int = 0) -> None:
         self.chain, self.drafts, self.n_vocab, self.k, self.n = ctx.chain, ctx.buffers.drafts, n_vocab, k, n
         self.made, self.done, self.typed = 0, False, ctx.typed
+        self.run: list[int] = NOTHING  # what the grammar forced after the latest draw
         if ctx.draws is None:  # what every round of this context reads alike, read from its settings once
             s = ctx.sampling
-            ctx.draws = (rows_needed(ctx), float(ctx.settings.draft_p_min), (s.temperature, s.top_k, s.top_p, s.min_p))
-        self.copy, self.p_min, self.sampled = ctx.draws
+            # a lossy rule keeps most drafts (its acceptance prior, length.py): drafting on behind a run is a good
+            # bet there; under a lossless one the draft a run follows closed a free stretch, the round's least sure
+            lossy = accept_prior(ctx.settings) == ACCEPT_PRIOR_LOSSY
+            sampled = (s.temperature, s.top_k, s.top_p, s.min_p)
+            ctx.draws = (rows_needed(ctx), float(ctx.settings.draft_p_min), sampled, lossy)
+        self.copy, self.p_min, self.sampled, self.past_runs = ctx.draws
+        self.jump = ctx.chain.jump
         self.us = ctx.random.take(k)  # one per draw (forced slots draw nothing)
 
     @property
@@ -92,6 +114,13 @@ class DraftPicks:
             self.done = True
             return None
         return self.put(tok, 1.0)
+
+    def ends(self, ctx: RoundContext) -> bool:
+        """After a draw: the run the grammar then forces joins the proposal (`run`); drafting ends there under a
+        lossless rule, and at k drafts, the grammar's end, or the round's room (design.md, "Forced tokens")."""
+        self.run = force(ctx, self.n, self.n - self.made) if self.jump else NOTHING
+        self.n += len(self.run)
+        return (bool(self.run) and not self.past_runs) or self.done or self.n >= ctx.room
 
     def put(self, tok: int, p_tok: float = 1.0) -> int | None:
         i, d = self.n, self.drafts
@@ -158,8 +187,9 @@ class Proposer:
         return self._draft_model(ctx, t0, forced)
 
     def _draft_model(self, ctx: RoundContext, t0: float, forced: list[int]) -> Proposal:
-        """The draft model's drafts after the `forced` slots, each followed by what the grammar then forces: the
-        model decodes forced tokens in the batch of its next draw, never draws them."""
+        """The draft model's drafts after the `forced` slots, each followed by what the grammar then forces; under a
+        lossless rule the first such run ends them (DraftPicks.ends). The model never draws a forced token; it
+        decodes a run with its next draw, or with the next round's pending text."""
         if isinstance(self.across, Across):
             return self._draft_across(ctx, self.across, t0, forced)
         if isinstance(self.across, TextDraft):
@@ -171,7 +201,7 @@ class Proposer:
         if self.keeps_rows and self.lengths.probe(MODEL, behind, len(self._scorable(seq)), ctx.room + 1):
             caught_up, probed = self.catch_up(ctx)  # what the skipped text says is worth its catch-up
             behind = 0
-        n, used = len(forced), len(forced)
+        n, made = len(forced), 0
         k = self.lengths.choose(MODEL, ctx.room - n, behind=behind)
         if k > 0:
             if len(seq) - len(d.tokens) > PENDING_MAX:  # it skipped rounds: catch up, scoring them
@@ -183,18 +213,14 @@ class Proposer:
                 d.decode([*seq[len(d.tokens) :], *forced], "last")
             picks = DraftPicks(ctx, self.n_vocab, k, n)  # the draft's last row is the first draw's
             device = d.sampler.active  # greedy picks made on the device, no draft row read (device_picks.py)
-            jump = ctx.chain.jump
             while (tok := picks.picked(d.sampler.take()) if device else picks.pick(d.logits(1)[0])) is not None:
-                run = force(ctx, picks.n, used) if jump else NOTHING  # the grammar extends the proposal alone
-                picks.n, used = picks.n + len(run), used + len(run)
-                if picks.done or picks.n >= ctx.room:  # forced slots take the room of the drafts after them
+                if picks.ends(ctx):
                     break
-                if run:
-                    d.decode([tok, *run], "last")
+                if picks.run:  # drafting on behind a run: the draft model decodes it with its draft
+                    d.decode([tok, *picks.run], "last")
                 else:
                     d.decode_one(tok)
-            n = picks.n
-        made = n - used
+            n, made = picks.n, picks.made
         flags = forced_flags(ctx, n)
         return Proposal(n, MODEL if made else None, k, perf_counter() - t0, caught_up, probed, flags)
 
