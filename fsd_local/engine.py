@@ -23,7 +23,6 @@ from fsd_local.drafting.text_draft import TextDraft
 from fsd_local.errors import ConfigError, FSDError
 from fsd_local.generation import Generation
 from fsd_local.kernels.names import SPECULATIVE_MODES
-from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.kernels.warm import warm_up
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
@@ -146,7 +145,6 @@ class Engine:
         self.parallel = parallel  # calls at once (a server's slots)
         self._batch = Scheduler(self, parallel) if parallel > 1 else None
         warm_up()  # JIT/cache-load the kernels now, not inside the first generation's timed span
-        warm_chain()
 
     # ------------------------------------------------------------------ public API
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

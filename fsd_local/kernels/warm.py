@@ -1,11 +1,14 @@
 """Every kernel the loop uses compiled (or loaded from numba's cache) before the first generation's timed span."""
 
+import threading
+
 import numpy as np
 
 from fsd_local.kernels.accept import Drafts, Rule, Sampling, accept_round, round_out
 from fsd_local.kernels.budget import new_budget
 from fsd_local.kernels.emit import emit_one
 from fsd_local.kernels.names import CASCADE, FSD, FSD_ENTROPY, FSD_PAPER, RELAXED, SD, TYPICAL
+from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.kernels.sampling import pick, pick_kept, pick_kept_copy
 from fsd_local.kernels.score import score_slots
 
@@ -13,8 +16,27 @@ _warm = False
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's cache) every kernel the loop uses, with the loop's exact argument
-    types, so the first generation does not pay for it inside its timed span. Once per process."""
+    """Compile (or load from numba's cache) every kernel the loop and the chain use, on a thread of its own: the
+    OpenMP threads its parallel kernels start end with it (docs/design.md, "One OpenMP pool")."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            _warm_loop()
+            warm_chain()
+        except BaseException as e:  # raised again on the caller's thread
+            failed.append(e)
+
+    thread = threading.Thread(target=run, name="fsd-local-warm")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def _warm_loop() -> None:
+    """Every kernel the loop uses, with the loop's exact argument types, so the first generation does not pay
+    for it inside its timed span. Once per process."""
     global _warm
     if _warm:
         return
