@@ -53,7 +53,7 @@ def rounds(seq, rng, start=8):
 def check_follows(f: TextFollower, seq) -> None:
     d = f.draft
     assert d.tokens == f.ids
-    text = b"".join(f._render_target(t) for t in seq)
+    text = b"".join(f._render_target(t, i) for i, t in enumerate(seq))
     assert bytes(f.text) == f.lead + text
     assert f._render(f.ids[len(f.head) :]) == f.lead + text
 
@@ -72,7 +72,7 @@ def test_the_draft_follows_the_text_round_by_round(models, draft, target):
             check_follows(f, prefix)
             decoded.append(len(d.tokens) - min(n_before, len(d.tokens)))
         else:  # only a text ending inside a character is not followed
-            text = b"".join(f._render_target(x) for x in prefix)
+            text = b"".join(f._render_target(x, i) for i, x in enumerate(prefix))
             with pytest.raises(UnicodeDecodeError):
                 text.decode("utf-8")
     # a space-prefix reader starts every tail at a space: here twice more than BACK_MAX tokens back, before

@@ -44,7 +44,7 @@ class Across(Following):
         t = perf_counter()
         if rows is not self._prepared:  # only carried rows are ever written into an across engine's draft rows
             for r in rows:
-                prepare(r)  # type: ignore[type-var]
+                prepare(r)
             self._prepared = rows
         carry_row(row, self.shared_t, self.shared_d, self.extra, rows[i])  # type: ignore[type-var, call-arg]
         self.seconds += perf_counter() - t

@@ -61,10 +61,9 @@ def _primary_block_max(row, primary, lo, hi):
 
 @kernel
 def _primary_max(row, primary):
-    """(order key, draft id) of the largest row[d] over the draft tokens d with primary[d] >= 0 (the first
-    such d on ties); (INT32_MIN, -1) when there is none. The row's own argmax where the map carries it (the
-    primary mask then cannot move it: nothing before it is as large); else each ARGMAX_BLOCK block's maximum over
-    the carried tokens, then one block scanned (rows.max_argmax's way: an argmax loop does not vectorise)."""
+    """(order key, draft id) of the largest row[d] over d with primary[d] >= 0 (the first on ties; (INT32_MIN, -1):
+    none): the row's own argmax where the map carries it, else each ARGMAX_BLOCK block's carried maximum, then one
+    block scanned (rows.max_argmax's way: an argmax loop does not vectorise)."""
     n = row.shape[0]
     mx, d = max_argmax(row, n)
     if mx == mx and primary[d] >= np.int32(0):
