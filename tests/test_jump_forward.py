@@ -120,11 +120,11 @@ def test_the_draft_model_stops_at_a_run_behind_its_draft(tiny_engine):
 
 
 def test_a_lossy_rule_drafts_on_behind_a_run(tiny_engine):
-    """fsd at tau 0.6, fixed k 4: a lossy rule keeps most drafts, so the draft model drafts on behind a run (a
+    """fsd at tau 0.6, fixed k 16: a lossy rule keeps most drafts, so the draft model drafts on behind a run (a
     draft after a forced slot that follows a draft)."""
     on = 0
     for prompt in PROMPTS[:2]:
-        with tiny_engine.generation(prompt, mode="fsd", tau=0.6, json_schema=PROFILE, max_tokens=60) as g:
+        with tiny_engine.generation(prompt, mode="fsd", tau=0.6, draft_max=16, json_schema=PROFILE, max_tokens=60) as g:
             while g.stop_reason() is None:
                 step = tiny_engine.round(g)
                 p = step.proposal
