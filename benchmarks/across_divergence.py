@@ -15,21 +15,18 @@ lossless test fails), with the mean greedy loss (log p(top) - log p(draft)) of t
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from fsd_local import Engine
-from fsd_local.llama.vocab_map import map_between
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from across_pair import pair_arguments, prompts  # noqa: E402
 
-DATA = Path(__file__).resolve().parent.parent / "fsd_local" / "data"
+from fsd_local import Engine  # noqa: E402
+from fsd_local.llama.vocab_map import map_between  # noqa: E402
+
 LN2 = float(np.log(2.0))
-
-
-def prompts(n: int) -> list[str]:
-    lines = (DATA / "prompts-chat.jsonl").read_text().splitlines()
-    return [json.loads(line)["prompt"] for line in lines if line.strip()][:n]
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -91,12 +88,7 @@ def coarsening(eng: Engine) -> tuple[np.ndarray | None, np.ndarray | None]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--draft", required=True)
-    ap.add_argument("--prompts", type=int, default=6)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--tau", type=float, default=0.3)
-    ap.add_argument("--threads", type=int, default=2)
+    pair_arguments(ap)
     a = ap.parse_args()
     keys = ("own_top", "p_own", "agree", "prefix", "js", "js_off", "js_coarse", "loss", "p_d", "lost")
     rec: dict[str, list[float]] = {k: [] for k in keys}

@@ -121,15 +121,20 @@ def catch_up_line(name: str, r: dict) -> str:
     )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def pair_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options every cross-family pair benchmark takes: the pair, the prompts, the reply, tau, threads."""
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", required=True)
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--tau", type=float, default=0.3)
     ap.add_argument("--threads", type=int, default=2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    pair_arguments(ap)
+    ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--budget", type=float, default=0.1, help="a quality budget B run beside tau (0: none)")
     ap.add_argument("--f16", action="store_true", help="F16 copies of both files")

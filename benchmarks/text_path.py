@@ -18,20 +18,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from across_pair import prompts, run  # noqa: E402
+from across_pair import pair_arguments, prompts, run  # noqa: E402
 
 from fsd_local import Engine  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--draft", required=True)
-    ap.add_argument("--prompts", type=int, default=6)
-    ap.add_argument("--tokens", type=int, default=64)
+    pair_arguments(ap)
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--tau", type=float, default=0.3)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=2048)
     a = ap.parse_args()
     texts = prompts(a.prompts)
