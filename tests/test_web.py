@@ -20,7 +20,7 @@ import pytest
 from fsd_local import Engine
 from fsd_local.server import BackgroundServer
 from fsd_local.settings import CHAT_DEFAULTS, FIELDS, spec
-from support.serving import start_serve
+from support.serving import ctrl_c_on, start_serve
 
 TIMEOUT = 30  # seconds; every wait below is bounded
 HELLO = [{"role": "user", "content": "hello there"}]
@@ -168,7 +168,9 @@ def test_chat_web_serves_the_page_and_opens_the_browser(tiny_pair, tmp_path):
     env = {**os.environ, "BROWSER": f"{sys.executable} {recorder} %s", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "fsd_local.cli", "chat", "--web", "--target", t, "--draft", d]
     cmd += ["--ctx", "256", "--threads", "1", "--tau", "0.3"]
-    proc = subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=ctrl_c_on
+    )
     try:
         deadline = time.monotonic() + 60
         while not (opened.exists() and opened.read_text()):

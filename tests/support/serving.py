@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def ctrl_c_on() -> None:
+    """A child's SIGINT as a terminal's (a suite started as a background job hands its children SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_serve(draft: str, target: str, *extra: str) -> tuple[subprocess.Popen, str]:
     """`fsd-local serve` on the tiny pair (context 256, one thread) with `extra` options; returns the process,
     its stdout and stderr merged and unbuffered, and the server's base URL."""
@@ -22,6 +28,11 @@ def start_serve(draft: str, target: str, *extra: str) -> tuple[subprocess.Popen,
     cmd = [sys.executable, "-m", "fsd_local.cli", "serve", "--target", target, "--draft", draft]
     cmd += ["--ctx", "256", "--threads", "1", "--port", str(port), *extra]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=ctrl_c_on,
     )
     return proc, f"http://127.0.0.1:{port}"
