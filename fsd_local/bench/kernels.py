@@ -6,10 +6,10 @@ from __future__ import annotations
 from time import perf_counter
 
 import numpy as np
-from numba import njit
 
 from fsd_local.errors import ConfigError
 from fsd_local.kernels.divergence import DIVERGENCES, TOPK_DEFAULT, divergence
+from fsd_local.kernels.jit_cache import jit
 from fsd_local.kernels.rows import row_lse
 
 VOCABS = (32000, 49152, 151936, 262144)
@@ -17,7 +17,7 @@ ROWS = (1, 2, 4, 8)
 MIN_SECONDS = 0.004  # one timing repeats the call until it lasts about this long: perf_counter noise stays small
 
 
-@njit(cache=True)
+@jit
 def numba_rows(kind, x, y, n, topk, out):
     """The engine's path (accept.py): row_lse of both rows, then the divergence, row by row."""
     for r in range(x.shape[0]):

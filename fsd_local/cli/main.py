@@ -94,16 +94,24 @@ def generate(prompt, as_json, **kwargs):
     help="context size the automatic GPU placement is computed for",
 )
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def doctor(target, draft, pair, n_ctx, as_json):
-    """What this installation runs on (llama.cpp, backends, devices, memory) and, given model files, what they are
-    and whether the draft can draft for the target. Exit code 1 when they are incompatible."""
+@click.option(
+    "--clear-kernel-cache", is_flag=True, help="delete the compiled kernels of every version (they compile again)"
+)
+def doctor(target, draft, pair, n_ctx, as_json, clear_kernel_cache):
+    """What this installation runs on (llama.cpp, backends, devices, memory, the kernel cache) and, given model
+    files, what they are and whether the draft can draft for the target. Exit code 1 when they are incompatible."""
+    from fsd_local.kernels import jit_cache
     from fsd_local.llama.doctor import render, report
 
+    if clear_kernel_cache:
+        freed = jit_cache.clear()
+        click.echo(f"kernel cache cleared: {freed / 2**20:.1f} MiB freed under {jit_cache.cache_root()}")
+        return
     if pair or target:  # a pair, or names from `fsd-local models --local`, to files
         target, draft = resolve_models(target, draft, pair)
     elif draft:
         raise click.UsageError("--draft given without --target")
-    r = report(target=target, draft=draft, n_ctx=n_ctx)
+    r = report(target=target, draft=draft, n_ctx=n_ctx) | {"kernel_cache": jit_cache.state()}
     click.echo(json.dumps(r, indent=2) if as_json else render(r))
     if r.get("compatible") is False:
         sys.exit(1)

@@ -27,14 +27,14 @@ class Across(Following):
         self.primary = vm.primary
         self.row = np.empty(target.n_vocab, np.float32)
         # -inf on the target's own tokens, written once; carry_row writes the shared ones
-        prepare(self.row)  # type: ignore[type-var]
+        prepare(self.row)
         self.seconds = 0.0  # time spent carrying rows (`carry`, `argmax`): the map's own cost
         self._prepared: np.ndarray | None = None  # the round's draft rows whose target-only entries are -inf
 
     def carry(self, row: np.ndarray) -> np.ndarray:
         """The draft's row carried onto the target's vocabulary (valid until the next carry)."""
         t = perf_counter()
-        carry_row(row, self.shared_t, self.shared_d, self.extra, self.row)  # type: ignore[type-var, call-arg]
+        carry_row(row, self.shared_t, self.shared_d, self.extra, self.row)
         self.seconds += perf_counter() - t
         return self.row
 
@@ -46,14 +46,14 @@ class Across(Following):
             for r in rows:
                 prepare(r)
             self._prepared = rows
-        carry_row(row, self.shared_t, self.shared_d, self.extra, rows[i])  # type: ignore[type-var, call-arg]
+        carry_row(row, self.shared_t, self.shared_d, self.extra, rows[i])
         self.seconds += perf_counter() - t
         return rows[i]
 
     def argmax(self, row: np.ndarray) -> int:
         """The target token `carry` would rank first, without writing the carried row (-1: nothing shared)."""
         t = perf_counter()
-        tok = int(carried_argmax(row, self.primary, self.draft_of, self.extra))  # type: ignore[type-var, call-arg, call-overload]
+        tok = int(carried_argmax(row, self.primary, self.draft_of, self.extra))
         self.seconds += perf_counter() - t
         return tok
 

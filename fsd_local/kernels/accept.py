@@ -28,6 +28,7 @@ from fsd_local.kernels.dense import (
 )
 from fsd_local.kernels.divergence import BOUNDS
 from fsd_local.kernels.emit import cached_lse, fill_top
+from fsd_local.kernels.jit_cache import jit
 from fsd_local.kernels.names import (  # noqa: F401
     AR,
     BY_FUZZY,
@@ -171,7 +172,7 @@ def sampling_of(settings) -> Sampling:
     return Sampling(float(settings.temperature), int(settings.top_k), float(settings.top_p), float(settings.min_p))
 
 
-@njit(cache=True)
+@jit
 def _row_stats(x, i, n, sampling, out):
     """What the rule reads of target row i, computed once: greedy, its max and argmax (one pass at memory speed);
     sampled, the processed distribution (kept tokens and stats in out.kept[i], out.pstats; an untruncated row's
@@ -190,12 +191,12 @@ def _row_stats(x, i, n, sampling, out):
         out.pstats[0], out.pstats[1], out.pstats[2] = mx, cut, lz
 
 
-@njit(cache=True)
+@jit
 def _lse(P, i, n, out):
     return cached_lse(P[i], n, i, out)
 
 
-@njit(cache=True)
+@jit
 def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, budget):
     """(n_accepted, next_token) for the target's n_drafts + 1 rows P; fills `out` for the emitted tokens and
     budget.loss[:n_accepted + 1]. Each row is read only for what the rule needs; under a budget its threshold
@@ -229,7 +230,7 @@ def accept_round(P, draft, n_drafts, n_vocab, rule, sampling, uniforms, out, bud
     return accepted, nxt
 
 
-@njit(cache=True)
+@jit
 def _clear(out, loss, n_drafts):
     for i in range(n_drafts + 1):
         out.lse[i] = np.nan
@@ -241,7 +242,7 @@ def _clear(out, loss, n_drafts):
             out.divergence[i] = np.nan
 
 
-@njit(cache=True)
+@jit
 def _judge(P, draft, i, n_drafts, n, rule, sampling, tau, uniforms, out, budget):
     """Why draft i is accepted (BY_SD, BY_FUZZY) or REJECTED, with out.divergence[i] where computed and
     budget.loss[i]: a greedy rescue's cost, a sampled budget's charge (_open), or else a rescue's loss over
@@ -291,7 +292,7 @@ def lossless_only(draft, i):
     return draft.onehot[i] == FORCED or (draft.lossless.shape[0] > i and draft.lossless[i] != 0)
 
 
-@njit(cache=True)
+@jit
 def _open(P, draft, i, n_drafts, n, rule, sampling, tau, out, budget):
     """A sampled budget at slot i, before its SD test: the share of the slot's rescues it allows (open_share),
     charged in budget.loss[i] as that share of the slot's loss; decided on the slot's rows, never on the token
@@ -311,7 +312,7 @@ def _open(P, draft, i, n_drafts, n, rule, sampling, tau, out, budget):
     return share
 
 
-@njit(cache=True)
+@jit
 def _describe(P, drafts, accepted, nxt, n, greedy, out, loss):
     """The emitted tokens' gap, greedy loss and (where asked) log-probability and top alternatives."""
     for j in range(accepted + 1):
@@ -326,7 +327,7 @@ def _describe(P, drafts, accepted, nxt, n, greedy, out, loss):
             fill_top(x, n, _lse(P, j, n, out), j, out)
 
 
-@njit(cache=True)
+@jit
 def _slot_loss(draft, i, x, n, rule, sampling, tau, out):
     """budget.sampled_loss of slot i, over the tokens where p~ or q~ has mass when both are truncated (their kept
     sets' union: a few dozen tokens under chat's sampling), else over the whole rows. The row's log-partition where
@@ -380,7 +381,7 @@ def _slot_loss(draft, i, x, n, rule, sampling, tau, out):
     )
 
 
-@njit(cache=True)
+@jit
 def _extra_token(P, draft, accepted, n_drafts, n, mode, sampling, u, out):
     """The one extra token of the round: the bonus after a full accept, otherwise the replacement at the failed
     slot (greedy: the argmax; sampled: the residual norm(max(p~ - q~, 0)), or p~ itself for fsd-paper but at a

@@ -6,9 +6,8 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
-from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
+from fsd_local.kernels.jit_cache import jit
 from fsd_local.kernels.names import (  # noqa: F401  (the state's indices, declared once there)
     ACCEPTED,
     BUDGET_STATE,
@@ -68,13 +67,13 @@ def new_budget(bound: float | None, k: int, tau0: float = TAU_START, g: float = 
     return Budget(-1.0 if bound is None else float(bound), state, np.zeros(k + 1))
 
 
-@njit(cache=True)
+@jit
 def _p(v, mx, cut, lz, inv_t):
     """A processed probability (kernels/sampling.py's three numbers), float64."""
     return math.exp((float(v) - mx) * inv_t - lz) if v >= cut else 0.0
 
 
-@njit(cache=True)
+@jit
 def _row_constants(mode, x, lx, n, relaxed_k, eps, alpha):
     """What the target rules' critical tau of any token needs: (log max p, kth largest logit, m of typical); each
     read off the row only for the rule that uses it."""
@@ -90,7 +89,7 @@ def _row_constants(mode, x, lx, n, relaxed_k, eps, alpha):
     return xmax - lx, kth, m
 
 
-@njit(cache=True)
+@jit
 def _rescuable(mode, xv, lx, lpmax, kth, m, tau):
     """Whether the target rule (kernels/rules.py) rescues a token with raw logit xv at threshold tau."""
     if not xv > -np.inf:
@@ -105,7 +104,7 @@ def _rescuable(mode, xv, lx, lpmax, kth, m, tau):
     return True  # the divergence rules rescue whatever was drafted at a slot whose divergence passed
 
 
-@njit(cache=True)
+@jit
 def rescue_floor(mode, x, lx, n, tau, relaxed_k, eps, alpha):
     """The lowest raw logit the rule rescues at threshold tau (`_rescuable` as one compare, for the vectorised
     kernels/dense.py): every target rule's test is p(t) >= some c, i.e. x_t >= lx + log c; the divergence rules
@@ -123,7 +122,7 @@ def rescue_floor(mode, x, lx, n, tau, relaxed_k, eps, alpha):
     return max(floor, kth) if mode == RELAXED else floor
 
 
-@njit(cache=True)
+@jit
 def kept_union(p_kept, m_p, q_kept, m_q, out):
     """out[:m] = the sorted union of p_kept[:m_p] and q_kept[:m_q] (both sorted); returns m."""
     i = j = m = 0
@@ -143,7 +142,7 @@ def kept_union(p_kept, m_p, q_kept, m_q, out):
     return m
 
 
-@njit(cache=True)
+@jit
 def sampled_loss(
     mode,
     x,
@@ -215,7 +214,7 @@ def sampled_loss(
     return max(base - emitted, 0.0), rescued
 
 
-@njit(cache=True)
+@jit
 def rescue_value(budget, slot, n_drafts):
     """Expected tokens a rescue at this slot buys: itself (the round goes on) and the drafts after it."""
     s = budget.state
@@ -227,7 +226,7 @@ def rescue_value(budget, slot, n_drafts):
     return v
 
 
-@njit(cache=True)
+@jit
 def open_share(budget, loss, rescued, slot, n_drafts):
     """Sampled, before the slot's SD test: the share of its rescues the budget allows (0, 1, or what the hard cap
     leaves room for), with that share of the slot's loss charged. A share below 1 counts REFUSED, and CAPPED too
@@ -251,7 +250,7 @@ def open_share(budget, loss, rescued, slot, n_drafts):
     return share
 
 
-@njit(cache=True)
+@jit
 def plan_round(budget, reason, rescue, n_ok):
     """Greedy, the whole round: of the n_ok drafts the rule accepts, returns m, the longest prefix whose loss keeps the
     reply within B x its tokens wherever it can end and whose rescues are worth their tokens. Charges the loss;
@@ -280,7 +279,7 @@ def plan_round(budget, reason, rescue, n_ok):
     return m
 
 
-@njit(cache=True)
+@jit
 def end_round(budget, emitted, n_drafts, accepted):
     """Count the round's tokens and drafts, record the threshold it used, and move g (and with it the threshold)
     for the next round."""

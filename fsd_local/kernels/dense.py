@@ -8,6 +8,7 @@ import numpy as np
 from numba import njit, prange
 
 from fsd_local.kernels.fastmath import INT32_MIN, from_order_key, kernel, order_key, radd, vexp, wide
+from fsd_local.kernels.jit_cache import jit
 from fsd_local.kernels.names import FSD_PAPER
 
 SUMMARY_BLOCKS = 512  # the most blocks a summary holds: 1,024-entry blocks up to a 524,288-token vocabulary
@@ -24,7 +25,7 @@ def new_summaries(rows: int) -> np.ndarray:
     return np.zeros((rows, 3, SUMMARY_BLOCKS), np.float32)
 
 
-@njit(cache=True)
+@jit
 def block_size(n):
     """Entries per block of an n-entry row: 1,024, doubled until SUMMARY_BLOCKS blocks cover the row."""
     b = 1024
@@ -69,7 +70,7 @@ def _copy(x, y, lo, hi):
         yb[i] = xb[i]
 
 
-@njit(cache=True)
+@jit
 def _summarise_range(x, n, inv_t, raw, summary, y, copy, part, parts):
     """The blocks of part `part` of `parts`: copied into y first where `copy` (then summed from the copy, in L1)."""
     size = block_size(n)
@@ -83,13 +84,13 @@ def _summarise_range(x, n, inv_t, raw, summary, y, copy, part, parts):
         summary[MAX, b], summary[MASS, b], summary[RAW, b] = _block(src, lo, hi, np.float32(inv_t), raw)
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def _summarise_parts(x, n, inv_t, raw, summary, y, copy):
     for p in prange(PARTS):
         _summarise_range(x, n, inv_t, raw, summary, y, copy, p, PARTS)
 
 
-@njit(cache=True)
+@jit
 def summarise(x, n, inv_t, raw, summary, y, copy):
     """Summarise row x[:n] into summary (3 x SUMMARY_BLOCKS), leaving a copy of it in y[:n] where `copy`; long rows
     on every core. Returns combine's (M, lz, raw log-partition, ok)."""
@@ -100,14 +101,14 @@ def summarise(x, n, inv_t, raw, summary, y, copy):
     return combine(summary, n, inv_t, raw)
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def _summarise_rows(P, rows, n, inv_t, raw, summaries):
     for j in prange(rows * PARTS):
         r = j // PARTS
         _summarise_range(P[r], n, inv_t, raw, summaries[r], P[r], False, j - r * PARTS, PARTS)
 
 
-@njit(cache=True)
+@jit
 def summarise_rows(P, rows, n, inv_t, raw, summaries, stats, lse):
     """Summarise rows P[:rows] together on every core (a verify batch: a rejection early in the round wastes a
     little, as greedy's argmax of every row does); stats[r] = (M, -inf, lz), lse[r] = the raw log-partition
@@ -127,7 +128,7 @@ def summarise_rows(P, rows, n, inv_t, raw, summaries, stats, lse):
     return ok
 
 
-@njit(cache=True)
+@jit
 def summarise_round(P, rows, n, temperature, out):
     """The block summaries of a round's target rows P[:rows] into its RoundOut (kernels/accept.py), on every core:
     what an untruncated round reads of its rows, with their raw log-partitions where log-probabilities are asked
@@ -147,7 +148,7 @@ def dense_draft(draft, i):
     return draft.onehot[i] or (st[1] == -np.inf and st[0] > -np.inf and st[0] < np.inf and st[2] == st[2])
 
 
-@njit(cache=True)
+@jit
 def combine(summary, n, inv_t, raw):
     """(M, lz, raw log-partition (NaN unless raw), ok) from a row's block summary, once: the blocks' masses are
     left relative to M in summary[MASS] (float32, what `draw` walks). ok is False for a row with a NaN or +inf, or
@@ -186,7 +187,7 @@ def _mass(x, lo, hi, mx, inv_t):
     return s
 
 
-@njit(cache=True)
+@jit
 def draw(x, n, inv_t, mx, summary, u):
     """Inverse-CDF draw with uniform u from the untruncated p~ of row x, combined summary `summary`: the block by
     the blocks' masses, the run of SUB entries by their sums, the entry; what rounding leaves past a block's last
@@ -199,7 +200,7 @@ def draw(x, n, inv_t, mx, summary, u):
     return _draw_at(x, n, np.float32(inv_t), mx, summary, u * total, -1)
 
 
-@njit(cache=True)
+@jit
 def _draw_at(x, n, inv_t, mx, summary, target, skip):
     """The token where the cumulative p~ (unnormalised, relative to mx) passes `target`; token `skip` (>= 0) has
     no mass (a one-hot draft's residual)."""
@@ -236,7 +237,7 @@ def _draw_at(x, n, inv_t, mx, summary, target, skip):
     return last
 
 
-@njit(cache=True)
+@jit
 def draw_without(x, n, inv_t, mx, summary, u, d):
     """A draw from p~ without token d, renormalised (a one-hot draft's SD residual: max(p~ - 1[d], 0))."""
     size = block_size(n)
@@ -264,7 +265,7 @@ def _residual(x, y, lo, hi, inv_t, mxp, lzp, mxq, lzq):
     return s
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def _residual_parts(x, y, n, inv_t, px, py, masses):
     size = block_size(n)
     nb = (n + size - 1) // size
@@ -273,7 +274,7 @@ def _residual_parts(x, y, n, inv_t, px, py, masses):
             masses[b] = _residual(x, y, b * size, min(b * size + size, n), inv_t, px[0], px[2], py[0], py[2])
 
 
-@njit(cache=True)
+@jit
 def residual_draw(x, y, n, temperature, px, py, u, masses):
     """Draw from norm(max(p~ - q~, 0)) (the SD replacement) over two untruncated rows, px / py their float32
     (M, cutoff, lz), in one pass on every core; masses: a scratch of SUMMARY_BLOCKS floats. -1 where the
@@ -338,7 +339,7 @@ def _loss_terms(x, y, lo, hi, inv_t, mxp, lzp, mxq, lzq, hx, lox, floor):
     return rescued, rejected, residual, s1, s2, masked
 
 
-@njit(cache=True)
+@jit
 def _loss_range(x, y, n, inv_t, mxp, lzp, mxq, lzq, hx, lox, floor, part, parts, sums):
     """_loss_terms over part `part` of `parts`, block by block (float32 within a block, float64 across)."""
     size = block_size(n)
@@ -352,13 +353,13 @@ def _loss_range(x, y, n, inv_t, mxp, lzp, mxq, lzq, hx, lox, floor, part, parts,
             sums[part, j] += float(t[j])
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def _loss_parts(x, y, n, inv_t, mxp, lzp, mxq, lzq, hx, lox, floor, sums):
     for p in prange(PARTS):
         _loss_range(x, y, n, inv_t, mxp, lzp, mxq, lzq, hx, lox, floor, p, PARTS, sums)
 
 
-@njit(cache=True)
+@jit
 def _one_hot_terms(p, q, a, floor_ok):
     """_loss_terms of one entry, float64 (a one-hot draft's token, added by hand)."""
     dd = p - q
@@ -373,7 +374,7 @@ def _one_hot_terms(p, q, a, floor_ok):
     )
 
 
-@njit(cache=True)
+@jit
 def dense_loss(mode, x, lx, y, n, temperature, px, py, floor, sums, onehot, d):
     """budget.sampled_loss over two untruncated rows in one pass on every core: (loss, P(rescue)), with
     loss = (1 - rejected / residual) S1 + S2 (_loss_terms); floor: budget.rescue_floor; with `onehot` q~ is token

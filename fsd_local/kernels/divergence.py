@@ -8,6 +8,7 @@ import numpy as np
 from numba import njit, prange
 
 from fsd_local.kernels.fastmath import EXP_MIN, kernel, log_mid, radd, vexp, vexp_finite, wide
+from fsd_local.kernels.jit_cache import jit
 from fsd_local.kernels.names import DIVERGENCES, JS, KL, PAPER_JS, RKL, TOPK_DEFAULT, TOPK_JS, TOPK_KL, TOPK_TV, TV  # noqa: F401
 from fsd_local.kernels.rows import BLOCK, PARALLEL_MIN, PARALLEL_PARTS, row_lse  # noqa: F401  (row_lse: callers pair it with divergence)
 from fsd_local.kernels.topk import top_indices
@@ -96,7 +97,7 @@ def _tv(x, hx, lox, y, hy, loy, c, n):
     return total
 
 
-@njit(cache=True)
+@jit
 def _topk(kind, x, lx, y, ly, n, k):
     idx = top_indices(x, n, k)
     kk = idx.shape[0]
@@ -136,7 +137,7 @@ BOUNDS = np.array([math.log(2.0), np.inf, np.inf, 1.0, math.log(2.0), np.inf, 1.
 assert len(BOUNDS) == len(DIVERGENCES)
 
 
-@njit(cache=True)
+@jit
 def _full(kind, x, hx, lox, y, hy, loy, c, n):
     """A full-vocabulary divergence of x[:n] and y[:n] given their split log-partitions (divergence's)."""
     if kind == JS:
@@ -150,7 +151,7 @@ def _full(kind, x, hx, lox, y, hy, loy, c, n):
     return 0.5 * _paper_js(x, hx, lox, y, hy, loy, c, n)
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def _full_parts(kind, x, hx, lox, y, hy, loy, c, n, out):
     """_full of each of PARALLEL_PARTS parts of the rows, on every core: a sum over entries splits at any point."""
     step = (n + PARALLEL_PARTS - 1) // PARALLEL_PARTS
@@ -159,7 +160,7 @@ def _full_parts(kind, x, hx, lox, y, hy, loy, c, n, out):
         out[p] = _full(kind, x[lo:hi], hx, lox, y[lo:hi], hy, loy, c, hi - lo) if hi > lo else 0.0
 
 
-@njit(cache=True)
+@jit
 def divergence(kind, x, lx, y, ly, n, topk):
     """Divergence of kind `kind` between target row x and draft row y over their first n entries.
     lx, ly: log-partition of each row over those n entries (row_lse). Never negative; NaN on bad input."""

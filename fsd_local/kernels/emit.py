@@ -3,16 +3,16 @@ baselines): the raw log-probability, the gap to the row's max, the top alternati
 once per row and only where asked (out.lse caches it, NaN until then)."""
 
 import numpy as np
-from numba import njit
 
 from fsd_local.kernels.budget import end_round
+from fsd_local.kernels.jit_cache import jit
 from fsd_local.kernels.names import BY_SD, REJECTED
 from fsd_local.kernels.rows import row_lse_wide, row_max
 from fsd_local.kernels.sampling import pick_kept
 from fsd_local.kernels.topk import top_indices
 
 
-@njit(cache=True)
+@jit
 def fill_top(x, n, lse, j, out):
     """out.top_ids[j] / out.top_logprob[j]: the most likely tokens of row x (as many as top_ids has columns)."""
     n_top = out.top_ids.shape[1]
@@ -28,7 +28,7 @@ def fill_top(x, n, lse, j, out):
             out.top_logprob[j, t] = -np.inf
 
 
-@njit(cache=True)
+@jit
 def emit_one(x, n, sampling, u, stats, out):
     """Plain decoding (the ar and draft-only baselines): (token, raw log-prob of the token, NaN when not asked);
     out.logprob[0], out.gap[0] and the top alternatives (out.top_ids[0]) as accept_round (kernels/accept.py) fills
@@ -58,7 +58,7 @@ def emit_one(x, n, sampling, u, stats, out):
     return t, lp
 
 
-@njit(cache=True)
+@jit
 def cached_lse(x, n, i, out):
     """Row x's log-partition, computed once per round slot i (out.lse[i] is NaN until then)."""
     if not out.lse[i] == out.lse[i]:
@@ -66,7 +66,7 @@ def cached_lse(x, n, i, out):
     return out.lse[i]
 
 
-@njit(cache=True)
+@jit
 def accept_tops(drafts, n_drafts, out, budget):
     """A greedy round of the lossless rule from the target's argmax of each row in out.top[:n_drafts + 1] (picked
     on the device): the drafts up to the first that is not its row's argmax, then that argmax; gap and loss 0.

@@ -9,7 +9,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
+from fsd_local.kernels.jit_cache import jit
 
 LN2 = 0.6931471805599453
 LOG2E = np.float32(1.4426950408889634)
@@ -27,7 +27,7 @@ E1, E2, E3, E4, E5 = (
 # No reassoc (docs/design.md, "Where the time goes") and no nnan/ninf: -inf logits are real input. contract: FMAs.
 # error_model="numpy": no ZeroDivisionError branch in divisions, which would stop vectorisation.
 FLAGS = {"contract", "nsz", "arcp"}
-kernel = partial(njit, fastmath=FLAGS, error_model="numpy", cache=True)
+kernel = partial(jit, fastmath=FLAGS, error_model="numpy")
 REDUCE_FLAGS = ("reassoc", "nsz", "contract")
 
 

@@ -5,11 +5,10 @@ they agree with the general float32 kernels on an exact one-hot row (docs/design
 import math
 
 import numpy as np
-from numba import njit
 
-from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
 from fsd_local.kernels.divergence import divergence_id
 from fsd_local.kernels.fastmath import EXP_MIN
+from fsd_local.kernels.jit_cache import jit
 from fsd_local.kernels.names import JS, KL, PAPER_JS, RKL, TOPK_DEFAULT, TOPK_KL, TOPK_TV, TV
 from fsd_local.kernels.rows import row_lse
 from fsd_local.kernels.topk import count_at_least, top_indices
@@ -17,7 +16,7 @@ from fsd_local.kernels.topk import count_at_least, top_indices
 LN2 = 0.6931471805599453
 
 
-@njit(cache=True)
+@jit
 def js_of_logprob(lp):
     """JS(p, e_d) from lp = log p(d) alone (float64): the closed form without cancellation near p(d) = 1."""
     if lp >= 0.0:
@@ -29,7 +28,7 @@ def js_of_logprob(lp):
     return 0.5 * t
 
 
-@njit(cache=True)
+@jit
 def has_mass_off(x, lx, d, n):
     """True when some i != d has a non-zero float32 probability (x[i] - lx >= EXP_MIN): one vectorised count."""
     t = np.float32(lx + EXP_MIN)
@@ -39,7 +38,7 @@ def has_mass_off(x, lx, d, n):
     return c > 0
 
 
-@njit(cache=True)
+@jit
 def _topk_onehot(kind, x, lx, d, n, k):
     """The general kernel's k+1 bins (target's top k, then one rest bin, not renormalised) with q one-hot."""
     idx = top_indices(x, n, k)
@@ -72,7 +71,7 @@ def _topk_onehot(kind, x, lx, d, n, k):
     return acc
 
 
-@njit(cache=True)
+@jit
 def divergence_onehot(kind, x, lx, d, n, topk):
     """Divergence of kind `kind` (divergence.DIVERGENCES order) between target row x (first n entries,
     log-partition lx from `row_lse`) and the one-hot draft distribution at token d. Never negative;

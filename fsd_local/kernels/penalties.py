@@ -8,6 +8,7 @@ import numpy as np
 from numba import njit
 
 from fsd_local.kernels.fastmath import FLAGS, wide
+from fsd_local.kernels.jit_cache import jit
 
 
 class Penalties(NamedTuple):
@@ -20,14 +21,14 @@ class Penalties(NamedTuple):
     presence: float
 
 
-@njit(cache=True)
+@jit
 def apply_bias(row, ids, values):
     """row[ids[i]] += values[i] (a -inf value bans the token)."""
     for i in range(ids.shape[0]):
         row[ids[i]] += np.float32(values[i])
 
 
-@njit(cache=True)
+@jit
 def apply_penalties(row, window, pen, counts):
     """Penalise the tokens of `window` (the accepted text's last tokens) in `row`, each once by its count.
     `counts` is an int32 scratch array over the vocabulary, all zero on entry and on return."""
@@ -69,7 +70,7 @@ def _penalise_once(row, t, counts, pen, n):
         counts[t] = -c
 
 
-@njit(cache=True)
+@jit
 def penalise_row(row, pen, w, text, drop_lo, drop_hi, pending, p_lo, p_hi):
     """Penalise `row` for the window: the accepted text's window (w) without text[drop_lo:drop_hi] (what the
     round's drafts before this row pushed out of it) and with pending[p_lo:p_hi] (those drafts), each token once
@@ -92,7 +93,7 @@ def penalise_row(row, pen, w, text, drop_lo, drop_hi, pending, p_lo, p_hi):
         counts[text[i]] += 1
 
 
-@njit(cache=True)
+@jit
 def window_move(w, text, enter_lo, enter_hi, leave_lo, leave_hi):
     """The window takes in text[enter_lo:enter_hi] and lets go of text[leave_lo:leave_hi]."""
     counts, distinct, slot, size = w.counts, w.distinct, w.slot, w.size
@@ -119,7 +120,7 @@ def new_window(n_vocab: int) -> Window:
     )
 
 
-@njit(fastmath=FLAGS, error_model="numpy", cache=True)  # fastmath.kernel, spelled out for the type checker
+@jit(fastmath=FLAGS, error_model="numpy")  # fastmath.kernel, spelled out for the type checker
 def apply_mask(row, n, bits):
     """row[i] = -inf for every i < n whose bit (bits: int32 words, token i at bit i % 32 of word i // 32) is 0."""
     wide()

@@ -3,9 +3,10 @@
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from fsd_local.kernels.fastmath import INT32_MIN, from_order_key, kernel, order_key, radd, vexp, wide
+from fsd_local.kernels.jit_cache import jit
 
 # float32 partial sums over blocks of this many entries, added in float64: the SIMD partial sums stay short
 # (BLOCK / 64 entries each), so the float32 rounding of a 262,144-entry row stays at the 1e-7 level
@@ -41,7 +42,7 @@ def sum_exp(x, n, shift):
     return total
 
 
-@njit(cache=True)
+@jit
 def row_lse(x, n):
     """log sum exp of x[:n]; -inf for an all -inf row, NaN if any entry is NaN (or +inf)."""
     m = row_max(x, n)
@@ -72,7 +73,7 @@ def _entropy_sums(x, n, shift):
     return s_total, t_total
 
 
-@njit(cache=True)
+@jit
 def row_entropy(x, n, lx):
     """Entropy H(p) in nats of p = softmax(x[:n]), given lx = row_lse(x, n): one vectorised pass. With shift c
     (lx rounded to float32), S = sum exp(x - c) and T = sum exp(x - c) (x - c), H = log S - T / S exactly, for
@@ -100,7 +101,7 @@ def _block_max(x, lo, hi):
     return m
 
 
-@njit(cache=True)
+@jit
 def max_argmax(x, n):
     """(max, index of its first occurrence) of x[:n] in one pass: each ARGMAX_BLOCK block's max (vectorised), then a
     scan of the first block holding the largest. With a positive NaN: max NaN and the plain scalar rule's index."""
@@ -121,7 +122,7 @@ def max_argmax(x, n):
     return mx, best_i
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def max_argmax_rows(P, m, n, mx, top):
     """max_argmax of rows P[:m], on every core numba has: between two decodes llama.cpp's threads are idle, and a
     verify batch's rows are read at the memory speed of all of them rather than one's."""
@@ -133,7 +134,7 @@ PARALLEL_MIN = 65536  # rows this long are split over the cores (below, a thread
 PARALLEL_PARTS = 8
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def _part_max(x, n, keys, starts):
     step = (n + PARALLEL_PARTS - 1) // PARALLEL_PARTS
     for p in prange(PARALLEL_PARTS):
@@ -146,7 +147,7 @@ def _part_max(x, n, keys, starts):
         keys[p], starts[p] = best, where
 
 
-@njit(cache=True)
+@jit
 def _from_parts(x, n, keys, starts):
     """max_argmax of x[:n] from its parts' maxima (order keys) and the starts of their best blocks: the largest
     part's block scanned for the first entry equal to the max (a NaN max: the whole row, the scalar rule)."""
@@ -162,7 +163,7 @@ def _from_parts(x, n, keys, starts):
     return max_argmax(x, n)
 
 
-@njit(cache=True)
+@jit
 def max_argmax_wide(x, n):
     """max_argmax of one long row read by every core (a draft's row of a 150-260k vocabulary): the block maxima of
     PARALLEL_PARTS parts in parallel, then one block scanned."""
@@ -188,7 +189,7 @@ def _block_copy_max(x, y, lo, hi):
     return m
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def _part_copy_max(x, y, n, keys, starts):
     step = (n + PARALLEL_PARTS - 1) // PARALLEL_PARTS
     for p in prange(PARALLEL_PARTS):
@@ -201,7 +202,7 @@ def _part_copy_max(x, y, n, keys, starts):
         keys[p], starts[p] = best, where
 
 
-@njit(cache=True)
+@jit
 def copy_max_argmax(x, n, y):
     """max_argmax of x[:n] while copying it into y[:n] in the same pass: a draft's row that the acceptance kernel
     reads after the draft's next decode has overwritten llama.cpp's buffer is copied by the pass that picks its
@@ -224,7 +225,7 @@ def copy_row(x, n, y):
         yb[i] = xb[i]
 
 
-@njit(parallel=True, cache=True)
+@jit(parallel=True)
 def _part_lse(x, n, mx, s):
     step = (n + PARALLEL_PARTS - 1) // PARALLEL_PARTS
     for p in prange(PARALLEL_PARTS):
@@ -234,7 +235,7 @@ def _part_lse(x, n, mx, s):
         s[p] = sum_exp(x[lo:hi], hi - lo, m) if m > -np.inf and m < np.inf else (0.0 if m == -np.inf else np.nan)
 
 
-@njit(cache=True)
+@jit
 def row_lse_wide(x, n):
     """row_lse of one long row read by every core: each part's max and sum of exp (one read of the part; its
     second pass finds it in the core's cache), combined. Short rows: row_lse."""

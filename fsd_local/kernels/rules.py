@@ -7,15 +7,15 @@ import math
 import numpy as np
 from numba import njit
 
-from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
 from fsd_local.kernels.divergence import divergence
+from fsd_local.kernels.jit_cache import jit
 from fsd_local.kernels.names import CASCADE, FSD_ENTROPY, RELAXED, TYPICAL
 from fsd_local.kernels.onehot import divergence_onehot
 from fsd_local.kernels.rows import row_entropy, row_lse_wide, row_max
 from fsd_local.kernels.topk import count_greater
 
 
-@njit(cache=True)
+@jit
 def target_rule(mode, x, lx, d, n, tau, eps, alpha, k):
     """(rescued, critical tau) of `typical`, `cascade` or `relaxed` for draft token d against target row x[:n]
     with log-partition lx. eps in [0, 1), alpha >= 0, k >= 1 (settings check them)."""
@@ -43,7 +43,7 @@ def target_rule(mode, x, lx, d, n, tau, eps, alpha, k):
     return False, np.nan
 
 
-@njit(cache=True)
+@jit
 def uncertainty(x, lx, n):
     """1 - exp(-H(p)) = 1 - 1/perplexity of the target's distribution: in [0, 1), 0 for a one-hot p, 1/2 for a
     fair coin, 1 - 1/N for N equally likely tokens. NaN on bad input."""
@@ -51,7 +51,7 @@ def uncertainty(x, lx, n):
     return -math.expm1(-h) if h == h else np.nan
 
 
-@njit(cache=True)
+@jit
 def entropy_scaled(dv, x, lx, n, tau):
     """(rescued, critical tau) of `fsd-entropy`: divergence dv against the threshold tau (1 - exp(-H(p)))."""
     g = uncertainty(x, lx, n)
@@ -68,7 +68,7 @@ def target_only(mode):
     return mode == TYPICAL or mode == CASCADE or mode == RELAXED
 
 
-@njit(cache=True)
+@jit
 def rescue(rule, x, lx, y, onehot, d, n, tau):
     """(rescued, value) of a lossy rule at a slot whose SD test failed (fsd-paper: every slot): value is the
     divergence compared with tau, or for the target-only rules the smallest tau that rescues d. NaN never rescues."""

@@ -8,6 +8,7 @@ from numba import njit
 
 from fsd_local.kernels.dense import draw, summarise
 from fsd_local.kernels.fastmath import from_order_key, kernel, radd, vexp, wide
+from fsd_local.kernels.jit_cache import jit
 from fsd_local.kernels.rows import copy_max_argmax, copy_row, max_argmax, row_max
 from fsd_local.kernels.topk import BLOCK as TOPK_BLOCK
 from fsd_local.kernels.topk import block_max_keys, count_at_least, gather_sorted, top_from_blocks, top_indices
@@ -26,7 +27,7 @@ def _kept_mass(x, n, mx, inv_t, cutoff):
     return s
 
 
-@njit(cache=True)
+@jit
 def _cutoff(x, n, mx, inv_t, top_k, top_p):
     """Lowest logit kept by top-k then top-p (renormalised over the top-k set), exact. Only candidates near
     the top are sorted: top-k takes them from `top_indices`; top-p widens a cut below the max (counting
@@ -52,7 +53,7 @@ def _cutoff(x, n, mx, inv_t, top_k, top_p):
     return x[cand[-1]]
 
 
-@njit(cache=True)
+@jit
 def processed(x, n, temperature, top_k, top_p, min_p):
     """(mx, cutoff, lz) of the processed distribution of x[:n] at temperature > 0."""
     mx = row_max(x, n)
@@ -66,7 +67,7 @@ def processed(x, n, temperature, top_k, top_p, min_p):
     return mx, cutoff, math.log(z) if z > 0 else np.nan
 
 
-@njit(cache=True)
+@jit
 def prob(x, i, temperature, mx, cutoff, lz):
     """p~_i of a processed distribution."""
     if not (x[i] >= cutoff):
@@ -86,7 +87,7 @@ def _block_mass(x, lo, hi, mx, inv_t, cutoff, lz):
     return s
 
 
-@njit(cache=True)
+@jit
 def sample(x, n, temperature, mx, cutoff, lz, u):
     """Inverse-CDF draw from the processed distribution with uniform u in [0, 1)."""
     inv_t = np.float32(1.0 / temperature)
@@ -131,7 +132,7 @@ def _residual_mass(x, y, lo, hi, inv_t, px, py):
     return s
 
 
-@njit(cache=True)
+@jit
 def sample_residual(x, y, n, temperature, px, py, u):
     """Draw from norm(max(p~ - q~, 0)) (the SD replacement). px/py: float32 (mx, cutoff, lz) triples.
     Falls back to p~ when the residual has no mass (p~ == q~ up to rounding)."""
@@ -155,7 +156,7 @@ def sample_residual(x, y, n, temperature, px, py, u):
     return sample(x, n, temperature, px[0], px[1], px[2], u)
 
 
-@njit(cache=True)
+@jit
 def argmax(x, n):
     best = 0
     bv = x[0]
@@ -166,7 +167,7 @@ def argmax(x, n):
     return best
 
 
-@njit(cache=True)
+@jit
 def pick(x, n, temperature, top_k, top_p, min_p, u, out_stats, want_top=True):
     """One token from row x: argmax when temperature <= 0, else a draw from the processed distribution.
     Writes (mx, cutoff, lz) to out_stats and returns (token, p~(token), p~ of the most likely token).
@@ -194,7 +195,7 @@ def pick(x, n, temperature, top_k, top_p, min_p, u, out_stats, want_top=True):
 KEPT_MAX = 4096
 
 
-@njit(cache=True)
+@jit
 def _kept_indices(x, n, cutoff, top, kept):
     """Fill kept with the indices i of x[:n] with x[i] >= cutoff, in index order, and return how many; -1 when
     there are more than kept holds. `top`: candidates known to contain them all (top-k's), or empty."""
@@ -216,7 +217,7 @@ def _kept_indices(x, n, cutoff, top, kept):
     return m
 
 
-@njit(cache=True)
+@jit
 def processed_kept(x, n, temperature, top_k, top_p, min_p, kept):
     """(mx, cutoff, lz, m) of the processed distribution of x[:n] (as `processed`), with its kept tokens in
     kept[:m] (index order); m = -1 when the distribution is not truncated to at most KEPT_MAX tokens (then lz
@@ -253,7 +254,7 @@ def processed_kept(x, n, temperature, top_k, top_p, min_p, kept):
     return mx, cutoff, math.log(z) if z > 0 else np.nan, m
 
 
-@njit(cache=True)
+@jit
 def sample_kept(x, n, temperature, mx, cutoff, lz, kept, m, u):
     """Inverse-CDF draw with uniform u from a processed distribution whose kept tokens are kept[:m]
     (`processed_kept`; m < 0: the whole row, `sample`)."""
@@ -296,7 +297,7 @@ def _residual_at(xv, yv, inv_t, px, py, onehot, is_d):
     return max(p - q, 0.0)
 
 
-@njit(cache=True)
+@jit
 def residual_kept(x, y, n, temperature, px, py, kept, m, u, onehot, d, q_kept, q_logits, m_q):
     """Draw from norm(max(p~ - q~, 0)) (the SD replacement) over p~'s kept tokens kept[:m] (m < 0: every token),
     q~ read through `q_at` or, with `onehot`, the drafted token d alone. Falls back to p~ when the residual has
@@ -333,7 +334,7 @@ def residual_kept(x, y, n, temperature, px, py, kept, m, u, onehot, d, q_kept, q
     return last
 
 
-@njit(cache=True)
+@jit
 def pick_kept(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top, summary):
     """`pick` with the fast paths (greedy: an argmax at memory speed, on one core; untruncated: a draw from the block
     summary): writes (mx, cutoff, lz) to out_stats and the kept tokens to kept; returns (token, p~(token), p~ of the
@@ -357,7 +358,7 @@ def untruncated(top_k, top_p, min_p):
     return top_k <= 0 and top_p >= 1.0 and min_p <= 0.0
 
 
-@njit(cache=True)
+@jit
 def _pick_dense(x, n, temperature, u, out_stats, summary, y, copy):
     """A draw from x's untruncated p~ through its block summary (copying x into y in the same pass where `copy`):
     (token, p~(token), p~ of the most likely token, whether the summary held: else nothing was drawn)."""
@@ -369,7 +370,7 @@ def _pick_dense(x, n, temperature, u, out_stats, summary, y, copy):
     return t, prob(x, t, temperature, mx, -np.inf, lz), math.exp(-lz), True
 
 
-@njit(cache=True)
+@jit
 def pick_kept_copy(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top, y, summary):
     """pick_kept of row x, leaving a copy of x[:n] in y[:n] (a draft's row the acceptance kernel reads after the
     draft's next decode): greedy and untruncated, the one read of the row copies it; otherwise it is copied first."""
@@ -384,7 +385,7 @@ def pick_kept_copy(x, n, temperature, top_k, top_p, min_p, u, out_stats, kept, w
     return pick_kept(y, n, temperature, top_k, top_p, min_p, u, out_stats, kept, want_top, summary)
 
 
-@njit(cache=True)
+@jit
 def _greedy_pick(x, n, mx, t, want_top, out_stats):
     if not want_top:
         return t, 1.0, 1.0, -1

@@ -2,17 +2,16 @@
 accepted the draft's own pick at a slot of text it did not draft?"""
 
 import numpy as np
-from numba import njit
 
-from fsd_local.kernels import jit_cache  # noqa: F401  (sets numba's cache directory before any kernel is defined)
 from fsd_local.kernels.dense import summarise
+from fsd_local.kernels.jit_cache import jit
 from fsd_local.kernels.names import FSD_PAPER, SD
 from fsd_local.kernels.rows import row_lse_wide
 from fsd_local.kernels.rules import rescue
 from fsd_local.kernels.sampling import argmax, pick_kept, prob, processed, untruncated
 
 
-@njit(cache=True)
+@jit
 def _p_of(x, t, n, sampling, summary):
     """p~(t) of row x: from its summary where nothing is truncated (one pass, kernels/dense.py), else the plain
     processed triple."""
@@ -25,7 +24,7 @@ def _p_of(x, t, n, sampling, summary):
     return prob(x, t, temperature, mx, cut, lz)
 
 
-@njit(cache=True)
+@jit
 def score_slots(P, p_idx, Q, q_idx, n, rule, sampling, tau, us, q_stats, kept, summary, out):
     """Teacher-forced scoring of a drafter on text it did not draft (proposer.py `catch_up`): out[i] = 1 where the
     rule at tau would accept the draft's own pick from row Q[q_idx[i]] against target row P[p_idx[i]] (pick with

@@ -3,9 +3,9 @@ of blocks of BLOCK entries in one vectorised pass, bisection for the k-th larges
 hold the top k read again; only the entries at or above the k-th largest (k, plus ties) are sorted."""
 
 import numpy as np
-from numba import njit
 
 from fsd_local.kernels.fastmath import INT32_MIN, from_order_key, kernel, order_key, wide
+from fsd_local.kernels.jit_cache import jit
 
 BLOCK = 64
 
@@ -59,7 +59,7 @@ def _count_keys(keys, m, t):
     return c
 
 
-@njit(cache=True)
+@jit
 def kth_largest_key(keys, m, k):
     """The k-th largest of keys[:m] (1 <= k <= m), by bisection over the int32 key range: ~32 counting
     passes over keys, which are few."""
@@ -73,7 +73,7 @@ def kth_largest_key(keys, m, k):
     return np.int32(lo)
 
 
-@njit(cache=True)
+@jit
 def _gather_blocks(x, n, bk, t):
     """Indices of the entries of x[:n] that are >= t, in index order, reading only blocks whose maximum
     (bk, from block_max_keys) reaches t."""
@@ -93,13 +93,13 @@ def _gather_blocks(x, n, bk, t):
     return idx[:j]
 
 
-@njit(cache=True)
+@jit
 def _sorted(x, idx):
     """idx reordered by x, largest first, stable (lower index first among ties)."""
     return idx[np.argsort(-x[idx], kind="mergesort")]
 
 
-@njit(cache=True)
+@jit
 def gather_sorted(x, n, t):
     """Indices of the entries of x[:n] that are >= t, largest value first (stable for ties)."""
     bk = np.empty((n + BLOCK - 1) // BLOCK, np.int32)
@@ -107,7 +107,7 @@ def gather_sorted(x, n, t):
     return _sorted(x, _gather_blocks(x, n, bk, t))
 
 
-@njit(cache=True)
+@jit
 def top_indices(x, n, k):
     """Indices of the k largest entries of x[:n], largest first (ties broken by lower index)."""
     if min(k, n) <= 0:
@@ -117,7 +117,7 @@ def top_indices(x, n, k):
     return top_from_blocks(x, n, k, bk)
 
 
-@njit(cache=True)
+@jit
 def top_from_blocks(x, n, k, bk):
     """top_indices given the block maxima bk of x[:n] (block_max_keys): the caller may have read the row's max
     off them already (the max of the block maxima)."""

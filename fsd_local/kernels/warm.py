@@ -6,7 +6,7 @@ import numpy as np
 
 from fsd_local.kernels.accept import Drafts, Rule, Sampling, accept_round, round_out
 from fsd_local.kernels.budget import new_budget
-from fsd_local.kernels.emit import emit_one
+from fsd_local.kernels.emit import accept_tops, emit_one
 from fsd_local.kernels.names import CASCADE, FSD, FSD_ENTROPY, FSD_PAPER, RELAXED, SD, TYPICAL
 from fsd_local.kernels.penalties import warm_up as warm_chain
 from fsd_local.kernels.sampling import pick, pick_kept, pick_kept_copy
@@ -51,6 +51,8 @@ def _warm_loop() -> None:
         draft = Drafts(Q, drafts, q_prob, q_stats, np.full(k, onehot, np.uint8))
         out = round_out(k, 2 * onehot)  # with and without top alternatives (the same types)
         budgets = (new_budget(None, k), new_budget(0.1, k))
+        for budget in budgets:  # a greedy lossless round whose rows stayed on the device (round.judge_tops)
+            accept_tops(drafts, k, out, budget)
         for temperature in (0.0, 1.0):
             sampling = Sampling(temperature, 0, 1.0, 0.0)
             pick(Q[0], n, temperature, 0, 1.0, 0.0, 0.5, q_stats[0], False)

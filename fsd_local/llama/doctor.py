@@ -162,4 +162,20 @@ def render(r: dict) -> str:
             lines.append(f"  across tokenizers: {r['pairing']['description']}")
     if "placement" in r:
         lines.append(f"auto placement at --ctx {r['placement']['n_ctx']}: {r['placement']['summary']}")
+    if "kernel_cache" in r:
+        lines.append(kernel_cache_line(r["kernel_cache"]))
     return "\n".join(lines)
+
+
+def kernel_cache_line(k: dict) -> str:
+    """The kernel cache's place and state (kernels/jit_cache.py `state`), and how to clear it."""
+    held = f"{k['kernels']} kernels, {_size(k['bytes'])}" if k["kernels"] else "empty (the first run compiles, ~20 s)"
+    extra = [f"{k['other_cpu']} for another CPU"] if k["other_cpu"] else []
+    extra += [f"{k['defective']} unusable (recompiled when reached)"] if k["defective"] else []
+    if k["stale_folders"]:
+        n = k["stale_folders"]
+        extra.append(f"{n} folder{'s' if n > 1 else ''} of other versions, {_size(k['stale_bytes'])}")
+    return (
+        f"kernel cache: {k['path']}: {held}" + "".join(f"; {e}" for e in extra) + "\n"
+        "  clear it with `fsd-local doctor --clear-kernel-cache` (safe while fsd-local runs: at worst a recompile)"
+    )
