@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from fsd_local.kernels import jit_cache
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 TINY = ["--threads", "1"]
@@ -77,6 +79,10 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
         ),
         "text_path": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--k", "2"], "greedy sd replies equal"),
         "onehot_speed": (["--n", "4096", "--repeats", "2"], "one-hot divergences, n=4096"),
+        "kernel_cache_passes": (  # the suite's own (warm) kernel cache: compiling every kernel twice would take minutes
+            pair + ["--passes", "1", "--only", "2", "--cache", str(jit_cache.cache_root())],
+            "3 runs, 0 crashes",
+        ),
         "policy_cost": (["--k-max", "4", "--rounds", "5"], "us a round (k_max 4"),
         "serve_load": (
             pair
