@@ -32,7 +32,21 @@ def commands(models: list[str], prompts: Path) -> list[tuple[str, list[str]]]:
         ("generate logprobs", [*gen, "--top-logprobs", "3", "--json"]),
         ("bench --kernels", ["bench", "--kernels", "--vocab", "32000", "--vocab", "262144", "--repeats", "1"]),
         ("bench --overhead", ["bench", "--overhead", *models, "--repeats", "1", "--max-tokens", "16"]),
-        ("calibrate", ["calibrate", *models, "--prompts", str(prompts), "--max-tokens", "16", "--steps", "2"]),
+        (
+            "calibrate",
+            [
+                "calibrate",
+                *models,
+                "--prompts",
+                str(prompts),
+                "--max-tokens",
+                "16",
+                "--steps",
+                "2",
+                "--min-agreement",
+                "0.9",
+            ],
+        ),
     ]
     return out
 
