@@ -116,35 +116,26 @@ def main() -> None:
     prompts.write_text("The three primary colours are\nOnce upon a time\n")
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), FSD_LOCAL_COSTS=str(tmp / "costs.json"))
     cmds = commands(models, prompts)[: a.only]
-    crashes = runs = 0
+    rcs: list[int] = []
+
+    def record(name: str, rc: int, err: str, seconds: float, note: str = "") -> None:
+        print(f"  {name:<24} rc {rc:>4}  {seconds:.0f} s{note}", flush=True)
+        if rc not in (0, 130):  # 130: serve's clean Ctrl-C
+            print("   ", err.strip().splitlines()[-1:], flush=True)
+        rcs.append(rc)
+
     for n in range(1, a.passes + 1):
-        together = n in (1, 3)  # the first two commands of passes 1 and 3 start at the same moment
         print(f"pass {n} ({'empty cache' if n == 1 and not a.cache else 'shared cache'})", flush=True)
-        queue = list(cmds)
-        if together:
-            (n1, c1), (n2, c2) = queue[:2]
+        # the first two commands of passes 1 and 3 start at the same moment, the others one after another
+        groups = [cmds[:2], *([c] for c in cmds[2:])] if n in (1, 3) else [[c] for c in cmds]
+        for group in groups:
             t = time.monotonic()
-            rcs = [finish(p) for p in (start(c1, env), start(c2, env))]
-            for name, (rc, err) in zip((n1, n2), rcs):
-                print(f"  {name:<24} rc {rc:>4}  (started together, {time.monotonic() - t:.0f} s)", flush=True)
-                crashes += rc < 0
-                runs += 1
-                if rc:
-                    print("   ", err.strip().splitlines()[-1:] if err.strip() else "", flush=True)
-            queue = queue[2:]
-        for name, args in queue:
-            t = time.monotonic()
-            rc, err = finish(start(args, env))
-            print(f"  {name:<24} rc {rc:>4}  {time.monotonic() - t:.0f} s", flush=True)
-            crashes += rc < 0
-            runs += 1
-            if rc:
-                print("   ", err.strip().splitlines()[-1:] if err.strip() else "", flush=True)
+            done = [finish(p) for p in [start(args, env) for _, args in group]]
+            for (name, _), (rc, err) in zip(group, done):
+                record(name, rc, err, time.monotonic() - t, " (started together)" if len(group) > 1 else "")
         t = time.monotonic()
-        rc, err = serve(models, env)
-        print(f"  {'serve':<24} rc {rc:>4}  {time.monotonic() - t:.0f} s", flush=True)
-        crashes += rc < 0
-        runs += 1
+        record("serve", *serve(models, env), time.monotonic() - t)
+    runs, crashes = len(rcs), sum(rc < 0 for rc in rcs)
     print(f"{runs} runs, {crashes} crashes; cache {cache}")
     if not a.cache:
         shutil.rmtree(tmp, ignore_errors=True)

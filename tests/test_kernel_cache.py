@@ -76,7 +76,7 @@ def compiled_at_once(tmp_path_factory, models):
     return [finish(p) for p in both], cache
 
 
-def test_two_processes_compiling_at_once_leave_a_cache_a_third_loads_whole(compiled_at_once, models, tmp_path):
+def test_two_processes_compiling_at_once_leave_a_cache_a_third_loads_whole(compiled_at_once, models):
     (first, said_1), (second, said_2) = compiled_at_once[0]
     cache = compiled_at_once[1]
     # a kernel one process loaded whole was compiled by the other, which reached what it calls

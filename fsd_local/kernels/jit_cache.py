@@ -68,10 +68,6 @@ def start_parallel_backend() -> None:
     numba.get_num_threads()  # starts the layer on its first call (numba.np.ufunc.parallel._launch_threads)
 
 
-def _key_name(key) -> str:
-    return repr(key)
-
-
 class _Locator(_CacheLocator):
     """Kernels of one source folder (kernels/, bench/) in a subfolder of kernel_cache_dir()."""
 
@@ -113,7 +109,7 @@ def compiled_by() -> dict:
 
 def entry_header(key) -> dict:
     """What an entry records of how and for what (its key: signature, CPU, bytecode) it was compiled."""
-    return {**compiled_by(), "cpu": repr(key[1]), "key": _key_name(key)}
+    return {**compiled_by(), "cpu": repr(key[1]), "key": repr(key)}
 
 
 def read_entry(path: Path) -> tuple[dict | None, bytes, str | None]:
@@ -151,7 +147,7 @@ class _Entries:
         self.folder, self.base = Path(folder), base
 
     def path(self, key) -> Path:
-        return self.folder / f"{self.base}.{hashlib.sha256(_key_name(key).encode()).hexdigest()[:16]}{SUFFIX}"
+        return self.folder / f"{self.base}.{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}{SUFFIX}"
 
     def defect(self, path: Path, problem: str) -> None:
         say_once(f"kernel cache entry {path.name} {problem}; compiling it again")
@@ -161,7 +157,7 @@ class _Entries:
         if not path.exists():
             return None
         header, payload, problem = read_entry(path)
-        if problem is None and header is not None and header.get("key") != _key_name(key):
+        if problem is None and header is not None and header.get("key") != repr(key):
             problem = (
                 f"was compiled for another CPU ({header.get('cpu')})"
                 if header.get("cpu") != repr(key[1])
@@ -267,16 +263,11 @@ def state() -> dict:
     and the folders older versions left."""
     here = kernel_cache_dir()
     usable = other_cpu = defective = 0
-    cpu = None
     for path in entries():
         header, _, problem = read_entry(path)
-        if problem is not None:
+        if problem is not None or header is None:
             defective += 1
-            continue
-        assert header is not None
-        if cpu is None:
-            cpu = _host_cpu()
-        if header.get("cpu") == cpu:
+        elif header.get("cpu") == _host_cpu():
             usable += 1
         else:
             other_cpu += 1
