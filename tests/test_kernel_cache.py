@@ -193,3 +193,14 @@ def test_state_and_clear_report_what_is_on_disk(compiled_at_once, monkeypatch, t
     assert cleared.exit_code == 0 and "kernel cache cleared" in cleared.output
     assert jit_cache.state()["kernels"] == 0 and jit_cache.state()["stale_folders"] == 0
     assert (cache / "someone-elses").is_dir()
+
+
+def test_an_entry_from_other_kernel_sources_is_one_line_and_a_recompile(models, tmp_path):
+    cache = tmp_path / "numba"
+    first = run("divergence", cache, models)[0]
+    entry = next(p for p in entries(cache) if p.name.startswith("divergence.divergence-"))
+    _rewrite_header(entry, sources="0123456789abcdef")  # as if copied from an install of other kernel sources
+    again, said = run("divergence", cache, models)
+    assert same(again, first) and again["compiled"] > 0
+    assert len(said) == 1 and entry.name in said[0] and "compiled from other kernel sources" in said[0]
+    assert run("divergence", cache, models)[1] == []
