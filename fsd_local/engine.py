@@ -24,6 +24,7 @@ from fsd_local.errors import ConfigError, FSDError
 from fsd_local.generation import Generation
 from fsd_local.kernels.names import SPECULATIVE_MODES
 from fsd_local.kernels.warm import warm_up
+from fsd_local.llama.kv_cache import check_rewindable
 from fsd_local.llama.model import Model
 from fsd_local.llama.options import ModelOptions
 from fsd_local.llama.vocab import CHOICES, Pairing, check_compatible
@@ -131,6 +132,7 @@ class Engine:
                 larger = larger_draft(self.draft, self.target) if self.across is None else None
                 if larger:  # one tokenizer: it runs, exactly, but every round costs more than plain decoding
                     self.notes.append(f"{larger}: it costs more than it saves; swap --draft and --target?")
+            check_rewindable(self.defaults.rewound(self.target, self.draft), self.defaults.mode)
         except BaseException:
             self.close()
             raise
@@ -194,6 +196,7 @@ class Engine:
             s = s.with_(**overrides)
         s.check_draft(self.draft is not None)
         s.check_vocab(self.n_vocab)
+        check_rewindable(s.rewound(self.target, self.draft), s.mode)
         if self.across is not None and s.mode == "draft-only":
             raise ConfigError(
                 "draft-only decodes the draft's own tokens, and this draft's vocabulary is not the target's; "

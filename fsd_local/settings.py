@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import Field, asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from fsd_local.errors import ConfigError
 from fsd_local.kernels.names import (
@@ -22,6 +22,8 @@ from fsd_local.kernels.names import (
     TYPICAL_EPS_DEFAULT,
 )
 from fsd_local.setting_spec import Spec, check_value, field_type, json_text, parse_logit_bias, setting, spec
+
+T = TypeVar("T")  # a model, as Settings.rewound passes them through
 
 __all__ = ["FIELDS", "Settings", "Spec", "field_type", "spec"]  # Spec and its helpers live in setting_spec.py
 
@@ -304,6 +306,13 @@ class Settings:
     def needs_draft(self) -> bool:
         """Whether this mode uses the draft model (the one place that says so)."""
         return (self.mode in SPECULATIVE_MODES and self.drafter != "ngram") or self.mode == "draft-only"
+
+    def rewound(self, target: T, draft: T | None) -> list[T]:
+        """The models this mode rewinds within a reply (after a rejection): a speculative mode's target, and its
+        draft where it drafts with one."""
+        if self.mode not in SPECULATIVE_MODES:
+            return []
+        return [target, draft] if draft is not None and self.needs_draft else [target]
 
     def check_draft(self, has_draft: bool) -> None:
         if self.needs_draft and not has_draft:

@@ -1,23 +1,33 @@
-"""Models whose cache cannot be truncated (recurrent / hybrid architectures), on a real tiny Mamba GGUF.
+"""Models that keep a recurrent state (llama.cpp's hybrid and recurrent architectures), on real tiny GGUFs: an
+LFM2 (short-convolution and attention blocks) and a Mamba, both F32, sharing the tiny llama models' vocabulary.
 
-Speculative decoding rewinds both models to the accepted prefix after every rejection. llama.cpp keeps one
-rolling state per sequence for recurrent models, so `llama_memory_seq_rm` on a partial range fails; fsd_local
-refuses such models at load (CacheTruncationError) instead of failing mid-generation.
+They load as target and as draft and decode plainly (ar, draft-only, several sequences at once); a recurrent
+state cannot drop a suffix, so a rewind empties the sequence and the next decode evaluates the text again.
+Speculative modes, which rewind after every rejection, refuse them with a clear error until rewinding lands.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from types import SimpleNamespace
+import threading
 
 import llama_cpp as lc
+import numpy as np
 import pytest
 
 from fsd_local import CacheTruncationError, Engine
 from fsd_local.llama.bindings import init_backend
-from fsd_local.llama.model import Model
-from support.tinymodels import write_tiny_mamba_gguf
+from fsd_local.llama.model import Model, ModelOptions
+from support.tinymodels import write_tiny_lfm2_gguf, write_tiny_mamba_gguf
+
+PROMPT = "the fox walks at night"
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def lfm2(tmp_path_factory):
+    return str(write_tiny_lfm2_gguf(tmp_path_factory.mktemp("lfm2") / "lfm2.gguf"))
 
 
 @pytest.fixture(scope="module")
@@ -25,127 +35,255 @@ def mamba(tmp_path_factory):
     return str(write_tiny_mamba_gguf(tmp_path_factory.mktemp("mamba") / "mamba.gguf"))
 
 
-def _assert_refusal_message(message: str, path: str, role: str) -> None:
-    assert f"{role} model {path}" in message
-    assert "(mamba)" in message
-    assert "cannot be rewound" in message
-    assert "use a transformer model" in message
+@pytest.fixture(scope="module", params=["lfm2", "mamba"])
+def recurrent(request):
+    """Each tiny model with a recurrent state: the hybrid one, then the fully recurrent one."""
+    return request.getfixturevalue(request.param)
+
+
+def _model(path: str, role: str = "target", n_seq: int = 1) -> Model:
+    return Model(ModelOptions(path, n_ctx=256, n_threads=1, n_gpu_layers=0, n_seq=n_seq), role)
+
+
+class RawContext:
+    """A model straight through llama_cpp, apart from fsd_local's Model: the independent reference."""
+
+    def __init__(self, path: str):
+        init_backend()
+        mp = lc.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = lc.llama_model_load_from_file(path.encode(), mp)
+        assert self.model, f"llama.cpp could not load {path}"
+        cp = lc.llama_context_default_params()
+        cp.n_ctx, cp.n_seq_max, cp.n_threads, cp.n_threads_batch = 256, 1, 1, 1
+        cp.n_batch = cp.n_ubatch = 64
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+        assert self.ctx
+        self.mem = lc.llama_get_memory(self.ctx)
+        self.n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+        self.n_past = 0
+
+    def decode(self, tokens) -> np.ndarray:
+        """Append tokens in one call; the last one's logits."""
+        batch = lc.llama_batch_init(len(tokens), 0, 1)
+        try:
+            batch.n_tokens = len(tokens)
+            for i, t in enumerate(tokens):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, self.n_past + i, 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = i == len(tokens) - 1
+            assert lc.llama_decode(self.ctx, batch) == 0
+        finally:
+            lc.llama_batch_free(batch)
+        self.n_past += len(tokens)
+        return np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, -1), (self.n_vocab,)).copy()
+
+    def greedy(self, prompt: list[int], n: int) -> list[int]:
+        """The prompt but its last token in one call, then one token a call, as plain decoding does."""
+        self.decode(prompt[:-1])
+        out, last = [], prompt[-1]
+        for _ in range(n):
+            last = int(np.argmax(self.decode([last])))
+            out.append(last)
+        return out
+
+    def close(self) -> None:
+        lc.llama_free(self.ctx)
+        lc.llama_model_free(self.model)
+
+
+def test_the_tiny_models_keep_a_recurrent_state(lfm2, mamba, tiny_pair):
+    for path, arch, hybrid in ((lfm2, "lfm2", True), (mamba, "mamba", False)):
+        m = _model(path)
+        try:
+            assert (m.architecture, m.recurrent) == (arch, True)
+            assert bool(lc.llama_model_is_hybrid(m.model)) == hybrid
+            assert bool(lc.llama_model_is_recurrent(m.model)) != hybrid
+        finally:
+            m.close()
+    t = _model(tiny_pair[1])
+    try:
+        assert (t.architecture, t.recurrent) == ("llama", False)
+    finally:
+        t.close()
+
+
+def test_plain_decoding_is_the_models_own_greedy_text(recurrent):
+    """64 greedy tokens through the Engine equal llama.cpp's own, decoded apart from fsd_local."""
+    with Engine(target=recurrent, n_ctx=256, n_threads=1, mode="ar") as eng:
+        prompt = eng.tokenize(PROMPT)
+        out = eng.generate(prompt, max_tokens=64, **GREEDY)
+    raw = RawContext(recurrent)
+    try:
+        want = raw.greedy(prompt, 64)
+    finally:
+        raw.close()
+    assert out.token_ids == want
+    assert len(set(want)) > 8  # varied text, not one token repeated
+
+
+def test_a_rewind_empties_the_state_and_the_text_is_evaluated_again(recurrent):
+    """truncate cannot drop a suffix of a recurrent state: it empties the sequence (and says so by what it keeps);
+    the same text decoded again gives the logits of a fresh context that evaluated it."""
+    m = _model(recurrent)
+    raw = RawContext(recurrent)
+    try:
+        text = m.tokenize(PROMPT)
+        m.decode(text)
+        assert m.truncate(len(text)) == len(text)  # nothing to drop: the state stays
+        assert m.truncate(len(text) - 2) == 0
+        assert m.tokens == [] and lc.llama_memory_seq_pos_max(m.mem, 0) == -1
+        m.decode(text[:-2])
+        want = raw.decode(text[:-2])
+        np.testing.assert_allclose(m.logits(1)[0], want, atol=1e-4)
+        assert m.keep_common_prefix([*text[:-2], 5, 6]) == len(text) - 2  # a prefix of the new text: kept
+        assert m.keep_common_prefix([*text[:3], 7, 8]) == 0  # a suffix to drop: emptied
+    finally:
+        m.close()
+        raw.close()
+
+
+def test_llama_cpp_cannot_drop_a_partial_range_of_a_recurrent_state(mamba):
+    """Why a rewind empties the sequence: llama.cpp refuses to drop a suffix of a state without snapshots."""
+    raw = RawContext(mamba)
+    try:
+        raw.decode([1, 260, 261, 262, 263, 264])
+        assert not lc.llama_memory_seq_rm(raw.mem, 0, 3, -1)  # rewind to position 3: refused
+        assert lc.llama_memory_seq_pos_max(raw.mem, 0) == 5  # and nothing was dropped
+        assert lc.llama_memory_seq_rm(raw.mem, 0, -1, -1)  # dropping the whole sequence is allowed
+        assert lc.llama_memory_seq_pos_max(raw.mem, 0) == -1
+    finally:
+        raw.close()
+
+
+def test_calls_reuse_the_state_where_it_is_a_prefix_and_evaluate_again_where_not(recurrent):
+    with Engine(target=recurrent, n_ctx=256, n_threads=1, mode="ar") as eng:
+        prompt = eng.tokenize(PROMPT)
+        first = eng.generate(prompt, max_tokens=16, **GREEDY)
+        # the next call continues the text: the state holds a prefix of it, nothing is evaluated again
+        more = eng.generate(prompt + first.token_ids, max_tokens=16, **GREEDY)
+        assert more.stats["prompt_evaluated"] == 1
+        other = prompt[:-2] + eng.tokenize("owl", add_special=False)
+        shared = eng.generate(other, max_tokens=16, **GREEDY)
+        assert shared.stats["prompt_evaluated"] == len(other)  # a suffix to drop: the whole prompt again
+        eng.reset()
+        assert eng.generate(prompt + first.token_ids, max_tokens=16, **GREEDY).token_ids == more.token_ids
+        eng.reset()
+        fresh = eng.generate(other, max_tokens=16, **GREEDY)
+        assert fresh.token_ids == shared.token_ids
+        assert fresh.stats["prompt_evaluated"] == len(other)
+
+
+def test_a_second_chat_turn_reuses_the_first_and_equals_a_fresh_evaluation(recurrent):
+    # words only (no control or byte tokens): a reply whose text tokenizes back to its own tokens, as a real
+    # model's does
+    words = {"temperature": 0.8, "logit_bias": {t: float("-inf") for t in range(3 + 256)}}
+    msgs = [{"role": "user", "content": "where does the fox go at night?"}]
+    with Engine(target=recurrent, n_ctx=512, n_threads=1, mode="ar") as eng:
+        first = eng.chat(msgs, max_tokens=24, seed=3, **words)
+        msgs += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "and the owl?"}]
+        second = eng.chat(msgs, max_tokens=24, seed=4, **words)
+        assert second.stats["prompt_evaluated"] < second.stats["prompt_tokens"] - len(first.token_ids)
+        eng.reset()
+        again = eng.chat(msgs, max_tokens=24, seed=4, **words)
+    assert again.stats["prompt_evaluated"] == again.stats["prompt_tokens"]
+    assert again.token_ids == second.token_ids
+
+
+def test_a_full_context_ends_the_reply_as_for_a_transformer(lfm2):
+    with Engine(target=lfm2, n_ctx=64, n_threads=1, mode="ar") as eng:
+        c = eng.generate(PROMPT, max_tokens=1000, **GREEDY)
+        assert (c.finish_reason, c.finish_detail) == ("length", "context_full")
+        assert c.prompt_tokens + len(c.token_ids) == eng.target.n_ctx + 1  # the last token is never stored
+        assert eng.generate(PROMPT, max_tokens=5, **GREEDY).finish_detail == "max_tokens"
+
+
+def test_several_sequences_at_once_each_get_their_own_text(lfm2, mamba):
+    prompts = ["the fox walks at night", "abc def", "the fox walks at night", "xyz, the owl"]
+    for path in (lfm2, mamba):
+        with Engine(target=path, n_ctx=512, n_threads=1, mode="ar", parallel=4) as eng:
+            alone = []
+            for p in prompts:
+                eng.reset()
+                alone.append(eng.generate(p, max_tokens=32, **GREEDY).token_ids)
+            out: dict[int, list[int]] = {}
+
+            def run(i: int, p: str) -> None:
+                out[i] = eng.generate(p, max_tokens=32, **GREEDY).token_ids
+
+            threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(prompts)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=300)
+            assert [out.get(i) for i in range(len(prompts))] == alone
+
+
+def test_a_recurrent_draft_decodes_alone_in_draft_only(lfm2, tiny_pair):
+    """draft-only is plain decoding by the draft: a recurrent draft runs it, and gives its own greedy text."""
+    with Engine(target=tiny_pair[1], draft=lfm2, n_ctx=256, n_threads=1, mode="draft-only") as eng:
+        prompt = eng.tokenize(PROMPT)
+        out = eng.generate(prompt, max_tokens=32, **GREEDY)
+    raw = RawContext(lfm2)
+    try:
+        assert out.token_ids == raw.greedy(prompt, 32)
+    finally:
+        raw.close()
+
+
+def _assert_refusal(message: str, path: str, role: str, arch: str, mode: str) -> None:
+    assert f"{role} model {path} ({arch}) keeps a recurrent state" in message
+    assert f"mode {mode!r}" in message
+    assert "--mode ar" in message
 
 
 @pytest.mark.parametrize("role", ["target", "draft"])
-def test_engine_refuses_a_recurrent_model(role, mamba, tiny_pair):
+def test_a_speculative_pair_is_refused_at_load_naming_the_model(role, lfm2, tiny_pair):
     draft, target = tiny_pair
-    kwargs = {"target": mamba, "draft": draft} if role == "target" else {"target": target, "draft": mamba}
+    kwargs = {"target": lfm2, "draft": draft} if role == "target" else {"target": target, "draft": lfm2}
     with pytest.raises(CacheTruncationError) as info:
-        Engine(**kwargs, n_ctx=128, n_threads=1)
-    _assert_refusal_message(str(info.value), mamba, role)
+        Engine(**kwargs, n_ctx=128, n_threads=1)  # the default mode, fsd
+    _assert_refusal(str(info.value), lfm2, role, "lfm2", "fsd")
 
 
-def test_engine_refuses_a_recurrent_model_without_a_draft(mamba):
-    # autoregressive mode rewinds too (prefix reuse across calls), so a lone recurrent target is refused as well
-    with pytest.raises(CacheTruncationError, match="cannot be rewound"):
-        Engine(target=mamba, n_ctx=128, n_threads=1)
-
-
-def test_cli_reports_a_recurrent_model_in_one_line(mamba, tiny_pair):
+def test_a_loaded_pair_refuses_speculative_calls_and_runs_plain_ones(mamba, tiny_pair):
     draft, _ = tiny_pair
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fsd_local.cli",
-            "generate",
-            "hi",
-            "--target",
-            mamba,
-            "--draft",
-            draft,
-            "--threads",
-            "1",
-        ],
+    with Engine(target=mamba, draft=draft, n_ctx=128, n_threads=1, mode="ar") as eng:
+        for mode, drafter in (("sd", "model"), ("fsd", "ngram")):
+            with pytest.raises(CacheTruncationError) as info:
+                eng.generate(PROMPT, max_tokens=4, mode=mode, drafter=drafter)
+            _assert_refusal(str(info.value), mamba, "target", "mamba", mode)
+        assert len(eng.generate(PROMPT, max_tokens=4, **GREEDY).token_ids) == 4
+    with Engine(target=mamba, n_ctx=128, n_threads=1, drafter="ngram", mode="ar") as eng:
+        with pytest.raises(CacheTruncationError) as info:
+            eng.generate(PROMPT, max_tokens=4, mode="fsd")  # prompt lookup rewinds the target as well
+        _assert_refusal(str(info.value), mamba, "target", "mamba", "fsd")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fsd_local.cli", "generate", PROMPT, "--threads", "1", "--max-tokens", "8", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
     )
+
+
+def test_cli_decodes_a_recurrent_target_plainly(lfm2):
+    for args in (["--draft", "none"], []):  # alone, or with no draft named: plain decoding, said on stderr
+        r = _cli("--target", lfm2, *args)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
+        assert "[length] 8 tokens" in r.stderr
+        assert "plain decoding" in r.stderr
+
+
+def test_cli_reports_a_speculative_recurrent_pair_in_one_line(lfm2, tiny_pair):
+    r = _cli("--target", lfm2, "--draft", tiny_pair[0], "--tau", "0.4")
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     # before it, stderr may hold the placement notice (e.g. "CPU-only build of llama-cpp-python ...")
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("error: ")]
     assert errors == lines[-1:], r.stderr
-    _assert_refusal_message(errors[0], mamba, "target")
-
-
-@pytest.fixture
-def raw_mamba_context(mamba):
-    """The Mamba model loaded through llama_cpp directly: fsd_local.model.Model refuses it before a context
-    exists, so this is the only way (short of patching the refusal) to reach its memory."""
-    init_backend()
-    mp = lc.llama_model_default_params()
-    mp.n_gpu_layers = 0
-    model = lc.llama_model_load_from_file(mamba.encode(), mp)
-    assert model, "llama.cpp could not load the tiny Mamba model"
-    cp = lc.llama_context_default_params()
-    cp.n_ctx, cp.n_seq_max, cp.n_threads, cp.n_threads_batch = 128, 1, 1, 1
-    cp.n_batch = cp.n_ubatch = 32
-    ctx = lc.llama_init_from_model(model, cp)
-    assert ctx
-    try:
-        yield model, ctx
-    finally:
-        lc.llama_free(ctx)
-        lc.llama_model_free(model)
-
-
-def _decode(ctx, tokens) -> None:
-    batch = lc.llama_batch_init(len(tokens), 0, 1)
-    try:
-        batch.n_tokens = len(tokens)
-        for i, t in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, i, 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i == len(tokens) - 1
-        assert lc.llama_decode(ctx, batch) == 0
-    finally:
-        lc.llama_batch_free(batch)
-
-
-def test_llama_cpp_cannot_drop_a_partial_range_of_a_recurrent_state(raw_mamba_context):
-    """Why the load-time refusal exists: the runtime check in Model.truncate would fire on the first rejection."""
-    model, ctx = raw_mamba_context
-    assert lc.llama_model_is_recurrent(model)
-    mem = lc.llama_get_memory(ctx)
-    tokens = [1, 260, 261, 262, 263, 264]  # <s> + five words of the shared vocabulary
-    _decode(ctx, tokens)
-    assert lc.llama_memory_seq_pos_max(mem, 0) == len(tokens) - 1
-
-    assert not lc.llama_memory_seq_rm(mem, 0, 3, -1)  # rewind to position 3: refused
-    assert lc.llama_memory_seq_pos_max(mem, 0) == len(tokens) - 1  # and nothing was dropped
-
-    # Model.truncate's runtime check against this real memory (unbound: Model() itself refuses to load it)
-    state = SimpleNamespace(mem=mem, tokens=list(tokens), role="draft", path="mamba.gguf")
-    with pytest.raises(
-        CacheTruncationError,
-        match=r"draft model mamba\.gguf: llama\.cpp refused to drop KV "
-        r"positions >= 3",
-    ):
-        Model.truncate(state, 3)
-    assert state.tokens == tokens  # the mirror still matches the cache
-
-    assert lc.llama_memory_seq_rm(mem, 0, 0, -1)  # dropping everything is allowed
-    assert lc.llama_memory_seq_pos_max(mem, 0) == -1
-
-
-def test_a_transformer_cache_drops_partial_ranges(tiny_pair):
-    """The control: the same rewind on the tiny llama model succeeds, through fsd_local's Model."""
-    from fsd_local.llama.model import ModelOptions
-
-    m = Model(ModelOptions(tiny_pair[1], n_ctx=128, n_threads=1, n_gpu_layers=0), "target")
-    try:
-        tokens = [1, 260, 261, 262, 263, 264]
-        m.decode(tokens)
-        m.truncate(3)
-        assert m.tokens == tokens[:3]
-        assert lc.llama_memory_seq_pos_max(m.mem, 0) == 2
-    finally:
-        m.close()
+    _assert_refusal(errors[0], lfm2, "target", "lfm2", "fsd")

@@ -13,6 +13,18 @@ from fsd_local.llama.bindings import lc
 SEQ = 0  # the sequence of single-sequence callers
 
 
+def check_rewindable(models, mode: str) -> None:
+    """Raise CacheTruncationError naming the first of `models`, those `mode` rewinds within a reply, that keeps a
+    recurrent state."""
+    for m in models:
+        if m.recurrent:
+            raise CacheTruncationError(
+                f"{m.role} model {m.path} ({m.architecture}) keeps a recurrent state, which fsd-local cannot yet "
+                f"rewind to the accepted text after a rejection, as mode {mode!r} needs: decode it plainly with "
+                "--mode ar (a target alone: --draft none)"
+            )
+
+
 class SequenceCache:
     """`seqs[s]` is the token at each position 0..len-1 of sequence s's cache (`tokens` is seqs[0]); every method
     keeps the lists and the cache equal, editing the lists in place."""
@@ -26,22 +38,36 @@ class SequenceCache:
     n_cells: int  # every sequence's together
     n_seq: int
     _shared: bool  # a unified cache: the sequences share its cells
+    architecture: str
+    recurrent: bool  # part of its state is recurrent (llama_model_is_recurrent / is_hybrid): no suffix drops
 
-    def truncate(self, n: int, seq_id: int = SEQ) -> None:
-        """Drop every position >= n of a sequence. llama.cpp answers False when it cannot drop a partial range."""
-        toks = self.tokens if seq_id == SEQ else self.seqs[seq_id]
+    def truncate(self, n: int, seq_id: int = SEQ) -> int:
+        """Drop every position >= n of a sequence; returns how many it keeps. A recurrent state cannot drop a
+        suffix: the sequence is emptied (0 kept) and the next decode evaluates its text again."""
+        toks = self.seqs[seq_id]
         if n >= len(toks):
-            return
+            return len(toks)
+        if self.recurrent and n > 0:
+            # llama_memory_seq_rm would refuse, or answer True on a wrong state (llama-cpp-notes.md)
+            self.drop(seq_id)
+            return 0
         if not lc.llama_memory_seq_rm(self.mem, seq_id, n, -1):
             raise CacheTruncationError(
                 f"{self.role} model {self.path}: llama.cpp refused to drop KV positions >= {n}; this model's "
                 "cache cannot be rewound, so it cannot be used for speculative decoding"
             )
         del toks[n:]
+        return n
 
     def forget_unknown_tail(self, seq_id: int = SEQ) -> None:
-        """After an interruption: drop any cache positions beyond what the sequence's mirror records."""
-        lc.llama_memory_seq_rm(self.mem, seq_id, len(self.seqs[seq_id]), -1)
+        """After an interruption: drop any cache positions beyond what the sequence's mirror records (a recurrent
+        state cannot drop them alone: the sequence is emptied)."""
+        if self._pos_max(seq_id) < len(self.seqs[seq_id]):
+            return
+        if self.recurrent:
+            self.drop(seq_id)
+        else:
+            lc.llama_memory_seq_rm(self.mem, seq_id, len(self.seqs[seq_id]), -1)
 
     def clear(self) -> None:
         """Empty every sequence."""
@@ -56,14 +82,14 @@ class SequenceCache:
 
     def keep_common_prefix(self, seq, start: int = 0, seq_id: int = SEQ) -> int:
         """Truncate sequence seq_id's cache to its longest common prefix with seq[:-1] (known equal below
-        `start`). The last token of seq is never kept: its logits are what the next decode must produce."""
+        `start`); returns how many tokens it keeps. The last token of seq is never kept: its logits are what the
+        next decode must produce."""
         toks = self.seqs[seq_id]
         n = min(len(toks), len(seq) - 1)
         i = min(start, n)
         while i < n and toks[i] == seq[i]:
             i += 1
-        self.truncate(i, seq_id)
-        return i
+        return self.truncate(i, seq_id)
 
     def reuse_after_cut(self, seq, min_reuse: int = 8, seq_id: int = SEQ) -> int:
         """Where seq is the cached text with a span cut out after their common prefix, remove that span and shift what
@@ -74,7 +100,7 @@ class SequenceCache:
         n = min(len(toks), len(want))
         diff = np.flatnonzero(toks[:n] != want[:n])
         a = int(diff[0]) if diff.size else n
-        if a >= len(want) or a >= len(toks) - min_reuse or not lc.llama_memory_can_shift(self.mem):
+        if a >= len(want) or a >= len(toks) - min_reuse or self.recurrent or not lc.llama_memory_can_shift(self.mem):
             return a
         best_b, best_m = 0, 0
         for b in a + 1 + np.flatnonzero(toks[a + 1 :] == want[a]):  # where the rest of seq could resume

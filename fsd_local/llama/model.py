@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from fsd_local.errors import CacheTruncationError, ModelLoadError
+from fsd_local.errors import ModelLoadError
 from fsd_local.llama import backend
 from fsd_local.llama.bindings import clear_log, default_threads, init_backend, lc, recent_log
 from fsd_local.llama.cpu_features import repack_choice
@@ -175,13 +175,8 @@ class Model(SequenceCache):
                 f"llama.cpp could not load {role} model {opts.path} (corrupt, truncated, or an architecture "
                 f"this llama.cpp build does not know): {recent_log() or 'no details logged'}"
             )
-        if lc.llama_model_is_recurrent(self.model) or lc.llama_model_is_hybrid(self.model):
-            arch = self.meta("general.architecture")
-            self.close()
-            raise CacheTruncationError(
-                f"{role} model {opts.path} ({arch}) keeps a recurrent state that cannot be rewound to the "
-                "accepted text, which speculative decoding needs after every rejection; use a transformer model"
-            )
+        self.architecture = self.meta("general.architecture") or "unknown"
+        self.recurrent = bool(lc.llama_model_is_recurrent(self.model) or lc.llama_model_is_hybrid(self.model))
 
     def _create_context(self, opts: ModelOptions) -> None:
         """The context (opts' sequences, sizes and KV types) and its batch for sequence 0, filled by vector

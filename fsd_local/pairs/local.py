@@ -10,22 +10,14 @@ from fsd_local.llama.vocab import HeaderVocab, header_problem
 from fsd_local.pairs import stores
 from fsd_local.pairs.header_index import HeaderIndex
 
-# llama.cpp's recurrent and hybrid architectures (llama_model_is_recurrent / is_hybrid): their state cannot be
-# rewound, so the engine refuses them (the loaded check is the authority; this only keeps them out of choices)
+# llama.cpp's recurrent and hybrid architectures (llm_arch_is_recurrent / is_hybrid in the pinned llama.cpp): the
+# engine cannot rewind their state yet, so they decode plainly and stay out of draft choices (the loaded model's
+# llama_model_is_recurrent / is_hybrid is the authority; this names them before loading)
 RECURRENT = {
-    "mamba",
-    "mamba2",
-    "rwkv6",
-    "rwkv6qwen2",
-    "rwkv7",
-    "arwkv7",
-    "jamba",
-    "falcon-h1",
-    "granitehybrid",
-    "lfm2",
-    "nemotron_h",
-    "plamo2",
-    "qwen3next",
+    *("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"),  # recurrent
+    *("jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe"),  # hybrid
+    *("qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp"),
+    *("deepseek4", "minimax-01"),
 }
 PROJECTORS = {"clip", "mmproj"}  # vision / audio projectors: not language models, never listed
 

@@ -237,3 +237,79 @@ def write_tiny_mamba_gguf(
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def write_tiny_lfm2_gguf(
+    path,
+    *,
+    seed: int = 0,
+    base_seed: int = 4321,
+    noise: float = 0.0,
+    n_embd: int = 64,
+    layers: str = "cca",
+    n_head: int = 4,
+    n_ff: int = 128,
+    l_cache: int = 3,
+    n_ctx: int = 512,
+    byte_tokens: bool = True,
+    words=WORDS,
+    logit_scale: float = 1.0,
+) -> Path:
+    """A tiny LFM2 (hybrid: short-convolution blocks, whose state is recurrent, and attention blocks), F32,
+    sharing `vocabulary()` with write_tiny_gguf. `layers`: one letter a block, "c" convolution, "a" attention;
+    like write_tiny_gguf, two of these with one base_seed and different `noise` agree often but not always.
+
+    Tensor names and ggml shapes follow the vendored llama.cpp's llama_model_lfm2::load_arch_tensors (numpy
+    shapes are the ggml shapes reversed); a block is recurrent where its KV head count is 0."""
+    import gguf
+
+    tokens, scores, types = vocabulary(byte_tokens, words)
+    n_vocab, n_layer, head = len(tokens), len(layers), n_embd // n_head
+    base = np.random.default_rng(base_seed)
+    mine = np.random.default_rng(seed)
+
+    def weight(*shape, scale=None):
+        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+        w = base.standard_normal(shape) * scale
+        if noise:
+            w = w + mine.standard_normal(shape) * scale * noise
+        return w.astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), "lfm2")
+    w.add_name(f"tiny-lfm2-{seed}")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv([n_head if kind == "a" else 0 for kind in layers])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(head)
+    w.add_uint32(gguf.Keys.ShortConv.L_CACHE.format(arch="lfm2"), l_cache)
+    add_tokenizer(w, tokens, scores, types)
+    w.add_tensor("token_embd.weight", weight(n_vocab, n_embd, scale=1.0))
+    ones = np.ones(n_embd, dtype=np.float32)
+    for i, kind in enumerate(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
+        if kind == "a":
+            w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(head, dtype=np.float32))
+            w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(head, dtype=np.float32))
+            for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                w.add_tensor(f"blk.{i}.{name}.weight", weight(n_embd, n_embd))
+        elif kind == "c":
+            w.add_tensor(f"blk.{i}.shortconv.conv.weight", weight(n_embd, l_cache, scale=0.5))
+            w.add_tensor(f"blk.{i}.shortconv.in_proj.weight", weight(3 * n_embd, n_embd))
+            w.add_tensor(f"blk.{i}.shortconv.out_proj.weight", weight(n_embd, n_embd))
+        else:
+            raise ValueError(f"layers: {kind!r} is neither 'c' (convolution) nor 'a' (attention)")
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+    w.add_tensor("token_embd_norm.weight", ones)
+    w.add_tensor("output.weight", weight(n_vocab, n_embd, scale=logit_scale / np.sqrt(n_embd) * 3))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
