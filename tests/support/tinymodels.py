@@ -97,6 +97,38 @@ def add_bpe_tokenizer(w, tokens, types, merges) -> None:
     w.add_chat_template(CHATML_TEMPLATE)
 
 
+def seeded_weights(base_seed: int, seed: int, noise: float, dtype=np.float32):
+    """weight(*shape, scale=None): a random matrix of a base shared by every model of `base_seed`, plus `noise`
+    times this model's own (`seed`); scale defaults to 1/sqrt(the last dimension)."""
+    base = np.random.default_rng(base_seed)
+    mine = np.random.default_rng(seed)
+
+    def weight(*shape, scale=None):
+        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+        w = base.standard_normal(shape) * scale
+        if noise:
+            w = w + mine.standard_normal(shape) * scale * noise
+        return w.astype(dtype)
+
+    return weight
+
+
+def add_ffn(w, i: int, weight, n_embd: int, n_ff: int) -> None:
+    """Block i's norm and SwiGLU feed-forward tensors."""
+    w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
+    w.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
+    w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+
+
+def finish(w) -> None:
+    """Write a GGUFWriter's header, metadata and tensors, and close it."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_tiny_gguf(
     path,
     *,
@@ -126,15 +158,7 @@ def write_tiny_gguf(
     else:
         tokens, scores, types = vocabulary(byte_tokens, words, control)
     n_vocab = len(tokens)
-    base = np.random.default_rng(base_seed)
-    mine = np.random.default_rng(seed)
-
-    def weight(*shape, scale=None):
-        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
-        w = base.standard_normal(shape) * scale
-        if noise:
-            w = w + mine.standard_normal(shape) * scale * noise
-        return w.astype(dtype)
+    weight = seeded_weights(base_seed, seed, noise, dtype)
 
     w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_name(f"tiny-{seed}")
@@ -159,16 +183,10 @@ def write_tiny_gguf(
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
             rows = n_embd_kv if name in ("attn_k", "attn_v") else n_embd
             w.add_tensor(f"blk.{i}.{name}.weight", weight(rows, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+        add_ffn(w, i, weight, n_embd, n_ff)
     w.add_tensor("output_norm.weight", ones)
     w.add_tensor("output.weight", weight(n_vocab, n_embd, scale=logit_scale / np.sqrt(n_embd) * 3))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     if split_max_tensors:
         return next(Path(path).parent.glob(Path(path).stem + "-00001-of-*.gguf"))
     return Path(path)
@@ -232,10 +250,7 @@ def write_tiny_mamba_gguf(
         w.add_tensor(f"blk.{i}.ssm_out.weight", weight(n_embd, d_inner))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     w.add_tensor("output.weight", weight(n_vocab, n_embd))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return Path(path)
 
 
@@ -265,15 +280,7 @@ def write_tiny_lfm2_gguf(
 
     tokens, scores, types = vocabulary(byte_tokens, words)
     n_vocab, n_layer, head = len(tokens), len(layers), n_embd // n_head
-    base = np.random.default_rng(base_seed)
-    mine = np.random.default_rng(seed)
-
-    def weight(*shape, scale=None):
-        scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
-        w = base.standard_normal(shape) * scale
-        if noise:
-            w = w + mine.standard_normal(shape) * scale * noise
-        return w.astype(np.float32)
+    weight = seeded_weights(base_seed, seed, noise)
 
     w = gguf.GGUFWriter(str(path), "lfm2")
     w.add_name(f"tiny-lfm2-{seed}")
@@ -302,14 +309,8 @@ def write_tiny_lfm2_gguf(
             w.add_tensor(f"blk.{i}.shortconv.out_proj.weight", weight(n_embd, n_embd))
         else:
             raise ValueError(f"layers: {kind!r} is neither 'c' (convolution) nor 'a' (attention)")
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+        add_ffn(w, i, weight, n_embd, n_ff)
     w.add_tensor("token_embd_norm.weight", ones)
     w.add_tensor("output.weight", weight(n_vocab, n_embd, scale=logit_scale / np.sqrt(n_embd) * 3))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return Path(path)
