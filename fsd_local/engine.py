@@ -40,16 +40,12 @@ if TYPE_CHECKING:
 __all__ = ["CancelToken", "Completion", "Engine", "Piece"]
 
 
-def _options(model, n_ctx, n_threads, n_gpu_layers, parallel: int = 1) -> ModelOptions:
+def _options(model, n_ctx, n_threads, n_gpu_layers, parallel: int = 1, **rewind) -> ModelOptions:
+    """`rewind`: how the role rewinds a recurrent state (ModelOptions.n_rs_seq, checkpoint; design.md)."""
     if isinstance(model, ModelOptions):
-        return model if parallel == 1 else replace(model, n_seq=parallel)
-    return ModelOptions(
-        path=str(model),
-        n_ctx=n_ctx,
-        n_threads=n_threads,
-        n_gpu_layers=-1 if n_gpu_layers is None else n_gpu_layers,
-        n_seq=parallel,
-    )
+        return replace(model, **rewind) if parallel == 1 else replace(model, n_seq=parallel, **rewind)
+    gpu = -1 if n_gpu_layers is None else n_gpu_layers
+    return ModelOptions(str(model), n_ctx, n_threads, n_gpu_layers=gpu, n_seq=parallel, **rewind)
 
 
 def larger_draft(draft: Model, target: Model) -> str | None:
@@ -124,10 +120,13 @@ class Engine:
         self._cancel = CancelToken()
         self._closed = False
         try:
-            self.target = Model(_options(target, n_ctx, n_threads, n_gpu_layers, parallel), "target")
+            # a verify batch is rolled back within itself (snapshots: its drafts and one); the draft decodes one
+            # token a call, so it goes back to where its drafting began (a checkpoint)
+            rs = slots(self.defaults) + 1
+            self.target = Model(_options(target, n_ctx, n_threads, n_gpu_layers, parallel, n_rs_seq=rs), "target")
             if draft is not None:
                 draft_gpu = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
-                self.draft = Model(_options(draft, n_ctx, n_threads, draft_gpu, parallel), "draft")
+                self.draft = Model(_options(draft, n_ctx, n_threads, draft_gpu, parallel, checkpoint=True), "draft")
                 self.pairing, self.across = _across(self.draft, self.target, across)
                 larger = larger_draft(self.draft, self.target) if self.across is None else None
                 if larger:  # one tokenizer: it runs, exactly, but every round costs more than plain decoding

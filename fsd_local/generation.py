@@ -67,8 +67,9 @@ class Generation:
 
     @property
     def room(self) -> int:
-        """How many drafts the next round may propose: tokens still wanted after one, and context left."""
-        return min(self.s.max_tokens - self.stats.tokens - 1, self.n_ctx - len(self.seq))
+        """How many drafts the next round may propose: tokens still wanted after one, context left, and what the
+        target can roll back (Model.rollback_max)."""
+        return min(self.s.max_tokens - self.stats.tokens - 1, self.n_ctx - len(self.seq), self.target.rollback_max)
 
     def advance(self, step: Step) -> tuple[str | None, Piece | None]:
         """Everything after a round: (why the reply ended, or None; the piece to stream, or None)."""

@@ -2,8 +2,9 @@
 LFM2 (short-convolution and attention blocks) and a Mamba, both F32, sharing the tiny llama models' vocabulary.
 
 They load as target and as draft and decode plainly (ar, draft-only, several sequences at once); a recurrent
-state cannot drop a suffix, so a rewind empties the sequence and the next decode evaluates the text again.
-Speculative modes, which rewind after every rejection, refuse them with a clear error until rewinding lands.
+state without snapshots or a checkpoint cannot drop a suffix, so a rewind empties the sequence and the next
+decode evaluates the text again. Speculative modes with them: test_recurrent_rewind.py; a target that cannot be
+rolled back (Mamba: no snapshots) is refused with a clear error.
 """
 
 from __future__ import annotations
@@ -237,13 +238,13 @@ def _assert_refusal(message: str, path: str, role: str, arch: str, mode: str) ->
     assert "--mode ar" in message
 
 
-@pytest.mark.parametrize("role", ["target", "draft"])
-def test_a_speculative_pair_is_refused_at_load_naming_the_model(role, lfm2, tiny_pair):
+def test_a_target_without_snapshots_is_refused_at_load_and_a_draft_is_not(mamba, tiny_pair):
     draft, target = tiny_pair
-    kwargs = {"target": lfm2, "draft": draft} if role == "target" else {"target": target, "draft": lfm2}
     with pytest.raises(CacheTruncationError) as info:
-        Engine(**kwargs, n_ctx=128, n_threads=1)  # the default mode, fsd
-    _assert_refusal(str(info.value), lfm2, role, "lfm2", "fsd")
+        Engine(target=mamba, draft=draft, n_ctx=128, n_threads=1)  # the default mode, fsd
+    _assert_refusal(str(info.value), mamba, "target", "mamba", "fsd")
+    with Engine(target=target, draft=mamba, n_ctx=128, n_threads=1) as eng:  # a draft goes back to a checkpoint
+        assert eng.draft.recurrent and eng.draft.rewinds
 
 
 def test_a_loaded_pair_refuses_speculative_calls_and_runs_plain_ones(mamba, tiny_pair):
@@ -278,12 +279,12 @@ def test_cli_decodes_a_recurrent_target_plainly(lfm2):
         assert "plain decoding" in r.stderr
 
 
-def test_cli_reports_a_speculative_recurrent_pair_in_one_line(lfm2, tiny_pair):
-    r = _cli("--target", lfm2, "--draft", tiny_pair[0], "--tau", "0.4")
+def test_cli_reports_a_speculative_recurrent_pair_in_one_line(mamba, tiny_pair):
+    r = _cli("--target", mamba, "--draft", tiny_pair[0], "--tau", "0.4")
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     # before it, stderr may hold the placement notice (e.g. "CPU-only build of llama-cpp-python ...")
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("error: ")]
     assert errors == lines[-1:], r.stderr
-    _assert_refusal(errors[0], lfm2, "target", "lfm2", "fsd")
+    _assert_refusal(errors[0], mamba, "target", "mamba", "fsd")

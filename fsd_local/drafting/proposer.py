@@ -211,6 +211,8 @@ class Proposer:
                     d.decode(forced, "last")
             else:
                 d.decode([*seq[len(d.tokens) :], *forced], "last")
+            if k > 1:  # it decodes its drafts one a call: a recurrent state goes back here after a rejection
+                d.checkpoint()
             picks = DraftPicks(ctx, self.n_vocab, k, n)  # the draft's last row is the first draw's
             device = d.sampler.active  # greedy picks made on the device, no draft row read (device_picks.py)
             while (tok := picks.picked(d.sampler.take()) if device else picks.pick(d.logits(1)[0])) is not None:
@@ -234,6 +236,8 @@ class Proposer:
         k = self.lengths.choose(MODEL, ctx.room, behind=max(0, len(ctx.seq) - a.followed))
         n = 0
         if k > 0 and a.sync(ctx.seq):
+            if k > 1:  # as _draft_model: a recurrent state goes back here after a rejection
+                d.checkpoint()
             picks = DraftPicks(ctx, self.n_vocab, min(k, a.room() + 1))  # the last draft is not decoded
             # greedy with nothing reading the row: the argmax of the carried row without writing it (the draft's
             # row read once, not the target's vocabulary written and read)

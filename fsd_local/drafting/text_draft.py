@@ -33,6 +33,8 @@ class TextDraft(Following):
         whether the draft ended its reply there. A control token other than an end stops the text before it."""
         d, render = self.draft, self.follower.draft_text
         pieces: list[bytes] = []
+        if k > 1:  # as Proposer._draft_model: a recurrent state goes back here after a rejection
+            d.checkpoint()
         for i in range(k):
             tok = d.sampler.take() if d.sampler.active else int(np.argmax(d.logits(1)[0]))
             if d.is_eog(tok):

@@ -14,14 +14,20 @@ SEQ = 0  # the sequence of single-sequence callers
 
 
 def check_rewindable(models, mode: str) -> None:
-    """Raise CacheTruncationError naming the first of `models`, those `mode` rewinds within a reply, that keeps a
-    recurrent state."""
+    """Raise CacheTruncationError naming the first of `models`, those `mode` rewinds within a reply, whose recurrent
+    state this engine cannot rewind as its role needs (`SequenceCache.rewinds`)."""
     for m in models:
-        if m.recurrent:
+        if m.recurrent and not m.rewinds:
+            if m.n_seq > 1:
+                why = f"with {m.n_seq} sequences at once (--parallel), which fsd-local cannot yet rewind"
+                fix = "--parallel 1, or decode it plainly with --mode ar"
+            else:
+                why = "which llama.cpp cannot roll back by snapshots for this architecture and fsd-local cannot yet "
+                why += "rewind otherwise as a target"
+                fix = "decode it plainly with --mode ar (a target alone: --draft none), or use it as the draft"
             raise CacheTruncationError(
-                f"{m.role} model {m.path} ({m.architecture}) keeps a recurrent state, which fsd-local cannot yet "
-                f"rewind to the accepted text after a rejection, as mode {mode!r} needs: decode it plainly with "
-                "--mode ar (a target alone: --draft none)"
+                f"{m.role} model {m.path} ({m.architecture}) keeps a recurrent state, {why}; mode {mode!r} rewinds "
+                f"it after every rejection: {fix}"
             )
 
 
@@ -39,18 +45,30 @@ class SequenceCache:
     n_seq: int
     _shared: bool  # a unified cache: the sequences share its cells
     architecture: str
-    recurrent: bool  # part of its state is recurrent (llama_model_is_recurrent / is_hybrid): no suffix drops
+    recurrent: bool  # part of its state is recurrent (llama_model_is_recurrent / is_hybrid): no plain suffix drops
+    # how a recurrent state rewinds (docs/design.md, "Models with a recurrent state"): n_rs_seq, the trailing tokens
+    # of its last decode call llama.cpp keeps snapshots for; _spare, the sequence holding sequence 0's checkpoint
+    # (-1: none), _mark the tokens it holds (-1: none kept); _call, (end, tokens) of sequence 0's last decode call
+    # of several tokens, (0, 0) once anything shortened it
+    n_rs_seq: int
+    rewinds: bool  # a round can rewind it as its role needs: no recurrent state, snapshots (target), a spare (draft)
+    _spare: int
+    _mark: int
+    _call: tuple[int, int]
+
+    @property
+    def rollback_max(self) -> int:
+        """The most tokens a round may propose past the text: what a recurrent state's snapshots drop, else any."""
+        return self.n_rs_seq if self.recurrent and self.n_rs_seq > 0 else self.n_ctx
 
     def truncate(self, n: int, seq_id: int = SEQ) -> int:
-        """Drop every position >= n of a sequence; returns how many it keeps. A recurrent state cannot drop a
-        suffix: the sequence is emptied (0 kept) and the next decode evaluates its text again."""
+        """Drop every position >= n of a sequence; returns how many it keeps. A recurrent state may keep fewer (its
+        checkpoint's, or none): the caller decodes the text past what is kept (`_rewind_state`)."""
         toks = self.seqs[seq_id]
         if n >= len(toks):
             return len(toks)
-        if self.recurrent and n > 0:
-            # llama_memory_seq_rm would refuse, or answer True on a wrong state (llama-cpp-notes.md)
-            self.drop(seq_id)
-            return 0
+        if self.recurrent:
+            return self._rewind_state(n, seq_id)
         if not lc.llama_memory_seq_rm(self.mem, seq_id, n, -1):
             raise CacheTruncationError(
                 f"{self.role} model {self.path}: llama.cpp refused to drop KV positions >= {n}; this model's "
@@ -59,13 +77,62 @@ class SequenceCache:
         del toks[n:]
         return n
 
+    def _rewind_state(self, n: int, seq_id: int) -> int:
+        """truncate for a recurrent state: by its snapshots where they hold position n, else back to the checkpoint
+        where it is at most n, else by emptying the sequence; returns how many tokens it keeps."""
+        toks = self.seqs[seq_id]
+        end, count = self._call
+        self._call = (0, 0)  # one rollback a decode call: llama.cpp keeps its pending snapshot index until the next
+        r = len(toks) - n
+        if seq_id == SEQ and r <= self.n_rs_seq and end == len(toks) and count > r:
+            # every dropped token came in the last decode call, and it had more: its snapshots hold the state at n.
+            # Past that call, or all of it, seq_rm answers True on a wrong state (llama-cpp-notes.md)
+            if not lc.llama_memory_seq_rm(self.mem, seq_id, n, -1):
+                raise CacheTruncationError(
+                    f"{self.role} model {self.path} ({self.architecture}): llama.cpp refused to roll its recurrent "
+                    f"state back by {r} tokens within its {self.n_rs_seq} snapshots; decode it plainly with --mode ar"
+                )
+            del toks[n:]
+            if n < self._mark:
+                self._forget_checkpoint()
+            return n
+        if seq_id == SEQ and 0 <= self._mark <= n:
+            return self._restore()
+        self.drop(seq_id)
+        return 0
+
+    def checkpoint(self) -> None:
+        """Keep sequence 0's state as it is now, where the model has a spare sequence (ModelOptions.checkpoint on a
+        recurrent model; elsewhere this does nothing): a truncate to at least this length goes back to it."""
+        if self._spare < 0 or self._mark == len(self.tokens):
+            return
+        lc.llama_memory_seq_rm(self.mem, self._spare, -1, -1)
+        lc.llama_memory_seq_cp(self.mem, SEQ, self._spare, -1, -1)  # cells shared: copied when sequence 0 decodes
+        self._mark = len(self.tokens)
+
+    def _restore(self) -> int:
+        """Sequence 0 back to its checkpoint (kept: a later rewind may go back to it again); returns its length."""
+        lc.llama_memory_seq_rm(self.mem, SEQ, -1, -1)
+        lc.llama_memory_seq_cp(self.mem, self._spare, SEQ, -1, -1)
+        del self.tokens[self._mark :]
+        return self._mark
+
+    def _forget_checkpoint(self) -> None:
+        if self._mark >= 0:
+            lc.llama_memory_seq_rm(self.mem, self._spare, -1, -1)
+            self._mark = -1
+
     def forget_unknown_tail(self, seq_id: int = SEQ) -> None:
         """After an interruption: drop any cache positions beyond what the sequence's mirror records (a recurrent
-        state cannot drop them alone: the sequence is emptied)."""
+        state cannot drop them alone: it goes back to its checkpoint, or the sequence is emptied)."""
         if self._pos_max(seq_id) < len(self.seqs[seq_id]):
             return
         if self.recurrent:
-            self.drop(seq_id)
+            self._call = (0, 0)
+            if seq_id == SEQ and 0 <= self._mark <= len(self.tokens):
+                self._restore()
+            else:
+                self.drop(seq_id)
         else:
             lc.llama_memory_seq_rm(self.mem, seq_id, len(self.seqs[seq_id]), -1)
 
@@ -74,11 +141,15 @@ class SequenceCache:
         lc.llama_memory_clear(self.mem, True)
         for toks in self.seqs:
             toks.clear()
+        self._mark, self._call = -1, (0, 0)
 
     def drop(self, seq_id: int) -> None:
         """Empty one sequence (llama.cpp never refuses to remove a whole sequence); the others stay."""
         lc.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
         self.seqs[seq_id].clear()
+        if seq_id == SEQ:
+            self._forget_checkpoint()
+            self._call = (0, 0)
 
     def keep_common_prefix(self, seq, start: int = 0, seq_id: int = SEQ) -> int:
         """Truncate sequence seq_id's cache to its longest common prefix with seq[:-1] (known equal below

@@ -10,15 +10,19 @@ from fsd_local.llama.vocab import HeaderVocab, header_problem
 from fsd_local.pairs import stores
 from fsd_local.pairs.header_index import HeaderIndex
 
-# llama.cpp's recurrent and hybrid architectures (llm_arch_is_recurrent / is_hybrid in the pinned llama.cpp): the
-# engine cannot rewind their state yet, so they decode plainly and stay out of draft choices (the loaded model's
-# llama_model_is_recurrent / is_hybrid is the authority; this names them before loading)
+# llama.cpp's recurrent and hybrid architectures (llm_arch_is_recurrent / is_hybrid in the pinned llama.cpp); the
+# loaded model's llama_model_is_recurrent / is_hybrid is the authority, this names them before loading. They stay
+# out of automatic draft choices until pairing them lands (issue 53, piece d)
 RECURRENT = {
     *("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"),  # recurrent
     *("jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe"),  # hybrid
     *("qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp"),
     *("deepseek4", "minimax-01"),
 }
+# of them, those whose state llama.cpp rolls back by snapshots (llm_arch_supports_rs_rollback): targets fsd-local
+# can rewind (llama/kv_cache.py); every one of RECURRENT can draft
+ROLLBACK = {"qwen35", "qwen35moe", "qwen4exp", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe"}
+ROLLBACK |= {"deepseek4", "glm5-next", "kimi-k3", "bailingmoe3"}
 PROJECTORS = {"clip", "mmproj"}  # vision / audio projectors: not language models, never listed
 
 
@@ -120,7 +124,7 @@ def draft_problem(draft: LocalModel, target: LocalModel) -> str | None:
     if draft.path and target.path and os.path.realpath(draft.path) == os.path.realpath(target.path):
         return "the same file"
     if draft.architecture in RECURRENT:
-        return f"{draft.architecture} is a recurrent architecture, which fsd-local cannot rewind"
+        return f"{draft.architecture} keeps a recurrent state, which automatic pairing skips for now"
     if draft.size_bytes >= target.size_bytes:
         return "not smaller than the target"
     if (draft.architecture, draft.n_layer, draft.n_embd) == (target.architecture, target.n_layer, target.n_embd):

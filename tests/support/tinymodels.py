@@ -113,12 +113,12 @@ def seeded_weights(base_seed: int, seed: int, noise: float, dtype=np.float32):
     return weight
 
 
-def add_ffn(w, i: int, weight, n_embd: int, n_ff: int) -> None:
-    """Block i's norm and SwiGLU feed-forward tensors."""
+def add_ffn(w, i: int, weight, n_embd: int, n_ff: int, down_scale: float = 1.0) -> None:
+    """Block i's norm and SwiGLU feed-forward tensors (its write to the residual stream scaled by down_scale)."""
     w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
     w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
     w.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
-    w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+    w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff, scale=down_scale / np.sqrt(n_ff)))
 
 
 def finish(w) -> None:
@@ -148,9 +148,11 @@ def write_tiny_gguf(
     control=(),
     split_max_tensors: int = 0,
     tokenizer: str = "spm",
+    block_scale: float = 1.0,
 ) -> Path:
     """split_max_tensors > 0: written as llama.cpp's split files (PATH-00001-of-0000N.gguf, ...); the first
-    part's path is returned. tokenizer "bpe": the byte-level BPE vocabulary (bpe_vocabulary) instead."""
+    part's path is returned. tokenizer "bpe": the byte-level BPE vocabulary (bpe_vocabulary) instead.
+    block_scale: the scale of the blocks' writes to the residual stream (write_tiny_lfm2_gguf's lexicon_of)."""
     import gguf
 
     if tokenizer == "bpe":
@@ -182,8 +184,9 @@ def write_tiny_gguf(
         w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
             rows = n_embd_kv if name in ("attn_k", "attn_v") else n_embd
-            w.add_tensor(f"blk.{i}.{name}.weight", weight(rows, n_embd))
-        add_ffn(w, i, weight, n_embd, n_ff)
+            scale = block_scale / np.sqrt(n_embd) if name == "attn_output" else None
+            w.add_tensor(f"blk.{i}.{name}.weight", weight(rows, n_embd, scale=scale))
+        add_ffn(w, i, weight, n_embd, n_ff, down_scale=block_scale)
     w.add_tensor("output_norm.weight", ones)
     w.add_tensor("output.weight", weight(n_vocab, n_embd, scale=logit_scale / np.sqrt(n_embd) * 3))
     finish(w)
@@ -269,18 +272,28 @@ def write_tiny_lfm2_gguf(
     byte_tokens: bool = True,
     words=WORDS,
     logit_scale: float = 1.0,
+    lexicon_of=None,
+    block_scale: float = 1.0,
 ) -> Path:
     """A tiny LFM2 (hybrid: short-convolution blocks, whose state is recurrent, and attention blocks), F32,
     sharing `vocabulary()` with write_tiny_gguf. `layers`: one letter a block, "c" convolution, "a" attention;
     like write_tiny_gguf, two of these with one base_seed and different `noise` agree often but not always.
 
     Tensor names and ggml shapes follow the vendored llama.cpp's llama_model_lfm2::load_arch_tensors (numpy
-    shapes are the ggml shapes reversed); a block is recurrent where its KV head count is 0."""
+    shapes are the ggml shapes reversed); a block is recurrent where its KV head count is 0.
+
+    `lexicon_of`: a GGUF of this vocabulary and width (a write_tiny_gguf model) whose token embeddings and output
+    matrix this model takes, its blocks' writes to the residual stream scaled by `block_scale`: the two lean on
+    one token-to-token map, so a transformer and a hybrid agree often (a pair across architectures)."""
     import gguf
 
     tokens, scores, types = vocabulary(byte_tokens, words)
     n_vocab, n_layer, head = len(tokens), len(layers), n_embd // n_head
     weight = seeded_weights(base_seed, seed, noise)
+    lexicon = {}
+    if lexicon_of is not None:
+        lexicon = {t.name: np.array(t.data) for t in gguf.GGUFReader(str(lexicon_of)).tensors}
+    out = block_scale / np.sqrt(n_embd)  # the scale of what a block writes to the residual stream
 
     w = gguf.GGUFWriter(str(path), "lfm2")
     w.add_name(f"tiny-lfm2-{seed}")
@@ -294,7 +307,8 @@ def write_tiny_lfm2_gguf(
     w.add_rope_dimension_count(head)
     w.add_uint32(gguf.Keys.ShortConv.L_CACHE.format(arch="lfm2"), l_cache)
     add_tokenizer(w, tokens, scores, types)
-    w.add_tensor("token_embd.weight", weight(n_vocab, n_embd, scale=1.0))
+    embd = weight(n_vocab, n_embd, scale=1.0)
+    w.add_tensor("token_embd.weight", lexicon.get("token_embd.weight", embd))
     ones = np.ones(n_embd, dtype=np.float32)
     for i, kind in enumerate(layers):
         w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
@@ -302,15 +316,17 @@ def write_tiny_lfm2_gguf(
             w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(head, dtype=np.float32))
             w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(head, dtype=np.float32))
             for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-                w.add_tensor(f"blk.{i}.{name}.weight", weight(n_embd, n_embd))
+                scale = out if name == "attn_output" else None
+                w.add_tensor(f"blk.{i}.{name}.weight", weight(n_embd, n_embd, scale=scale))
         elif kind == "c":
             w.add_tensor(f"blk.{i}.shortconv.conv.weight", weight(n_embd, l_cache, scale=0.5))
             w.add_tensor(f"blk.{i}.shortconv.in_proj.weight", weight(3 * n_embd, n_embd))
-            w.add_tensor(f"blk.{i}.shortconv.out_proj.weight", weight(n_embd, n_embd))
+            w.add_tensor(f"blk.{i}.shortconv.out_proj.weight", weight(n_embd, n_embd, scale=out))
         else:
             raise ValueError(f"layers: {kind!r} is neither 'c' (convolution) nor 'a' (attention)")
-        add_ffn(w, i, weight, n_embd, n_ff)
+        add_ffn(w, i, weight, n_embd, n_ff, down_scale=block_scale)
     w.add_tensor("token_embd_norm.weight", ones)
-    w.add_tensor("output.weight", weight(n_vocab, n_embd, scale=logit_scale / np.sqrt(n_embd) * 3))
+    output = weight(n_vocab, n_embd, scale=logit_scale / np.sqrt(n_embd) * 3)
+    w.add_tensor("output.weight", lexicon.get("output.weight", output))
     finish(w)
     return Path(path)
