@@ -11,7 +11,7 @@ import sys
 import llama_cpp as lc
 import numpy as np
 import pytest
-from scipy import stats as sps
+from test_engine import ALPHA, _chisquare_pvalue, _next_logits
 
 from fsd_local import CacheTruncationError, Engine
 from fsd_local.llama.model import Model, ModelOptions
@@ -57,12 +57,6 @@ def _fresh_logits(path: str, *calls: list[int]) -> np.ndarray:
         return m.logits(1)[0].copy()
     finally:
         m.close()
-
-
-def _next_logits(m: Model, seq: list[int]) -> np.ndarray:
-    assert m.tokens == seq[: len(m.tokens)], f"the {m.role}'s cache is not a prefix of the accepted text"
-    m.decode(seq[len(m.tokens) :], "last")
-    return m.logits(1)[0].copy()
 
 
 def test_snapshots_are_sized_to_the_largest_proposal_and_the_draft_keeps_a_spare(models):
@@ -178,14 +172,6 @@ def test_greedy_sd_and_fsd_at_tau_0_equal_ar_and_the_states_stay_the_text(models
             assert accepted_counts >= set(range(K + 1)), accepted_counts  # a rejection at each position, and none
 
 
-def _chisquare_pvalue(counts: np.ndarray, p: np.ndarray) -> float:
-    expected = p * counts.sum()
-    big = expected >= 5  # the rare outcomes merged into one bin, so the chi-square approximation holds
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    return float(sps.chisquare(obs, exp).pvalue)
-
-
 def test_sampled_sd_on_a_hybrid_pair_keeps_the_targets_two_token_distribution(tmp_path):
     """The first two tokens of sampled sd (a round of 3 drafts; after a rejection the second comes from the next
     round, both states rewound) against the target's own p(t1) p(t2 | t1)."""
@@ -209,7 +195,7 @@ def test_sampled_sd_on_a_hybrid_pair_keeps_the_targets_two_token_distribution(tm
             counts[out.token_ids[0] * n_vocab + out.token_ids[1]] += 1
             rejected += out.origins[0] == "target"
     assert rejected > 300  # the second token often followed a rewind
-    assert _chisquare_pvalue(counts, joint) > 1e-3
+    assert _chisquare_pvalue(counts, joint) > ALPHA
 
 
 def test_a_second_chat_turn_in_sd_reuses_the_first_and_equals_a_fresh_evaluation(models):

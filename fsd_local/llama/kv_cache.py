@@ -92,9 +92,7 @@ class SequenceCache:
                     f"{self.role} model {self.path} ({self.architecture}): llama.cpp refused to roll its recurrent "
                     f"state back by {r} tokens within its {self.n_rs_seq} snapshots; decode it plainly with --mode ar"
                 )
-            del toks[n:]
-            if n < self._mark:
-                self._forget_checkpoint()
+            del toks[n:]  # (a model with snapshots has no checkpoint: Model._create_context)
             return n
         if seq_id == SEQ and 0 <= self._mark <= n:
             return self._restore()
