@@ -120,10 +120,11 @@ class Engine:
         self._cancel = CancelToken()
         self._closed = False
         try:
-            # a verify batch is rolled back within itself (snapshots: its drafts and one); the draft decodes one
-            # token a call, so it goes back to where its drafting began (a checkpoint)
-            rs = slots(self.defaults) + 1
-            self.target = Model(_options(target, n_ctx, n_threads, n_gpu_layers, parallel, n_rs_seq=rs), "target")
+            # a verify batch is rolled back within itself (snapshots: its drafts and one; an architecture without
+            # them, to a checkpoint taken before it); the draft decodes one token a call, so it goes back to where
+            # its drafting began (a checkpoint)
+            rs = {"n_rs_seq": slots(self.defaults) + 1, "checkpoint": True}
+            self.target = Model(_options(target, n_ctx, n_threads, n_gpu_layers, parallel, **rs), "target")
             if draft is not None:
                 draft_gpu = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
                 self.draft = Model(_options(draft, n_ctx, n_threads, draft_gpu, parallel, checkpoint=True), "draft")
@@ -140,7 +141,7 @@ class Engine:
         one = self.draft is not None and self.across is None
         self.n_vocab = min(self.target.n_vocab, self.draft.n_vocab) if one and self.draft else self.target.n_vocab
         # the policy state (draft length, measured costs kept on disk per model and machine, budgets' gains)
-        self._policy = Policy(CostStore.for_models(self.target, self.draft))
+        self._policy = Policy(CostStore.for_models(self.target, self.draft), redecode=self.target.redecodes)
         self._proposer = Proposer(self.draft, self.n_vocab, self._policy.length, self.across)
         self._buffers_key: tuple | None = None  # the round buffers (owned here, lent to each call) fit these settings
         self.parallel = parallel  # calls at once (a server's slots)

@@ -16,8 +16,10 @@ class Policy:
     """Built, updated (`observe`, every round), saved and restored here. Drafting asks `length` for each
     round's k and tells it what a catch-up measured; nothing else reads or writes the state."""
 
-    def __init__(self, store: CostStore | None = None) -> None:
+    def __init__(self, store: CostStore | None = None, redecode: bool = False) -> None:
+        """redecode: the target goes back to a checkpoint after a rejection (priced: VerifyCost.rework)."""
         self.length = DraftLength()
+        self.length.verify.redecode = redecode
         self._budgets = Budgets()
         self._store = store
         if store is not None:

@@ -248,6 +248,7 @@ def verify(target: Model, ctx: RoundContext, proposal: Proposal) -> Step:
     t0 = perf_counter()
     part = target_input(ctx, len(target.tokens), proposal)
     t = perf_counter()
+    target.checkpoint()  # a recurrent target without snapshots goes back here after a rejection (else: nothing)
     target.decode(part.tokens, f"from:{part.first_row}")
     target.synchronize()
     seconds = perf_counter() - t

@@ -3,6 +3,7 @@ position, the k it picks) and DraftLength (drafting/length.py: one cost model pe
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -409,3 +410,65 @@ def test_recorded_prices_replace_the_costs_loaded_from_the_store_and_those_timed
     assert lengths.verify.measured_sizes() == pytest.approx({1: 0.04, 2: 0.05, 3: 0.06})
     assert model.draft_seconds_per_token() == pytest.approx(0.01)
     assert lengths.catch_up_seconds(10, model) == pytest.approx(10 * 0.005)
+
+
+def test_the_rework_of_a_checkpointed_target_is_the_expected_tokens_a_rejection_decodes_again():
+    """R(k) in expected_rates: a rejection at draft i+1 (the first i accepted) makes the target decode the round's
+    first token and those i again; enumerated over every outcome of k = 3 with uneven acceptance."""
+    acc, curve, c_d, r = [0.8, 0.5, 0.3], [0.0, 1.0, 1.2, 1.4, 1.6], 0.1, 0.2
+    for k in range(1, 4):
+        e = redo = 0.0
+        for i in range(k + 1):  # i drafts accepted
+            p = math.prod(acc[:i]) * (1.0 - acc[i] if i < k else 1.0)
+            e += p * (i + 1)
+            redo += p * (i + 1 if i < k else 0)
+        want = e / (k * c_d + curve[k + 1] + r * redo)
+        assert expected_rates(acc, c_d, curve, rework=r)[k] == pytest.approx(want, rel=1e-12)
+    assert expected_rates(acc, c_d, curve)[1:] > expected_rates(acc, c_d, curve, rework=r)[1:]
+
+
+def simulate_redecoding(cm, rounds, verify, draft_per_token, accept, seed=0):
+    """simulate for a target that goes back to a checkpoint after a rejection: the round's first token and the
+    accepted drafts are decoded again in the next target decode (as the engine's verify and plain steps do)."""
+    rng = random.Random(seed)
+    chosen, carry = [], 0
+    for _ in range(rounds):
+        k = cm.choose_k()
+        n_acc = 0
+        if k:
+            cm.observe_draft(k, k * draft_per_token)
+            while n_acc < k and rng.random() < accept:
+                n_acc += 1
+            cm.observe_acceptance(k, n_acc)
+        cm.observe_verify(carry + k + 1, verify(carry + k + 1))
+        carry = n_acc + 1 if n_acc < k else 0
+        chosen.append(k)
+    return chosen
+
+
+def test_a_target_that_decodes_a_rejected_round_again_is_drafted_for_only_where_that_pays():
+    """A compute-bound target (each token of a batch 0.4 of a decode), drafts at 0.01 of one accepted half the
+    time: one draft a round pays ~9% where a rejection costs nothing more, and loses ~4% where the target decodes
+    the round's first token again (a Mamba target's checkpoint): the policy takes plain steps there."""
+
+    def verify(n):
+        return 9 * MS * (1 + 0.4 * (n - 1))
+
+    def taught(redecode: bool) -> CostModel:
+        cm = CostModel(1)
+        cm.verify.redecode = redecode
+        for i in range(200):  # the same evidence for both: sizes 1 and 2 timed, every other draft accepted
+            cm.observe_verify(1 + i % 2, verify(1 + i % 2))
+            cm.observe_draft(1, 0.09 * MS)
+            cm.observe_acceptance(1, (i + 1) // 2 - i // 2)
+        return cm
+
+    free, redecoding = taught(False), taught(True)
+    assert free.rates()[1] > 1.05 * free.rates()[0] and free.choose_k() == 1
+    assert redecoding.verify.rework() == pytest.approx(0.4 * 9 * MS, rel=1e-6)  # the measured slope
+    assert redecoding.rates()[1] < 0.98 * redecoding.rates()[0] and redecoding.choose_k() == 0
+    # a free drafter accepted 90% of the time drafts long even so: the rework is priced, not a ban
+    eager = CostModel(8, draft_cost_prior=0.0)
+    eager.verify.redecode = True
+    tail = simulate_redecoding(eager, 300, verify, 0.0, 0.9)[100:]
+    assert share(tail, lambda k: k >= 2) >= 0.9, eager.k_histogram

@@ -1,7 +1,8 @@
-"""Speculative decoding with models that keep a recurrent state, on tiny F32 GGUFs the suite writes: the target
-rolls a verify batch back by llama.cpp's snapshots, the draft (one token a call) goes back to a checkpoint kept in
-a spare sequence. sd and fsd at tau 0 are exact against ar, each model's state is the accepted text after every
-round, and sampled sd keeps the target's distribution (docs/design.md, "Models with a recurrent state")."""
+"""Speculative decoding with models that keep a recurrent state, on tiny F32 GGUFs the suite writes: a hybrid
+target rolls a verify batch back by llama.cpp's snapshots, a Mamba target (no snapshots) and every draft (one
+token a call) go back to a checkpoint kept in a spare sequence. sd and fsd at tau 0 are exact against ar, each
+model's state is the accepted text after every round, and sampled sd keeps the target's distribution
+(docs/design.md, "Models with a recurrent state")."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from test_engine import ALPHA, _chisquare_pvalue, _next_logits
 
 from fsd_local import CacheTruncationError, Engine
+from fsd_local.llama.kv_cache import check_rewindable
 from fsd_local.llama.model import Model, ModelOptions
 from support.tinymodels import write_tiny_gguf, write_tiny_lfm2_gguf, write_tiny_mamba_gguf
 
@@ -30,8 +32,8 @@ OTHER_CALLS = 2e-2
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """Tiny models of one vocabulary: two LFM2 (hybrid) that agree about half the time, a llama and an LFM2 that
-    share their token embeddings and output (weak blocks: they agree often), and a Mamba."""
+    """Tiny models of one vocabulary: two LFM2 (hybrid) that agree about half the time, a llama and an LFM2 and
+    two Mamba that share its token embeddings and output (weak blocks: they agree often), and a Mamba of its own."""
     d = tmp_path_factory.mktemp("rewind")
     llama = write_tiny_gguf(d / "llama.gguf", seed=2, block_scale=0.1)
     paths = {
@@ -40,6 +42,8 @@ def models(tmp_path_factory):
         "llama": llama,
         "hybrid_like_llama": write_tiny_lfm2_gguf(d / "lfm2-l.gguf", seed=3, lexicon_of=llama, block_scale=0.1),
         "mamba": write_tiny_mamba_gguf(d / "mamba.gguf"),
+        "mamba_like_llama": write_tiny_mamba_gguf(d / "mamba-l.gguf", n_embd=64, lexicon_of=llama, block_scale=0.3),
+        "mamba_draft": write_tiny_mamba_gguf(d / "mamba-d.gguf", seed=3, n_embd=64, lexicon_of=llama, block_scale=0.3),
     }
     return {name: str(p) for name, p in paths.items()}
 
@@ -69,16 +73,27 @@ def test_snapshots_are_sized_to_the_largest_proposal_and_the_draft_keeps_a_spare
         assert e.target.n_rs_seq == 0 and e.target.rollback_max == e.target.n_ctx  # a transformer: no snapshots
         assert lc.llama_n_seq_max(e.target.ctx) == 1
         assert lc.llama_n_seq_max(e.draft.ctx) == 2 and e.draft.rewinds  # Mamba: no snapshots, a checkpoint
+        assert not e.policy.length.verify.redecode  # a transformer target decodes nothing again
+    with Engine(target=models["mamba_like_llama"], draft=models["llama"], n_ctx=256, n_threads=1) as e:
+        assert e.target.n_rs_seq == 0 and lc.llama_n_seq_max(e.target.ctx) == 2  # asked for snapshots, got a spare
+        assert e.target.rewinds and e.target.redecodes and e.target.rollback_max == e.target.n_ctx
+        assert e.policy.length.verify.redecode  # the policy prices what a rejection decodes again
 
 
+TARGETS = {"hybrid": "hybrid_target", "recurrent": "mamba_like_llama"}  # snapshots; a checkpoint (no snapshots)
+
+
+@pytest.mark.parametrize("kind", TARGETS)
 @pytest.mark.parametrize("j", range(K + 1))
-def test_a_rejection_at_every_position_leaves_both_states_at_the_accepted_text(models, j):
+def test_a_rejection_at_every_position_leaves_both_states_at_the_accepted_text(models, kind, j):
     """One round by hand as the engine runs it: the draft decodes its drafts one a call, the target verifies them
     in one batch; the first j are accepted and the target's own token follows. Each model's next logits then equal
     a fresh context's on the accepted text."""
-    path = models["hybrid_target"]
-    t = _model(path, n_rs_seq=K + 1)
+    path = models[TARGETS[kind]]
+    t = _model(path, n_rs_seq=K + 1, checkpoint=True)  # as the engine loads a target
     d = _model(path, "draft", checkpoint=True)
+    snapshots = kind == "hybrid"
+    assert (t.n_rs_seq, t.redecodes) == ((K + 1, False) if snapshots else (0, True))
     try:
         text = t.tokenize(PROMPTS[0])
         for m in (t, d):
@@ -90,15 +105,19 @@ def test_a_rejection_at_every_position_leaves_both_states_at_the_accepted_text(m
             drafts.append(int(np.argmax(d.logits(1)[0])))
             if i < K - 1:  # the last draft is never decoded
                 d.decode_one(drafts[-1])
+        t.checkpoint()  # as verify() does: where the target has no snapshots, a rejection comes back here
         t.decode([text[-1], *drafts], "from:0")
         target_next = int(np.argmax(t.logits(K + 1)[j]))
         nxt = target_next if j == K else (drafts[j] + 1) % 290  # a token other than draft j: it was rejected
         accepted = text + drafts[:j] + [nxt]
-        assert t.keep_common_prefix(accepted) == len(text) + j  # rolled back within the verify batch
+        # rolled back within the verify batch, or back to before it (nothing to roll back when all are accepted)
+        assert t.keep_common_prefix(accepted) == (len(text) + j if snapshots or j == K else len(text) - 1)
         # the draft holds its checkpoint's text unless every draft it decoded was accepted
         assert d.keep_common_prefix(accepted) == len(text) + (min(j, K - 1) if j >= K - 1 else 0)
         head, last = text[:-1], text[-1]
         calls = {t: [head, [last, *drafts[:j]], [nxt]]}  # the verify batch rolled back to its first j + 1
+        if not snapshots and j < K:  # back at its checkpoint: the accepted text decoded again, in one call
+            calls[t] = [head, [last, *drafts[:j], nxt]]
         if j < K - 1:  # the draft back at its checkpoint: what it drafted past it decoded again, in one call
             calls[d] = [head, [last], [*drafts[:j], nxt]]
         else:  # every draft it decoded was accepted: nothing rewound
@@ -145,6 +164,8 @@ PAIRS = {  # (target, draft)
     "transformer target, hybrid draft": ("llama", "hybrid_like_llama"),
     "both hybrid": ("hybrid_target", "hybrid_draft"),
     "transformer target, recurrent draft": ("llama", "mamba"),
+    "recurrent target, transformer draft": ("mamba_like_llama", "llama"),
+    "both recurrent": ("mamba_like_llama", "mamba_draft"),
 }
 
 
@@ -157,10 +178,13 @@ def test_greedy_sd_and_fsd_at_tau_0_equal_ar_and_the_states_stay_the_text(models
             ar = eng.generate(prompt, mode="ar", max_tokens=64, **GREEDY)
             assert len(set(ar.token_ids)) > 4  # varied text
             for mode in ("sd", "fsd"):
-                rounds, out = [], None
+                rounds, out, held = [], None, len(eng.tokenize(prompt)) - 1
                 for piece in eng.stream(prompt, mode=mode, tau=0.0, max_tokens=64, **GREEDY):
                     rounds.append(len(piece.token_ids))
                     out = piece.completion or out
+                    # each rewind went back within the reply (snapshots, a checkpoint), never to an empty state
+                    held = min(held, len(eng.target.tokens), len(eng.draft.tokens))
+                assert held == len(eng.tokenize(prompt)) - 1, (prompt, mode)
                 assert out is not None and out.token_ids == ar.token_ids, (prompt, mode)
                 assert out.stats["drafted"] > 0
                 accepted_counts |= {n - 1 for n in rounds[:-1] if n}  # the last round may be cut by max_tokens
@@ -172,11 +196,23 @@ def test_greedy_sd_and_fsd_at_tau_0_equal_ar_and_the_states_stay_the_text(models
             assert accepted_counts >= set(range(K + 1)), accepted_counts  # a rejection at each position, and none
 
 
-def test_sampled_sd_on_a_hybrid_pair_keeps_the_targets_two_token_distribution(tmp_path):
+SAMPLED = {  # (target, draft) of a few words each: the hybrid target has snapshots, the Mamba one a checkpoint
+    "hybrid": lambda d: (
+        write_tiny_lfm2_gguf(d / "t.gguf", seed=2, noise=1.0, byte_tokens=False),
+        write_tiny_lfm2_gguf(d / "d.gguf", seed=1, byte_tokens=False),
+    ),
+    "recurrent": lambda d: (
+        write_tiny_mamba_gguf(d / "t.gguf", seed=0, byte_tokens=False),
+        write_tiny_mamba_gguf(d / "d.gguf", seed=1, byte_tokens=False),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", SAMPLED)
+def test_sampled_sd_keeps_the_targets_two_token_distribution(tmp_path, kind):
     """The first two tokens of sampled sd (a round of 3 drafts; after a rejection the second comes from the next
     round, both states rewound) against the target's own p(t1) p(t2 | t1)."""
-    t_path = str(write_tiny_lfm2_gguf(tmp_path / "t.gguf", seed=2, noise=1.0, byte_tokens=False))
-    d_path = str(write_tiny_lfm2_gguf(tmp_path / "d.gguf", seed=1, byte_tokens=False))
+    t_path, d_path = (str(p) for p in SAMPLED[kind](tmp_path))
     with Engine(target=t_path, draft=d_path, n_ctx=128, n_threads=1, draft_policy="fixed", draft_max=3) as eng:
         prompt = eng.tokenize("the sky")
         n_vocab = eng.n_vocab
@@ -218,14 +254,21 @@ def test_a_second_chat_turn_in_sd_reuses_the_first_and_equals_a_fresh_evaluation
 
 
 def test_what_cannot_be_rewound_is_refused_naming_the_model(models):
-    with pytest.raises(CacheTruncationError) as info:  # a Mamba target: no snapshots, rolled back every round
-        Engine(target=models["mamba"], draft=models["llama"], n_ctx=128, n_threads=1, mode="sd")
-    msg = str(info.value)
-    assert f"target model {models['mamba']} (mamba) keeps a recurrent state" in msg
-    assert "mode 'sd'" in msg and "--mode ar" in msg and "as the draft" in msg
-    with pytest.raises(CacheTruncationError) as info:  # several sequences at once: not yet
-        Engine(target=models["hybrid_target"], draft=models["llama"], n_ctx=256, n_threads=1, parallel=2)
-    assert "2 sequences at once (--parallel)" in str(info.value) and "--parallel 1" in str(info.value)
+    for target in ("hybrid_target", "mamba_like_llama"):  # several sequences at once: not yet
+        with pytest.raises(CacheTruncationError) as info:
+            Engine(target=models[target], draft=models["llama"], n_ctx=256, n_threads=1, parallel=2)
+        msg = str(info.value)
+        assert f"target model {models[target]} (" in msg and "keeps a recurrent state" in msg
+        assert "2 sequences at once (--parallel)" in msg and "--parallel 1" in msg and "--mode ar" in msg
+    m = _model(models["mamba"])  # loaded by hand with neither snapshots nor a checkpoint
+    try:
+        with pytest.raises(CacheTruncationError) as info:
+            check_rewindable([m], "sd")
+        msg = str(info.value)
+        assert f"target model {models['mamba']} (mamba)" in msg and "neither snapshots nor a checkpoint" in msg
+        assert "checkpoint=True" in msg and "mode 'sd'" in msg
+    finally:
+        m.close()
 
 
 def test_cli_runs_fsd_with_a_hybrid_pair(models):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import click
 
-from fsd_local.pairs.local import RECURRENT, ROLLBACK
+from fsd_local.pairs.local import RECURRENT
 from fsd_local.pairs.names import NONE
 from fsd_local.settings import Settings
 
@@ -38,8 +38,10 @@ def auto_draft(
     choice = choose_draft(target_path)
     arch = choice.target.architecture
     if arch in RECURRENT and settings.mode != "draft-only" and not _explicit("mode"):
-        how = "name a draft with --draft" if arch in ROLLBACK else "fsd-local cannot yet rewind it as a target"
-        say(f"{target_arg} ({arch}) keeps a recurrent state, which automatic pairing skips: plain decoding ({how})")
+        say(
+            f"{target_arg} ({arch}) keeps a recurrent state, which automatic pairing skips: plain decoding (name a "
+            "draft with --draft)"
+        )
         return None, settings.with_(mode="ar")
     if choice.draft is not None:
         say(choice.chosen_note(target_arg))

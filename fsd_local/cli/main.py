@@ -173,7 +173,6 @@ def serve(host, port, api_key, max_queue, parallel, model_name, in_process, allo
     origins = [*allow_origins, *security.env_list(security.ORIGINS_ENV)]
     hosts = [*allow_hosts, *security.env_list(security.HOSTS_ENV)]
     settings = pop_settings(kwargs)
-    parallel = parallel or _server_part("worker").default_parallel(kwargs["n_ctx"])
     supervisor = None if in_process else Supervisor
     with load_engine(**kwargs, settings=settings, say=say, engine_class=supervisor, parallel=parallel) as engine:
         base = f"http://{host}:{port}"

@@ -346,15 +346,16 @@ def load_engine(
     draft_repack=None,
     engine_class=None,
     demo_precision="q4_1",
-    parallel=1,
+    parallel: int | None = 1,
 ):
-    """The Engine (or `engine_class`, e.g. serve's Supervisor: same arguments) for the command's options."""
+    """The Engine (or `engine_class`: serve's Supervisor) for the command's options; parallel None: serve's default."""
     from fsd_local.engine import Engine
     from fsd_local.kernels.jit_cache import is_warm
     from fsd_local.llama.options import ModelOptions
     from fsd_local.llama.placement import resolve
 
     t, d, settings = models_and_settings(target, draft, pair, settings, say, demo_precision)
+    parallel = parallel or _default_parallel(t, d, settings, n_ctx, say)
     both = dict(
         n_threads=n_threads,
         flash_attn={"on": True, "off": False, "auto": None}[flash_attn],
@@ -396,13 +397,33 @@ def load_engine(
     if say and not is_warm():
         say("compiling fsd-local's kernels with Numba (first run only, about 20 s on 2 cores)...")
     eng = (engine_class or Engine)(target=t_opts, draft=d_opts, settings=settings, parallel=parallel)
-    if say:
-        say_pairing(eng, say)
+    say_pairing(eng, say)
     return eng
 
 
+def _default_parallel(target: str, draft: str | None, settings: Settings, n_ctx: int, say) -> int:
+    """serve's requests at once (server/worker.py), or 1 where the target keeps a recurrent state that `settings`
+    rewind: one sequence at a time (llama/kv_cache.py), said in a line."""
+    from fsd_local.llama.gguf_info import read
+    from fsd_local.pairs.local import RECURRENT
+    from fsd_local.server.worker import default_parallel
+
+    parallel = default_parallel(n_ctx)
+    if parallel <= 1 or not settings.rewound(target, draft):
+        return parallel
+
+    if (arch := read(target, "target").architecture) not in RECURRENT:
+        return parallel
+    if say:
+        say(f"target {target} ({arch}) keeps a recurrent state, rewound one request at a time: --parallel 1")
+    return 1
+
+
 def say_pairing(eng, say) -> None:
-    """A pair of two tokenizers' path, and any warning about the pair (Engine.notes), one line each."""
+    """A pair of two tokenizers' path, and any warning about the pair (Engine.notes), one line each (say None:
+    nothing)."""
+    if say is None:
+        return
     pairing = getattr(eng, "pairing", None)
     if pairing is not None and pairing.path != "same":
         say(f"draft and target have different tokenizers ({pairing.reason}): {pairing.describe()}")

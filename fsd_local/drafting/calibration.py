@@ -184,6 +184,7 @@ def time_sizes(m: Model, sizes: list[int], token: int, passes: int = MEASURE_PAS
     if not sizes:
         return {}
     best = dict.fromkeys(sizes, float("inf"))
+    m.checkpoint()  # a recurrent state without snapshots comes back to it (elsewhere: nothing)
     try:
         m.decode([token] * max(sizes), "from:0")
         m.synchronize()

@@ -1,6 +1,6 @@
 """The `auto` policy's estimates and choice for one source of drafts: the k in [0, k_max] with the highest
-rate(k) = E(k) / (k c_draft + v(k + 1) + c_start), E(k) = 1 + a_1 + a_1 a_2 + ... (docs/design.md, "The cost
-model of `auto`")."""
+rate(k) = E(k) / (k c_draft + v(k + 1) + c_start + r R(k)), E(k) = 1 + a_1 + a_1 a_2 + ..., r R(k) what a
+rejection makes a checkpointed target decode again (docs/design.md, "The cost model of `auto`")."""
 
 from __future__ import annotations
 
@@ -204,7 +204,8 @@ class CostModel:
     def rate_at(self, a: float, k_limit: int | None = None) -> float:
         """The best expected tokens per second over k in 0..limit if every position accepted with chance a."""
         kmax = self.k_max if k_limit is None else max(0, min(self.k_max, k_limit))
-        return max(expected_rates([a] * kmax, self.draft_seconds_per_token(), self.verify.curve(kmax + 1)))
+        v = self.verify
+        return max(expected_rates([a] * kmax, self.draft_seconds_per_token(), v.curve(kmax + 1), rework=v.rework()))
 
     def probe_value(self, m: int, horizon: float, k_limit: int | None = None) -> float:
         """Expected seconds saved over the next `horizon` tokens by scoring m more positions before choosing
@@ -267,6 +268,7 @@ class CostModel:
             self.draft_seconds_per_token(),
             self.verify.curve(kmax + 1),
             start_seconds=start_seconds,
+            rework=self.verify.rework(),
         )
 
     # ------------------------------------------------------------------ the choice
@@ -332,16 +334,19 @@ _NORMAL_NODES = tuple(
 )
 
 
-def expected_rates(acceptance, draft_seconds_per_token: float, verify_curve, start_seconds: float = 0.0) -> list[float]:
-    """rate(k) = E(k) / (k c_draft + v(k+1) + c_start [k > 0]) for k = 0..len(acceptance), E(k) the expected
-    tokens of a round (1 + a_1 + a_1 a_2 + ...); verify_curve[n] = seconds of a batch of n (index 0 unused);
-    start_seconds: what drafting at all costs the round (a draft model catching up on skipped text)."""
+def expected_rates(
+    acceptance, draft_seconds_per_token: float, verify_curve, start_seconds: float = 0.0, rework: float = 0.0
+) -> list[float]:
+    """rate(k) = E(k) / (k c_draft + v(k+1) + c_start [k > 0] + rework R(k)) for k = 0..len(acceptance): the module
+    docstring's, verify_curve[n] the seconds of a batch of n, start_seconds c_start (a draft model catching up),
+    rework the seconds per token a checkpointed target decodes again (design.md, "The cost model of `auto`")."""
     rates = [1.0 / verify_curve[1]]
-    e, prod = 1.0, 1.0
+    e, prod, redo = 1.0, 1.0, 0.0
     for k, a in enumerate(acceptance, start=1):
+        redo += prod * (1.0 - a) * k  # the first k-1 accepted, the k-th rejected: k tokens to decode again
         prod *= a
         e += prod
-        rates.append(e / (k * draft_seconds_per_token + verify_curve[k + 1] + start_seconds))
+        rates.append(e / (k * draft_seconds_per_token + verify_curve[k + 1] + start_seconds + rework * redo))
     return rates
 
 

@@ -36,6 +36,12 @@ class VerifyCost:
         self._weight = [0.0] * (n_max + 1)
         self._live: list[int] = []  # the sizes with weight
         self._cache: list[float] | None = None
+        self.redecode = False  # a rejection sends the target back to a checkpoint (SequenceCache.redecodes)
+
+    def rework(self) -> float:
+        """Seconds a token decoded again costs the next decode: the fitted slope where the target re-decodes the
+        accepted text after a rejection (`redecode`), else 0."""
+        return self.fit()[1] if self.redecode else 0.0
 
     def forget(self) -> None:
         """No decode timed: every size priced by the prior again (the policy's costs replaced by a table)."""

@@ -15,16 +15,15 @@ SEQ = 0  # the sequence of single-sequence callers
 
 def check_rewindable(models, mode: str) -> None:
     """Raise CacheTruncationError naming the first of `models`, those `mode` rewinds within a reply, whose recurrent
-    state this engine cannot rewind as its role needs (`SequenceCache.rewinds`)."""
+    state this engine cannot rewind (`SequenceCache.rewinds`)."""
     for m in models:
         if m.recurrent and not m.rewinds:
             if m.n_seq > 1:
                 why = f"with {m.n_seq} sequences at once (--parallel), which fsd-local cannot yet rewind"
                 fix = "--parallel 1, or decode it plainly with --mode ar"
-            else:
-                why = "which llama.cpp cannot roll back by snapshots for this architecture and fsd-local cannot yet "
-                why += "rewind otherwise as a target"
-                fix = "decode it plainly with --mode ar (a target alone: --draft none), or use it as the draft"
+            else:  # a Model loaded by hand with neither (the engine asks for one or the other)
+                why = "loaded with neither snapshots nor a checkpoint (ModelOptions n_rs_seq, checkpoint)"
+                fix = "load it with checkpoint=True, or decode it plainly with --mode ar"
             raise CacheTruncationError(
                 f"{m.role} model {m.path} ({m.architecture}) keeps a recurrent state, {why}; mode {mode!r} rewinds "
                 f"it after every rejection: {fix}"
@@ -51,10 +50,15 @@ class SequenceCache:
     # (-1: none), _mark the tokens it holds (-1: none kept); _call, (end, tokens) of sequence 0's last decode call
     # of several tokens, (0, 0) once anything shortened it
     n_rs_seq: int
-    rewinds: bool  # a round can rewind it as its role needs: no recurrent state, snapshots (target), a spare (draft)
+    rewinds: bool  # a round can rewind it: no recurrent state, snapshots, or a spare
     _spare: int
     _mark: int
     _call: tuple[int, int]
+
+    @property
+    def redecodes(self) -> bool:
+        """Whether a rejection sends sequence 0 back to a checkpoint, so that the accepted text is decoded again."""
+        return self._spare >= 0
 
     @property
     def rollback_max(self) -> int:

@@ -181,32 +181,18 @@ class Model(SequenceCache):
     def _create_context(self, opts: ModelOptions) -> None:
         """The context (opts' sequences, sizes and KV types) and its batch for sequence 0, filled by vector
         writes."""
-        cp = lc.llama_context_default_params()
-        cp.n_ctx = opts.n_ctx
-        cp.n_batch = cp.n_ubatch = opts.n_batch
-        # a spare sequence for checkpoints shares sequence 0's cells (a unified cache), its recurrent state copied
-        # only when sequence 0 decodes on; with one, no snapshots (seq_cp ignores a pending snapshot index). One
-        # sequence only: with snapshots llama.cpp splits a batch of several one sequence per ubatch
+        # a recurrent state rewinds by snapshots where asked and the architecture keeps them (llama.cpp reads
+        # n_rs_seq back as 0 where it does not), else, with opts.checkpoint, by a spare sequence: it shares sequence
+        # 0's cells (a unified cache), its recurrent state copied only when sequence 0 decodes on. Never both
+        # (seq_cp ignores a pending snapshot index), and one sequence only: with snapshots llama.cpp splits a batch
+        # of several one sequence per ubatch
         one = self.recurrent and opts.n_seq == 1
-        spare = opts.checkpoint and one
-        cp.n_seq_max = opts.n_seq + spare
-        cp.kv_unified = opts.kv_unified or spare
-        cp.n_rs_seq = opts.n_rs_seq if one and not spare else 0
-        cp.n_threads = opts.n_threads or default_threads()
-        cp.n_threads_batch = opts.n_threads_batch or cp.n_threads
-        cp.no_perf = True
-        self._device_sampling = wanted(opts.n_gpu_layers, bool(opts.rpc_servers), self.n_layer)
-        if self._device_sampling:  # a backend sampler picks a token for every output row: a verify batch's too
-            cp.n_outputs_max_per_seq = opts.n_batch
-        if opts.flash_attn is not None:
-            cp.flash_attn_type = (
-                lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
-        cp.type_k, cp.type_v = KV_TYPES[opts.cache_type_k], KV_TYPES[opts.cache_type_v]
-        self.ctx = lc.llama_init_from_model(self.model, cp)
-        if not self.ctx:
-            self.close()
-            raise ModelLoadError(f"llama.cpp could not create a context for {opts.path}: {recent_log()}")
+        spare = opts.checkpoint and one and opts.n_rs_seq <= 0
+        self.ctx = self._new_context(opts, one and not spare, spare)
+        if opts.checkpoint and one and not spare and lc.llama_n_rs_seq(self.ctx) == 0:
+            lc.llama_free(self.ctx)  # no snapshots for this architecture (Mamba, RWKV, ...): a spare instead
+            self.ctx, spare = None, True
+            self.ctx = self._new_context(opts, False, True)
         self.n_ctx: int = lc.llama_n_ctx_seq(self.ctx)  # the most one sequence holds
         self.n_cells: int = lc.llama_n_ctx(self.ctx)  # every sequence's together
         self.n_seq: int = lc.llama_n_seq_max(self.ctx) - spare
@@ -227,6 +213,31 @@ class Model(SequenceCache):
             b.seq_id[j][0] = SEQ
         self._at = np.arange(self.n_ctx, dtype=np.int32)  # each position, to copy from
         self._token_p, self._pos_p, self._want_p = b.token, b.pos, b.logits
+
+    def _new_context(self, opts: ModelOptions, snapshots: bool, spare: bool):
+        """A llama.cpp context for opts, with its snapshots (opts.n_rs_seq) and a spare sequence where asked."""
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = opts.n_ctx
+        cp.n_batch = cp.n_ubatch = opts.n_batch
+        cp.n_seq_max = opts.n_seq + spare
+        cp.kv_unified = opts.kv_unified or spare
+        cp.n_rs_seq = opts.n_rs_seq if snapshots else 0
+        cp.n_threads = opts.n_threads or default_threads()
+        cp.n_threads_batch = opts.n_threads_batch or cp.n_threads
+        cp.no_perf = True
+        self._device_sampling = wanted(opts.n_gpu_layers, bool(opts.rpc_servers), self.n_layer)
+        if self._device_sampling:  # a backend sampler picks a token for every output row: a verify batch's too
+            cp.n_outputs_max_per_seq = opts.n_batch
+        if opts.flash_attn is not None:
+            cp.flash_attn_type = (
+                lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+        cp.type_k, cp.type_v = KV_TYPES[opts.cache_type_k], KV_TYPES[opts.cache_type_v]
+        ctx = lc.llama_init_from_model(self.model, cp)
+        if not ctx:
+            self.close()
+            raise ModelLoadError(f"llama.cpp could not create a context for {opts.path}: {recent_log()}")
+        return ctx
 
     # ---------------------------------------------------------------- metadata
     def meta(self, key: str) -> str | None:

@@ -19,10 +19,6 @@ RECURRENT = {
     *("qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp"),
     *("deepseek4", "minimax-01"),
 }
-# of them, those whose state llama.cpp rolls back by snapshots (llm_arch_supports_rs_rollback): targets fsd-local
-# can rewind (llama/kv_cache.py); every one of RECURRENT can draft
-ROLLBACK = {"qwen35", "qwen35moe", "qwen4exp", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe"}
-ROLLBACK |= {"deepseek4", "glm5-next", "kimi-k3", "bailingmoe3"}
 PROJECTORS = {"clip", "mmproj"}  # vision / audio projectors: not language models, never listed
 
 

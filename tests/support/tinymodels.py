@@ -207,18 +207,24 @@ def write_tiny_mamba_gguf(
     n_ctx: int = 512,
     byte_tokens: bool = True,
     words=WORDS,
+    lexicon_of=None,
+    block_scale: float = 1.0,
 ) -> Path:
     """A tiny Mamba (recurrent, state-space) model sharing `vocabulary()` with write_tiny_gguf: llama.cpp
     reports it as recurrent, so its per-sequence state cannot be rewound to an earlier position.
 
     Tensor names and ggml shapes follow the vendored llama.cpp's llama_model_mamba::load_arch_tensors
-    (numpy shapes are the ggml shapes reversed); llama.cpp only supports d_inner == 2 * n_embd."""
+    (numpy shapes are the ggml shapes reversed); llama.cpp only supports d_inner == 2 * n_embd. `lexicon_of`
+    and `block_scale` as write_tiny_lfm2_gguf's: a Mamba that agrees often with a tiny llama of its width."""
     import gguf
 
     tokens, scores, types = vocabulary(byte_tokens, words)
     n_vocab = len(tokens)
     d_inner = 2 * n_embd
     rng = np.random.default_rng(seed)
+    lexicon = {}
+    if lexicon_of is not None:
+        lexicon = {t.name: np.array(t.data) for t in gguf.GGUFReader(str(lexicon_of)).tensors}
 
     def weight(*shape, scale=None):
         scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
@@ -237,7 +243,8 @@ def write_tiny_mamba_gguf(
     w.add_ssm_state_size(d_state)
     w.add_ssm_time_step_rank(dt_rank)
     add_tokenizer(w, tokens, scores, types)
-    w.add_tensor("token_embd.weight", weight(n_vocab, n_embd, scale=1.0))
+    embd = weight(n_vocab, n_embd, scale=1.0)
+    w.add_tensor("token_embd.weight", lexicon.get("token_embd.weight", embd))
     for i in range(n_layer):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ssm_in.weight", weight(2 * d_inner, n_embd))
@@ -250,9 +257,10 @@ def write_tiny_mamba_gguf(
         a = -np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1))
         w.add_tensor(f"blk.{i}.ssm_a", a)
         w.add_tensor(f"blk.{i}.ssm_d", np.ones(d_inner, dtype=np.float32))
-        w.add_tensor(f"blk.{i}.ssm_out.weight", weight(n_embd, d_inner))
+        w.add_tensor(f"blk.{i}.ssm_out.weight", weight(n_embd, d_inner, scale=block_scale / np.sqrt(d_inner)))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    w.add_tensor("output.weight", weight(n_vocab, n_embd))
+    output = weight(n_vocab, n_embd)
+    w.add_tensor("output.weight", lexicon.get("output.weight", output))
     finish(w)
     return Path(path)
 
