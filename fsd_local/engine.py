@@ -382,8 +382,7 @@ class Engine:
                 yield g
             finally:
                 for m in g.models if not self._closed else ():  # close() from this thread while a stream was paused
-                    m.forget_unknown_tail()  # whatever happened (Ctrl-C, errors), leave each cache a prefix of seq
-                    m.keep_common_prefix(g.seq)
+                    m.leave(g.seq)  # a prefix of seq, whatever happened; a recurrent state kept for a next turn
                 if self.across is not None and not self._closed:
                     self.across.draft.forget_unknown_tail()  # its own ids: the follower trims it to the text
             self._policy.save()
@@ -427,6 +426,7 @@ class Engine:
                 if self._cancel.is_set() or (cancel is not None and cancel.is_set()):
                     break
                 m.decode(todo[i : i + m.n_batch], logits="none")
+            m.keep_state()  # a recurrent state at the prompt's end: a regenerated reply goes back to it
             if m is self.draft and g.speculative:  # a batch it runs anyway prices its tokens
                 m.synchronize()
                 self._policy.observe_prompt(len(todo), perf_counter() - t)

@@ -253,6 +253,56 @@ def test_a_second_chat_turn_in_sd_reuses_the_first_and_equals_a_fresh_evaluation
     assert second.token_ids == again.token_ids == plain.token_ids
 
 
+@pytest.mark.parametrize("kind", TARGETS)
+def test_a_host_copy_of_the_state_takes_a_truncate_back_past_every_snapshot_and_checkpoint(models, kind):
+    """keep_state, then decodes one token a call (no snapshot or checkpoint holds the state before them):
+    truncating to the copy's length loads it, and the next logits equal a fresh context's on the same calls."""
+    path = models[TARGETS[kind]]
+    m = _model(path, n_rs_seq=K + 1, checkpoint=True)
+    try:
+        text = m.tokenize(PROMPTS[1])
+        m.decode(text[:-1], "none")
+        m.keep_state()
+        for tok in text[-1:] + [5, 6, 7]:
+            m.decode_one(tok)
+        m.checkpoint()  # a spare's checkpoint past the copy: a truncate below it goes to the copy
+        m.decode([8, 9], "last")
+        assert m.truncate(len(text) - 1) == len(text) - 1 and m.tokens == text[:-1]
+        got = _next_logits(m, [*text, 5])
+        np.testing.assert_allclose(got, _fresh_logits(path, text[:-1], [text[-1], 5]), rtol=0, atol=SAME_CALLS)
+        assert m.truncate(3) == 0 and m.tokens == []  # nothing kept holds 3 tokens or fewer: emptied
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("target", ["hybrid_target", "mamba_like_llama"])
+def test_a_regenerated_reply_and_an_edited_last_message_go_back_to_the_state_kept_for_them(models, target):
+    """The state kept at each prompt's end and each reply's end: regenerating a reply evaluates only the prompt's
+    last token, editing the last message only what follows the reply before it; each reply equals a fresh
+    evaluation's, and the states are the text after."""
+    words = {"mode": "sd", "temperature": 0, "logit_bias": {t: float("-inf") for t in range(3 + 256)}}
+    pair = {"target": models[target], "draft": models["llama"]}
+    with Engine(**pair, n_ctx=512, n_threads=1, draft_policy="fixed", draft_max=K) as eng:
+        prompt = eng.tokenize(PROMPTS[0])
+        first = eng.generate(prompt, max_tokens=24, **words)
+        again = eng.generate(prompt, max_tokens=24, **words)  # regenerated: back to the prompt's end
+        assert again.stats["prompt_evaluated"] == 1 and again.token_ids == first.token_ids
+        msgs = [{"role": "user", "content": "where does the fox go at night?"}]
+        reply = eng.chat(msgs, max_tokens=16, **words)
+        msgs += [{"role": "assistant", "content": reply.text}, {"role": "user", "content": "and the owl?"}]
+        second = eng.chat(msgs, max_tokens=16, **words)
+        msgs[-1] = {"role": "user", "content": "and the cat, at dawn?"}  # the last message edited
+        edited = eng.chat(msgs, max_tokens=16, **words)
+        assert edited.stats["prompt_evaluated"] < edited.stats["prompt_tokens"] - len(reply.token_ids)
+        assert second.stats["drafted"] > 0 and edited.stats["drafted"] > 0
+        seq = [*eng.target.tokens, 5]  # the state is the text it records
+        np.testing.assert_allclose(_next_logits(eng.target, seq), _fresh_logits(models[target], seq), atol=OTHER_CALLS)
+        eng.reset()
+        fresh = eng.chat(msgs, max_tokens=16, **words)
+        assert fresh.stats["prompt_evaluated"] == fresh.stats["prompt_tokens"]
+        assert edited.token_ids == fresh.token_ids == eng.chat(msgs, max_tokens=16, **{**words, "mode": "ar"}).token_ids
+
+
 def test_what_cannot_be_rewound_is_refused_naming_the_model(models):
     for target in ("hybrid_target", "mamba_like_llama"):  # several sequences at once: not yet
         with pytest.raises(CacheTruncationError) as info:

@@ -3,6 +3,7 @@ common prefix, the room left. A base of `Model` (model.py), which owns the conte
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,10 @@ from fsd_local.errors import CacheTruncationError, ContextOverflowError
 from fsd_local.llama.bindings import lc
 
 SEQ = 0  # the sequence of single-sequence callers
+# host copies of a recurrent state kept (`keep_state`): a reply's end, the next prompt's end and that reply's end,
+# so a regenerated reply, an edited last message or a reformatted reply goes back to one of them
+SAVED_MAX = 3
+PARTIAL = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # a hybrid's recurrent part alone: its attention drops positions
 
 
 def check_rewindable(models, mode: str) -> None:
@@ -34,6 +39,7 @@ class SequenceCache:
     """`seqs[s]` is the token at each position 0..len-1 of sequence s's cache (`tokens` is seqs[0]); every method
     keeps the lists and the cache equal, editing the lists in place."""
 
+    ctx: Any
     mem: Any
     role: str
     path: str
@@ -54,6 +60,7 @@ class SequenceCache:
     _spare: int
     _mark: int
     _call: tuple[int, int]
+    _saved: list[tuple[int, Any]]  # host copies of sequence 0's recurrent state, oldest first: (tokens, bytes)
 
     @property
     def redecodes(self) -> bool:
@@ -82,8 +89,8 @@ class SequenceCache:
         return n
 
     def _rewind_state(self, n: int, seq_id: int) -> int:
-        """truncate for a recurrent state: by its snapshots where they hold position n, else back to the checkpoint
-        where it is at most n, else by emptying the sequence; returns how many tokens it keeps."""
+        """truncate for a recurrent state: by its snapshots where they hold position n, else back to the newest
+        checkpoint or host copy of at most n tokens, else by emptying the sequence; returns how many it keeps."""
         toks = self.seqs[seq_id]
         end, count = self._call
         self._call = (0, 0)  # one rollback a decode call: llama.cpp keeps its pending snapshot index until the next
@@ -97,11 +104,54 @@ class SequenceCache:
                     f"state back by {r} tokens within its {self.n_rs_seq} snapshots; decode it plainly with --mode ar"
                 )
             del toks[n:]  # (a model with snapshots has no checkpoint: Model._create_context)
+            self._forget_past(n)
             return n
-        if seq_id == SEQ and 0 <= self._mark <= n:
-            return self._restore()
+        return self._go_back(n) if seq_id == SEQ else self._emptied(seq_id)
+
+    def _go_back(self, n: int) -> int:
+        """Sequence 0 back to its newest checkpoint or host copy of at most n tokens, or emptied; returns its
+        length. Those holding more are forgotten: the text past n may change."""
+        saved = max((m for m, _ in self._saved if m <= n), default=-1)
+        if 0 <= self._mark <= n and self._mark >= saved:
+            kept = self._restore()
+        elif saved < 0 or not self._load(saved):
+            return self._emptied(SEQ)
+        else:
+            kept = saved
+        self._forget_past(kept)
+        return kept
+
+    def _emptied(self, seq_id: int) -> int:
         self.drop(seq_id)
         return 0
+
+    def keep_state(self) -> None:
+        """Copy sequence 0's recurrent state, as it is now, to the host (a transformer, or several sequences:
+        nothing): a later truncate to at least its length may go back to it. The newest SAVED_MAX are kept."""
+        n = len(self.tokens)
+        if not self.recurrent or self.n_seq > 1 or n == 0 or any(m == n for m, _ in self._saved):
+            return
+        size = lc.llama_state_seq_get_size_ext(self.ctx, SEQ, PARTIAL)
+        buf = (ctypes.c_uint8 * size)()
+        if size and lc.llama_state_seq_get_data_ext(self.ctx, buf, size, SEQ, PARTIAL) == size:
+            self._saved = [*self._saved, (n, buf)][-SAVED_MAX:]
+
+    def _load(self, n: int) -> bool:
+        """Sequence 0 back to its host copy of n tokens, the attention past them dropped; False where llama.cpp
+        refuses (the caller then empties it)."""
+        buf = next(b for m, b in self._saved if m == n)
+        if lc.llama_state_seq_set_data_ext(self.ctx, buf, len(buf), SEQ, PARTIAL) != len(buf):
+            return False
+        if not lc.llama_memory_seq_rm(self.mem, SEQ, n, -1):  # the recurrent state now ends at n: only attention
+            return False
+        del self.tokens[n:]
+        return True
+
+    def _forget_past(self, n: int) -> None:
+        """Forget the checkpoint and host copies of sequence 0 that hold more than n tokens."""
+        self._saved = [(m, b) for m, b in self._saved if m <= n]
+        if self._mark > n:
+            self._forget_checkpoint()
 
     def checkpoint(self) -> None:
         """Keep sequence 0's state as it is now, where the model has a spare sequence (ModelOptions.checkpoint on a
@@ -131,26 +181,33 @@ class SequenceCache:
             return
         if self.recurrent:
             self._call = (0, 0)
-            if seq_id == SEQ and 0 <= self._mark <= len(self.tokens):
-                self._restore()
+            if seq_id == SEQ:
+                self._go_back(len(self.tokens))
             else:
                 self.drop(seq_id)
         else:
             lc.llama_memory_seq_rm(self.mem, seq_id, len(self.seqs[seq_id]), -1)
+
+    def leave(self, seq) -> None:
+        """After a call, whatever ended it (Ctrl-C, errors): sequence 0 a prefix of seq (`forget_unknown_tail`,
+        `keep_common_prefix`), its recurrent state kept there for a next turn (`keep_state`)."""
+        self.forget_unknown_tail()
+        self.keep_common_prefix(seq)
+        self.keep_state()
 
     def clear(self) -> None:
         """Empty every sequence."""
         lc.llama_memory_clear(self.mem, True)
         for toks in self.seqs:
             toks.clear()
-        self._mark, self._call = -1, (0, 0)
+        self._mark, self._call, self._saved = -1, (0, 0), []
 
     def drop(self, seq_id: int) -> None:
         """Empty one sequence (llama.cpp never refuses to remove a whole sequence); the others stay."""
         lc.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
         self.seqs[seq_id].clear()
         if seq_id == SEQ:
-            self._forget_checkpoint()
+            self._forget_past(0)
             self._call = (0, 0)
 
     def keep_common_prefix(self, seq, start: int = 0, seq_id: int = SEQ) -> int:

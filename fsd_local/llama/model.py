@@ -197,7 +197,7 @@ class Model(SequenceCache):
         self.n_cells: int = lc.llama_n_ctx(self.ctx)  # every sequence's together
         self.n_seq: int = lc.llama_n_seq_max(self.ctx) - spare
         self.n_rs_seq: int = lc.llama_n_rs_seq(self.ctx)  # 0 where the architecture has no snapshots
-        self._spare, self._mark, self._call = (1 if spare else -1), -1, (0, 0)
+        self._spare, self._mark, self._call, self._saved = (1 if spare else -1), -1, (0, 0), []
         self.rewinds = not self.recurrent or (self.n_seq == 1 and (spare or self.n_rs_seq > 0))
         self._shared = self.n_cells < self.n_seq * self.n_ctx  # a unified cache: the sequences share its cells
         self.n_batch: int = opts.n_batch
