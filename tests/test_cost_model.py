@@ -13,20 +13,23 @@ from fsd_local.drafting.cost_model import CostModel, VerifyCost, best_k, expecte
 MS = 1e-3
 
 
-def simulate(cm, rounds, verify, draft_per_token, accept, seed=0):
+def simulate(cm, rounds, verify, draft_per_token, accept, seed=0, redecode=False):
     """Drive the model like the engine would, with synthetic costs and per-position acceptance (no timing).
-    verify(n) -> seconds; accept: conditional acceptance of every position (a float or a list)."""
+    verify(n) -> seconds; accept: conditional acceptance of every position (a float or a list). redecode: the
+    target goes back to a checkpoint after a rejection, so its next decode takes the round's first token and the
+    accepted drafts again (as the engine's verify and plain steps do)."""
     rng = random.Random(seed)
-    chosen = []
+    chosen, carry = [], 0
     for _ in range(rounds):
         k = cm.choose_k()
+        n_acc = 0
         if k:
             cm.observe_draft(k, k * draft_per_token)
-            n_acc = 0
             while n_acc < k and rng.random() < (accept if isinstance(accept, float) else accept[n_acc]):
                 n_acc += 1
             cm.observe_acceptance(k, n_acc)
-        cm.observe_verify(k + 1, verify(k + 1))
+        cm.observe_verify(carry + k + 1, verify(carry + k + 1))
+        carry = n_acc + 1 if redecode and n_acc < k else 0
         chosen.append(k)
     return chosen
 
@@ -427,25 +430,6 @@ def test_the_rework_of_a_checkpointed_target_is_the_expected_tokens_a_rejection_
     assert expected_rates(acc, c_d, curve)[1:] > expected_rates(acc, c_d, curve, rework=r)[1:]
 
 
-def simulate_redecoding(cm, rounds, verify, draft_per_token, accept, seed=0):
-    """simulate for a target that goes back to a checkpoint after a rejection: the round's first token and the
-    accepted drafts are decoded again in the next target decode (as the engine's verify and plain steps do)."""
-    rng = random.Random(seed)
-    chosen, carry = [], 0
-    for _ in range(rounds):
-        k = cm.choose_k()
-        n_acc = 0
-        if k:
-            cm.observe_draft(k, k * draft_per_token)
-            while n_acc < k and rng.random() < accept:
-                n_acc += 1
-            cm.observe_acceptance(k, n_acc)
-        cm.observe_verify(carry + k + 1, verify(carry + k + 1))
-        carry = n_acc + 1 if n_acc < k else 0
-        chosen.append(k)
-    return chosen
-
-
 def test_a_target_that_decodes_a_rejected_round_again_is_drafted_for_only_where_that_pays():
     """A compute-bound target (each token of a batch 0.4 of a decode), drafts at 0.01 of one accepted half the
     time: one draft a round pays ~9% where a rejection costs nothing more, and loses ~4% where the target decodes
@@ -470,5 +454,5 @@ def test_a_target_that_decodes_a_rejected_round_again_is_drafted_for_only_where_
     # a free drafter accepted 90% of the time drafts long even so: the rework is priced, not a ban
     eager = CostModel(8, draft_cost_prior=0.0)
     eager.verify.redecode = True
-    tail = simulate_redecoding(eager, 300, verify, 0.0, 0.9)[100:]
+    tail = simulate(eager, 300, verify, 0.0, 0.9, redecode=True)[100:]
     assert share(tail, lambda k: k >= 2) >= 0.9, eager.k_histogram

@@ -411,7 +411,6 @@ def _default_parallel(target: str, draft: str | None, settings: Settings, n_ctx:
     parallel = default_parallel(n_ctx)
     if parallel <= 1 or not settings.rewound(target, draft):
         return parallel
-
     if (arch := read(target, "target").architecture) not in RECURRENT:
         return parallel
     if say:

@@ -36,16 +36,21 @@ class VerifyCost:
         self._weight = [0.0] * (n_max + 1)
         self._live: list[int] = []  # the sizes with weight
         self._cache: list[float] | None = None
+        self._slope: float | None = None  # fit()'s slope, until the next observation
         self.redecode = False  # a rejection sends the target back to a checkpoint (SequenceCache.redecodes)
 
     def rework(self) -> float:
         """Seconds a token decoded again costs the next decode: the fitted slope where the target re-decodes the
         accepted text after a rejection (`redecode`), else 0."""
-        return self.fit()[1] if self.redecode else 0.0
+        if not self.redecode:
+            return 0.0
+        if self._slope is None:
+            self._slope = self.fit()[1]
+        return self._slope
 
     def forget(self) -> None:
         """No decode timed: every size priced by the prior again (the policy's costs replaced by a table)."""
-        self.level, self._live, self._cache = 1.0, [], None
+        self.level, self._live, self._cache, self._slope = 1.0, [], None, None
         self._mean, self._weight = [0.0] * len(self._mean), [0.0] * len(self._weight)
 
     @property
@@ -76,7 +81,7 @@ class VerifyCost:
         self._live = [i for i in self._live if w[i] > 0.0 or i == n]
         w[n] += 1.0
         self._mean[n] += (seconds / self.level - self._mean[n]) / w[n]
-        self._cache = None
+        self._cache = self._slope = None
 
     def fit(self) -> tuple[float, float]:
         """(a, b) of v(n) = a + b (n - 1): weighted least squares over the measured n, b >= 0; the slope prior

@@ -121,6 +121,13 @@ def add_ffn(w, i: int, weight, n_embd: int, n_ff: int, down_scale: float = 1.0) 
     w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff, scale=down_scale / np.sqrt(n_ff)))
 
 
+def tensors_of(path) -> dict:
+    """Every tensor of the GGUF at `path` by name ({} for None): what a `lexicon_of` model takes from it."""
+    import gguf
+
+    return {} if path is None else {t.name: np.array(t.data) for t in gguf.GGUFReader(str(path)).tensors}
+
+
 def finish(w) -> None:
     """Write a GGUFWriter's header, metadata and tensors, and close it."""
     w.write_header_to_file()
@@ -222,9 +229,7 @@ def write_tiny_mamba_gguf(
     n_vocab = len(tokens)
     d_inner = 2 * n_embd
     rng = np.random.default_rng(seed)
-    lexicon = {}
-    if lexicon_of is not None:
-        lexicon = {t.name: np.array(t.data) for t in gguf.GGUFReader(str(lexicon_of)).tensors}
+    lexicon = tensors_of(lexicon_of)
 
     def weight(*shape, scale=None):
         scale = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
@@ -298,9 +303,7 @@ def write_tiny_lfm2_gguf(
     tokens, scores, types = vocabulary(byte_tokens, words)
     n_vocab, n_layer, head = len(tokens), len(layers), n_embd // n_head
     weight = seeded_weights(base_seed, seed, noise)
-    lexicon = {}
-    if lexicon_of is not None:
-        lexicon = {t.name: np.array(t.data) for t in gguf.GGUFReader(str(lexicon_of)).tensors}
+    lexicon = tensors_of(lexicon_of)
     out = block_scale / np.sqrt(n_embd)  # the scale of what a block writes to the residual stream
 
     w = gguf.GGUFWriter(str(path), "lfm2")
