@@ -31,7 +31,7 @@ from fsd_local.llama.vocab import CHOICES, Pairing, check_compatible
 from fsd_local.policy import Policy
 from fsd_local.prompting import chat_ids, checked_ids, loaded_context
 from fsd_local.results import CancelToken, Completion, Piece, final_completion
-from fsd_local.round import Proposal, Step, forced_run, new_buffers, plain_step, slots, verify
+from fsd_local.round import Proposal, Step, forced_run, new_buffers, plain_step, rewind_options, slots, verify
 from fsd_local.settings import Settings
 
 if TYPE_CHECKING:
@@ -123,11 +123,11 @@ class Engine:
             # a verify batch is rolled back within itself (snapshots: its drafts and one; an architecture without
             # them, to a checkpoint taken before it); the draft decodes one token a call, so it goes back to where
             # its drafting began (a checkpoint)
-            rs = {"n_rs_seq": slots(self.defaults) + 1, "checkpoint": True}
+            rs, draft_rs = rewind_options(self.defaults)
             self.target = Model(_options(target, n_ctx, n_threads, n_gpu_layers, parallel, **rs), "target")
             if draft is not None:
                 draft_gpu = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
-                self.draft = Model(_options(draft, n_ctx, n_threads, draft_gpu, parallel, checkpoint=True), "draft")
+                self.draft = Model(_options(draft, n_ctx, n_threads, draft_gpu, parallel, **draft_rs), "draft")
                 self.pairing, self.across = _across(self.draft, self.target, across)
                 larger = larger_draft(self.draft, self.target) if self.across is None else None
                 if larger:  # one tokenizer: it runs, exactly, but every round costs more than plain decoding

@@ -50,6 +50,12 @@ def slots(s: Settings) -> int:
     return s.draft_max + (FORCED_MAX if jump else 0)
 
 
+def rewind_options(s: Settings) -> tuple[dict, dict]:
+    """How the target and the draft ask to rewind a recurrent state (ModelOptions): the target's snapshots hold its
+    largest verify batch (its slots and one); either takes a checkpoint where it gets none."""
+    return {"n_rs_seq": slots(s) + 1, "checkpoint": True}, {"checkpoint": True}
+
+
 class Buffers(NamedTuple):
     """A round's arrays, made once for a draft length and reused: the drafts the kernel reads, what it writes,
     and a plain step's row statistics."""

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import signal
 
-import httpx
 import ollama
 import openai
 import pytest
 
 from fsd_local import Engine
 from fsd_local.settings import CHAT_DEFAULTS
-from support.serving import start_serve
+from support.serving import start_serve, wait_up
 from support.tinymodels import write_tiny_gguf
 
 HELLO = [{"role": "user", "content": "the cab and a band"}]
@@ -57,26 +56,11 @@ def url(pair):
     draft, target = pair
     proc, base = start_serve(draft, target, "--draft-policy", "fixed", "--draft-max", "4")
     try:
-        _wait_up(proc, base)
+        wait_up(proc, base)
         yield base
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=TIMEOUT)
-
-
-def _wait_up(proc, base):
-    import time
-
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "fsd-local serve did not start"
-        time.sleep(0.2)
 
 
 def test_openai_chat_and_completions_through_the_map(url, alone):

@@ -83,7 +83,8 @@ def test_gguf_header_of_a_tiny_model(tiny_pair):
     per_block = 4 * 64 * 64 * 4 + 3 * 64 * 128 * 4 + 2 * 64 * 4  # attention, feed-forward, norms (f32)
     assert i.layer_bytes == [per_block, per_block]
     assert i.output_bytes == 292 * 64 * 4 + 64 * 4  # output.weight + output_norm
-    assert i.kv_bytes_per_layer(512, KV_TYPES["f16"], KV_TYPES["f16"]) == 512 * 2 * 64 * 2
+    assert i.kv_bytes(512, KV_TYPES["f16"], KV_TYPES["f16"]) == [512 * 2 * 64 * 2] * 2
+    assert (i.kv_heads, i.recurrent, i.state_bytes) == ([4, 4], [False, False], 0)
 
 
 def test_a_split_model_is_read_across_its_files(tiny_pair, tmp_path):

@@ -274,13 +274,17 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_cli_decodes_a_recurrent_target_plainly(lfm2):
-    for args in (["--draft", "none"], []):  # alone, or with no draft named: plain decoding, said on stderr
+def test_cli_decodes_a_recurrent_target_alone_or_with_prompt_lookup(lfm2):
+    """--draft none: plain decoding; no draft named and none on the disk: prompt lookup drafts, as for any model."""
+    for args, said in (
+        (["--draft", "none"], "--draft none: plain decoding, the target alone (mode ar)"),
+        ([], "Meanwhile prompt lookup drafts (--drafter ngram)."),
+    ):
         r = _cli("--target", lfm2, *args)
         assert r.returncode == 0, r.stderr[-2000:]
         assert "Traceback" not in r.stderr
         assert "[length] 8 tokens" in r.stderr
-        assert "plain decoding" in r.stderr
+        assert said in r.stderr
 
 
 def test_cli_runs_a_recurrent_target_with_a_draft(mamba, tiny_pair):

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import click
 
-from fsd_local.pairs.local import RECURRENT
 from fsd_local.pairs.names import NONE
 from fsd_local.settings import Settings
 
@@ -36,13 +35,6 @@ def auto_draft(
         say("--draft none: plain decoding, the target alone (mode ar)")
         return None, settings.with_(mode="ar")
     choice = choose_draft(target_path)
-    arch = choice.target.architecture
-    if arch in RECURRENT and settings.mode != "draft-only" and not _explicit("mode"):
-        say(
-            f"{target_arg} ({arch}) keeps a recurrent state, which automatic pairing skips: plain decoding (name a "
-            "draft with --draft)"
-        )
-        return None, settings.with_(mode="ar")
     if choice.draft is not None:
         say(choice.chosen_note(target_arg))
         return choice.draft.path, settings

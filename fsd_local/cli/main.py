@@ -102,6 +102,8 @@ def doctor(target, draft, pair, n_ctx, as_json, clear_kernel_cache):
     files, what they are and whether the draft can draft for the target. Exit code 1 when they are incompatible."""
     from fsd_local.kernels import jit_cache
     from fsd_local.llama.doctor import render, report
+    from fsd_local.round import rewind_options
+    from fsd_local.settings import Settings
 
     if clear_kernel_cache:
         freed = jit_cache.clear()
@@ -111,7 +113,8 @@ def doctor(target, draft, pair, n_ctx, as_json, clear_kernel_cache):
         target, draft = resolve_models(target, draft, pair)
     elif draft:
         raise click.UsageError("--draft given without --target")
-    r = report(target=target, draft=draft, n_ctx=n_ctx) | {"kernel_cache": jit_cache.state()}
+    rewind = rewind_options(Settings())  # as a chat or a server with the default settings asks
+    r = report(target=target, draft=draft, n_ctx=n_ctx, rewind=rewind) | {"kernel_cache": jit_cache.state()}
     click.echo(json.dumps(r, indent=2) if as_json else render(r))
     if r.get("compatible") is False:
         sys.exit(1)

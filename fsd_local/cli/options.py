@@ -353,16 +353,13 @@ def load_engine(
     from fsd_local.kernels.jit_cache import is_warm
     from fsd_local.llama.options import ModelOptions
     from fsd_local.llama.placement import resolve
+    from fsd_local.round import rewind_options
 
     t, d, settings = models_and_settings(target, draft, pair, settings, say, demo_precision)
     parallel = parallel or _default_parallel(t, d, settings, n_ctx, say)
-    both = dict(
-        n_threads=n_threads,
-        flash_attn={"on": True, "off": False, "auto": None}[flash_attn],
-        use_mmap=not no_mmap,
-        use_mlock=mlock,
-        main_gpu=main_gpu,
-    )
+    rs, draft_rs = rewind_options(settings)  # as the Engine asks: the placement counts their state copies
+    both = dict(n_threads=n_threads, n_seq=parallel, use_mmap=not no_mmap, use_mlock=mlock, main_gpu=main_gpu)
+    both["flash_attn"] = {"on": True, "off": False, "auto": None}[flash_attn]
     target_auto, draft_auto = n_gpu_layers == "auto", draft_n_gpu_layers in (None, "auto")
     t_opts = ModelOptions(
         t,
@@ -374,6 +371,7 @@ def load_engine(
         cache_type_v=cache_type_v,
         rpc_servers=rpc_servers,
         repack=repack,
+        **rs,
         **both,
     )
     # the draft decodes one token at a time: spreading it over GPUs would only add transfers
@@ -386,6 +384,7 @@ def load_engine(
             cache_type_k=draft_cache_type_k or cache_type_k,
             cache_type_v=draft_cache_type_v or cache_type_v,
             repack=repack if draft_repack is None else draft_repack,
+            **draft_rs,
             **both,
         )
         if d is not None
@@ -405,7 +404,7 @@ def _default_parallel(target: str, draft: str | None, settings: Settings, n_ctx:
     """serve's requests at once (server/worker.py), or 1 where the target keeps a recurrent state that `settings`
     rewind: one sequence at a time (llama/kv_cache.py), said in a line."""
     from fsd_local.llama.gguf_info import read
-    from fsd_local.pairs.local import RECURRENT
+    from fsd_local.llama.state_shape import RECURRENT
     from fsd_local.server.worker import default_parallel
 
     parallel = default_parallel(n_ctx)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from fsd_local import __version__
-from fsd_local.llama import backend, cpu_features, gguf_info, placement
+from fsd_local.llama import backend, cpu_features, gguf_info, placement, state_shape
+from fsd_local.llama.kv_cache import SAVED_MAX
 from fsd_local.llama.model import Model
-from fsd_local.llama.options import ModelOptions
+from fsd_local.llama.options import KV_TYPES, ModelOptions
 from fsd_local.llama.vocab import Pairing, pairing
 
 GiB = 1 << 30
@@ -16,8 +17,14 @@ MiB = 1 << 20
 WELL_KNOWN = ("CUDA", "Metal", "Vulkan", "HIP (ROCm)", "SYCL")
 
 
-def model_summary(path: str, role: str) -> dict:
+def model_summary(path: str, role: str, opts: ModelOptions | None = None) -> dict:
+    """A model's header, and the caches a context of `opts` (default: one sequence at 4096) allocates for it."""
     info = gguf_info.read(path, role)
+    opts = opts or ModelOptions(path)
+    spare, snapshots = state_shape.copies(info.architecture, opts.n_seq, opts.n_rs_seq, opts.checkpoint)
+    rows = (opts.n_seq + spare) * (1 + snapshots)
+    one = info.state_bytes * sum(info.recurrent)  # one sequence's recurrent state, every layer's
+    kv = info.kv_bytes(opts.n_ctx, KV_TYPES[opts.cache_type_k], KV_TYPES[opts.cache_type_v])
     return {
         "path": info.path,
         "architecture": info.architecture,
@@ -30,10 +37,54 @@ def model_summary(path: str, role: str) -> dict:
         "embedding": info.n_embd,
         "heads": info.n_head,
         "kv_heads": info.n_head_kv,
+        "kv_layers": sum(h > 0 for h in info.kv_heads),
+        "recurrent_layers": sum(info.recurrent),
         "vocab_size": info.vocab_size,
         "tokenizer": info.tokenizer,
         "chat_template": info.has_chat_template,
+        "n_ctx": opts.n_ctx,
+        "kv_bytes": sum(kv),
+        # llama.cpp's rows (each sequence, a spare for a checkpoint, each row's snapshots) and the host copies a
+        # sequence keeps for a next turn (SequenceCache.keep_state)
+        "state": {
+            "sequence_bytes": one,
+            "sequences": opts.n_seq,
+            "spare": spare,
+            "snapshots": snapshots,
+            "device_bytes": one * rows,
+            "host_bytes": one * SAVED_MAX,
+        }
+        if one
+        else None,
     }
+
+
+def _shape(m: dict) -> str:
+    """Layers and heads, the recurrent ones apart."""
+    heads = f"{m['heads']} heads ({m['kv_heads']} KV)"
+    if not m["recurrent_layers"]:
+        return f"{m['layers']} layers, embedding {m['embedding']}, {heads}"
+    if not m["kv_layers"]:
+        return f"{m['layers']} recurrent layer{'s' if m['layers'] > 1 else ''}, embedding {m['embedding']}"
+    return (
+        f"{m['layers']} layers ({m['recurrent_layers']} recurrent, {m['kv_layers']} with attention), "
+        f"embedding {m['embedding']}, {heads}"
+    )
+
+
+def _caches(m: dict) -> str:
+    """What the model's caches take: its KV cache, and the copies of a recurrent state llama.cpp and fsd-local keep."""
+    kv = f"KV cache {_size(m['kv_bytes'])}" if m["kv_layers"] else "no KV cache"
+    if (st := m["state"]) is None:
+        return f"  at --ctx {m['n_ctx']}: {kv}"
+    rows = [f"{st['sequences']} sequence{'s' if st['sequences'] > 1 else ''}"]
+    rows += ["a spare for its checkpoint"] if st["spare"] else []
+    rows += [f"{st['snapshots']} snapshots each"] if st["snapshots"] else []
+    return (
+        f"  at --ctx {m['n_ctx']}: {kv}; recurrent state {_size(st['sequence_bytes'])} a sequence, "
+        f"{_size(st['device_bytes'])} in all ({', '.join(rows)}), and up to {SAVED_MAX} host copies for a next turn "
+        f"({_size(st['host_bytes'])})"
+    )
 
 
 def compatibility(draft: str, target: str) -> Pairing:
@@ -49,7 +100,11 @@ def compatibility(draft: str, target: str) -> Pairing:
                 m.close()
 
 
-def report(target: str | None = None, draft: str | None = None, n_ctx: int = 4096) -> dict:
+def report(
+    target: str | None = None, draft: str | None = None, n_ctx: int = 4096, rewind: tuple[dict, dict] = ({}, {})
+) -> dict:
+    """`rewind`: how the engine asks the target and the draft to rewind a recurrent state (round.rewind_options):
+    the caches and the placement count the state copies it makes."""
     info = backend.detect()
     features = cpu_features.backend_cpu_features()
     host_amx = cpu_features.host_has_amx()
@@ -65,9 +120,13 @@ def report(target: str | None = None, draft: str | None = None, n_ctx: int = 409
             "repack_reason": choice.reason,
         },
     }
-    for role, path in (("target", target), ("draft", draft)):
-        if path:
-            out["models"][role] = model_summary(path, role)
+    opts = {
+        role: ModelOptions(path, n_ctx=n_ctx, **how)
+        for role, path, how in (("target", target, rewind[0]), ("draft", draft, rewind[1]))
+        if path
+    }
+    for role, o in opts.items():
+        out["models"][role] = model_summary(o.path, role, o)
     if target and draft:
         p = compatibility(draft, target)
         # compatible: the engine runs the pair, with one tokenizer or through the vocabulary map
@@ -79,8 +138,8 @@ def report(target: str | None = None, draft: str | None = None, n_ctx: int = 409
         out["pairing"] = p.to_dict() | {"description": p.describe()}
     if target:
         t, d, summary = placement.resolve(
-            ModelOptions(target, n_ctx=n_ctx),
-            ModelOptions(draft, n_ctx=n_ctx) if draft else None,
+            opts["target"],
+            opts.get("draft"),
             target_auto=True,
             draft_auto=True,
         )
@@ -98,7 +157,7 @@ def _yes(flag: bool) -> str:
 
 
 def _size(n: int) -> str:
-    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB" if n >= MiB else f"{n / 1024:.1f} KiB"
 
 
 def render(r: dict) -> str:
@@ -146,11 +205,10 @@ def render(r: dict) -> str:
         types = ", ".join(f"{k} x{v}" for k, v in sorted(m["tensor_types"].items(), key=lambda kv: -kv[1]))
         lines += [
             f"{role}: {m['path']}",
-            f"  {m['architecture']} ({m['name'] or 'unnamed'}), {m['layers']} layers, "
-            f"embedding {m['embedding']}, {m['heads']} heads ({m['kv_heads']} KV), "
-            f"trained context {m['context_train']}",
+            f"  {m['architecture']} ({m['name'] or 'unnamed'}), {_shape(m)}, trained context {m['context_train']}",
             f"  {_size(m['size_bytes'])}, quantisation {m['quantisation']} (tensors: {types})",
             f"  vocabulary {m['vocab_size']} tokens, {m['tokenizer']}; chat template {_yes(m['chat_template'])}",
+            _caches(m),
         ]
     if "compatible" in r:
         path, problem = r["pairing"]["path"], r["compatibility_problem"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from fsd_local.errors import ModelLoadError
 from fsd_local.llama import ggml as g
+from fsd_local.llama import state_shape
 from fsd_local.llama.vocab import FIRST_CHECKED_TOKEN, MAX_SIZE_DIFFERENCE, TOKENIZERS, HeaderVocab
 
 _SCALARS: dict[int, type[ctypes._SimpleCData]] = {
@@ -53,6 +54,9 @@ class GGUFInfo:
     other_bytes: int  # everything else (token embeddings: llama.cpp keeps them on the CPU)
     has_chat_template: bool
     meta: dict = field(default_factory=dict, repr=False)
+    kv_heads: list[int] = field(default_factory=list)  # per layer: the KV heads its cache holds (0: none)
+    recurrent: list[bool] = field(default_factory=list)  # per layer: it keeps a recurrent state (state_shape.py)
+    state_bytes: int = 0  # one recurrent layer's state for one sequence, F32
 
     @property
     def quantisation(self) -> str:
@@ -61,13 +65,12 @@ class GGUFInfo:
             return self.file_type
         return max(self.tensor_types, key=self.tensor_types.__getitem__) if self.tensor_types else "unknown"
 
-    def kv_bytes_per_layer(self, n_ctx: int, type_k: int, type_v: int) -> int:
-        """KV cache of one layer for n_ctx positions (ggml type ids, e.g. model.KV_TYPES['q8_0'])."""
+    def kv_bytes(self, n_ctx: int, type_k: int, type_v: int) -> list[int]:
+        """Each layer's KV cache for n_ctx positions (ggml type ids, e.g. model.KV_TYPES['q8_0']); 0 for a layer
+        that keeps only a recurrent state."""
         lib = g.lib()
-        return n_ctx * (
-            lib.ggml_row_size(type_k, self.head_dim_k * self.n_head_kv)
-            + lib.ggml_row_size(type_v, self.head_dim_v * self.n_head_kv)
-        )
+        k, v = self.head_dim_k, self.head_dim_v
+        return [n_ctx * (lib.ggml_row_size(type_k, k * h) + lib.ggml_row_size(type_v, v * h)) for h in self.kv_heads]
 
 
 def _value(lib, ctx, key_id: int):
@@ -203,6 +206,7 @@ ARCH_KEYS = (  # read as "<architecture>.<key>", stored under the key alone
     "attention.key_length",
     "attention.value_length",
     "vocab_size",
+    *state_shape.KEYS,
 )
 
 
@@ -257,6 +261,7 @@ def read(path: str, role: str = "model", vocab: bool = False) -> GGUFInfo:
     tokens = meta.get("tokenizer.ggml.tokens")
     ftype = meta.get("general.file_type")
     tokenizer = meta.get("tokenizer.ggml.model")
+    recurrent, kv_heads = state_shape.layers(arch, meta, n_layer, meta.get("attention.head_count_kv", n_head))
     return GGUFInfo(
         path=str(path),
         file_bytes=sum(map(os.path.getsize, files)),
@@ -278,6 +283,9 @@ def read(path: str, role: str = "model", vocab: bool = False) -> GGUFInfo:
         other_bytes=tensors.other,
         has_chat_template=bool(meta.get("tokenizer.chat_template")),
         meta=meta,
+        kv_heads=kv_heads,
+        recurrent=recurrent,
+        state_bytes=state_shape.row_bytes(meta, n_embd, n_head) if any(recurrent) else 0,
     )
 
 

@@ -46,14 +46,18 @@ def footprint(
     cache_type_v: str = "f16",
     n_batch: int = 512,
     flash_attn: bool | None = None,
+    state_rows: int = 1,
 ) -> Footprint:
-    """From gguf_info.GGUFInfo. KV for sliding-window layers is counted at full n_ctx: an overestimate."""
-    kv = info.kv_bytes_per_layer(n_ctx, KV_TYPES[cache_type_k], KV_TYPES[cache_type_v])
+    """From gguf_info.GGUFInfo. KV for sliding-window layers is counted at full n_ctx (an overestimate); a
+    recurrent layer's state `state_rows` times (state_shape.rows: sequences, the spare, snapshots)."""
+    kv = info.kv_bytes(n_ctx, KV_TYPES[cache_type_k], KV_TYPES[cache_type_v])
+    state = [info.state_bytes * state_rows if r else 0 for r in info.recurrent]
     # logits rows + a few activations per batch row; without flash attention the attention scores too
     compute = n_batch * (info.vocab_size + 8 * info.n_embd) * 4
     if flash_attn is not True:
         compute += n_batch * n_ctx * info.n_head * 4
-    return Footprint(layers=tuple(b + kv for b in info.layer_bytes), output=info.output_bytes, compute=compute)
+    layers = tuple(map(sum, zip(info.layer_bytes, kv, state)))
+    return Footprint(layers=layers, output=info.output_bytes, compute=compute)
 
 
 @dataclass
@@ -144,7 +148,7 @@ def resolve(
     """Fill in the automatic GPU-layer counts; returns the options to load and a line saying what was chosen."""
     if not target_auto and not (draft is not None and draft_auto):
         return target, draft, ""
-    from fsd_local.llama import backend, gguf_info
+    from fsd_local.llama import backend, gguf_info, state_shape
 
     if target.rpc_servers:  # their devices count for the target only
         backend.add_rpc_servers(target.rpc_servers)
@@ -153,7 +157,9 @@ def resolve(
     rpc_free = sum(d.free for d in info.devices if d.is_rpc) if target.rpc_servers else 0
 
     def fp(o: ModelOptions, role: str) -> Footprint:
-        return footprint(gguf_info.read(o.path, role), o.n_ctx, o.cache_type_k, o.cache_type_v, o.n_batch, o.flash_attn)
+        i = gguf_info.read(o.path, role)
+        rows = state_shape.rows(i.architecture, o.n_seq, o.n_rs_seq, o.checkpoint)
+        return footprint(i, o.n_ctx, o.cache_type_k, o.cache_type_v, o.n_batch, o.flash_attn, rows)
 
     draft_device = draft.main_gpu if draft is not None and draft.main_gpu < len(gpus) else 0
     target_devices = [target.main_gpu] if target.split_mode == "none" and target.main_gpu < len(gpus) else None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fsd_local.errors import FSDError
 from fsd_local.llama.vocab import choose_path, header_problem
-from fsd_local.pairs.local import RECURRENT, Listing, LocalModel
+from fsd_local.pairs.local import Listing, LocalModel
 
 SIZE_RATIO_MAX = 0.5  # a draft of another family at most half the target's file
 CANDIDATES = 3  # per target, the smallest few such models are mapped
@@ -58,7 +58,6 @@ def candidates(target: LocalModel, models: list[LocalModel]) -> list[LocalModel]
         and m.path
         and m.size_bytes
         and m.size_bytes <= SIZE_RATIO_MAX * target.size_bytes
-        and m.architecture not in RECURRENT
         and header_problem(m.vocab, target.vocab) is not None
     ]
     return sorted(fits, key=lambda m: (m.size_bytes or 0, m.name))[:CANDIDATES]

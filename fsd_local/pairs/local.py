@@ -10,15 +10,6 @@ from fsd_local.llama.vocab import HeaderVocab, header_problem
 from fsd_local.pairs import stores
 from fsd_local.pairs.header_index import HeaderIndex
 
-# llama.cpp's recurrent and hybrid architectures (llm_arch_is_recurrent / is_hybrid in the pinned llama.cpp); the
-# loaded model's llama_model_is_recurrent / is_hybrid is the authority, this names them before loading. They stay
-# out of automatic draft choices until pairing them lands (issue 53, piece d)
-RECURRENT = {
-    *("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"),  # recurrent
-    *("jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe"),  # hybrid
-    *("qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp"),
-    *("deepseek4", "minimax-01"),
-}
 PROJECTORS = {"clip", "mmproj"}  # vision / audio projectors: not language models, never listed
 
 
@@ -114,13 +105,11 @@ def describe(entry: stores.Entry, index: HeaderIndex) -> LocalModel:
 
 def draft_problem(draft: LocalModel, target: LocalModel) -> str | None:
     """None if `draft` can draft for `target`: the same vocabulary (vocab.header_problem), a smaller file, not
-    the same model in another quantisation, not a recurrent architecture."""
+    the same model in another quantisation."""
     if draft.vocab is None or target.vocab is None or draft.size_bytes is None or target.size_bytes is None:
         return "no vocabulary to compare"
     if draft.path and target.path and os.path.realpath(draft.path) == os.path.realpath(target.path):
         return "the same file"
-    if draft.architecture in RECURRENT:
-        return f"{draft.architecture} keeps a recurrent state, which automatic pairing skips for now"
     if draft.size_bytes >= target.size_bytes:
         return "not smaller than the target"
     if (draft.architecture, draft.n_layer, draft.n_embd) == (target.architecture, target.n_layer, target.n_embd):

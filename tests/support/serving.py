@@ -7,6 +7,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+
+import httpx
 
 
 def free_port() -> int:
@@ -36,3 +39,17 @@ def start_serve(draft: str, target: str, *extra: str) -> tuple[subprocess.Popen,
         preexec_fn=ctrl_c_on,
     )
     return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_up(proc: subprocess.Popen, base: str, seconds: float = 120) -> None:
+    """Until the server at `base` answers /health (fails if the process exits first, or after `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "fsd-local serve did not start"
+        time.sleep(0.2)
