@@ -301,8 +301,7 @@ class Scheduler:
         if g.seq_id == self._probe:
             self._probe = None
         for m in g.models:
-            m.forget_unknown_tail(g.seq_id)
-            m.keep_common_prefix(g.seq, 0, g.seq_id)
+            m.leave(g.seq, g.seq_id)
         self.free.append(g.seq_id)
 
     # ------------------------------------------------------------------ one round of every active call
@@ -330,6 +329,7 @@ class Scheduler:
             if p is WAITING:
                 continue
             part = target_input(sl.g.ctx, len(target.seqs[sl.g.seq_id]), p)
+            target.checkpoint(sl.g.seq_id)  # a recurrent target without snapshots goes back here (else: nothing)
             try:
                 tb.add(sl.g.seq_id, part.tokens, f"from:{part.first_row}")
             except ContextOverflowError:  # the shared cells are full: this call ends at its length

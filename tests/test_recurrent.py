@@ -3,8 +3,8 @@ LFM2 (short-convolution and attention blocks) and a Mamba, both F32, sharing the
 
 They load as target and as draft and decode plainly (ar, draft-only, several sequences at once); a recurrent
 state without snapshots or a checkpoint cannot drop a suffix, so a rewind empties the sequence and the next
-decode evaluates the text again. Speculative modes with them: test_recurrent_rewind.py; several sequences at once
-of a recurrent model in a speculative mode are refused with a clear error.
+decode evaluates the text again. Speculative modes with them: test_recurrent_rewind.py (one sequence) and
+test_recurrent_batch.py (several at once).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import llama_cpp as lc
 import numpy as np
 import pytest
 
-from fsd_local import CacheTruncationError, Engine
+from fsd_local import Engine
 from fsd_local.llama.bindings import init_backend
 from fsd_local.llama.model import Model, ModelOptions
 from support.tinymodels import write_tiny_lfm2_gguf, write_tiny_mamba_gguf
@@ -199,6 +199,21 @@ def test_a_full_context_ends_the_reply_as_for_a_transformer(lfm2):
         assert eng.generate(PROMPT, max_tokens=5, **GREEDY).finish_detail == "max_tokens"
 
 
+def _together(eng: Engine, prompts: list[str], **settings) -> list[list[int]]:
+    """Each prompt's greedy token ids, all generated at once (a thread each)."""
+    out: dict[int, list[int]] = {}
+
+    def run(i: int, p: str) -> None:
+        out[i] = eng.generate(p, **settings, **GREEDY).token_ids
+
+    threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    return [out.get(i, []) for i in range(len(prompts))]
+
+
 def test_several_sequences_at_once_each_get_their_own_text(lfm2, mamba):
     prompts = ["the fox walks at night", "abc def", "the fox walks at night", "xyz, the owl"]
     for path in (lfm2, mamba):
@@ -207,17 +222,7 @@ def test_several_sequences_at_once_each_get_their_own_text(lfm2, mamba):
             for p in prompts:
                 eng.reset()
                 alone.append(eng.generate(p, max_tokens=32, **GREEDY).token_ids)
-            out: dict[int, list[int]] = {}
-
-            def run(i: int, p: str) -> None:
-                out[i] = eng.generate(p, max_tokens=32, **GREEDY).token_ids
-
-            threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(prompts)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=300)
-            assert [out.get(i) for i in range(len(prompts))] == alone
+            assert _together(eng, prompts, max_tokens=32) == alone
 
 
 def test_a_recurrent_draft_decodes_alone_in_draft_only(lfm2, tiny_pair):
@@ -232,12 +237,6 @@ def test_a_recurrent_draft_decodes_alone_in_draft_only(lfm2, tiny_pair):
         raw.close()
 
 
-def _assert_refusal(message: str, path: str, role: str, arch: str, mode: str) -> None:
-    assert f"{role} model {path} ({arch}) keeps a recurrent state" in message
-    assert f"mode {mode!r}" in message
-    assert "--mode ar" in message
-
-
 def test_a_target_without_snapshots_loads_with_a_checkpoint_as_a_draft_does(mamba, tiny_pair):
     draft, target = tiny_pair
     with Engine(target=mamba, draft=draft, n_ctx=128, n_threads=1) as eng:  # the default mode, fsd
@@ -248,21 +247,17 @@ def test_a_target_without_snapshots_loads_with_a_checkpoint_as_a_draft_does(mamb
         assert eng.draft.recurrent and eng.draft.rewinds
 
 
-def test_several_sequences_at_once_refuse_speculative_calls_and_run_plain_ones(mamba, tiny_pair):
+def test_several_sequences_at_once_run_speculative_calls_as_one_does(mamba, tiny_pair):
+    """A recurrent target of two sequences at once (a spare each for its checkpoints), prompt lookup or a draft
+    model: each call's greedy text is the target's own, as alone."""
     draft, _ = tiny_pair
-    with pytest.raises(CacheTruncationError) as info:  # the default mode, fsd: refused at load
-        Engine(target=mamba, draft=draft, n_ctx=256, n_threads=1, parallel=2)
-    _assert_refusal(str(info.value), mamba, "target", "mamba", "fsd")
-    with Engine(target=mamba, draft=draft, n_ctx=256, n_threads=1, mode="ar", parallel=2) as eng:
+    with Engine(target=mamba, draft=draft, n_ctx=256, n_threads=1, mode="ar") as eng:
+        alone = {p: eng.generate(p, max_tokens=12, **GREEDY).token_ids for p in (PROMPT, "a")}
+    with Engine(target=mamba, draft=draft, n_ctx=256, n_threads=1, parallel=2, draft_policy="fixed") as eng:
+        assert eng.target.n_seq == 2 and lc.llama_n_seq_max(eng.target.ctx) == 4 and eng.target.rewinds
         for mode, drafter in (("sd", "model"), ("fsd", "ngram")):
-            with pytest.raises(CacheTruncationError) as info:
-                eng.generate(PROMPT, max_tokens=4, mode=mode, drafter=drafter)
-            _assert_refusal(str(info.value), mamba, "target", "mamba", mode)
-        assert len(eng.generate(PROMPT, max_tokens=4, **GREEDY).token_ids) == 4
-    with Engine(target=mamba, n_ctx=256, n_threads=1, drafter="ngram", mode="ar", parallel=2) as eng:
-        with pytest.raises(CacheTruncationError) as info:
-            eng.generate(PROMPT, max_tokens=4, mode="fsd")  # prompt lookup rewinds the target as well
-        _assert_refusal(str(info.value), mamba, "target", "mamba", "fsd")
+            out = _together(eng, list(alone), max_tokens=12, mode=mode, drafter=drafter)
+            assert out == list(alone.values()), (mode, drafter)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -293,25 +288,15 @@ def test_cli_runs_a_recurrent_target_with_a_draft(mamba, tiny_pair):
     assert "Traceback" not in r.stderr and "[length] 8 tokens" in r.stderr
 
 
-def test_serve_defaults_to_one_request_at_a_time_for_a_recurrent_target_it_rewinds(mamba, tiny_pair):
-    """`serve` without --parallel: several slots for a transformer, one where the target's recurrent state is
-    rewound within a reply (said in a line); --parallel given is kept, and refused with the clear error."""
+def test_serve_gives_a_recurrent_target_the_default_slots(mamba, tiny_pair):
+    """`serve` without --parallel: the default number of slots, for a recurrent target as for a transformer."""
     from fsd_local.cli.options import load_engine
     from fsd_local.server.worker import default_parallel
     from fsd_local.settings import Settings
 
     draft, target = tiny_pair
-    said: list[str] = []
-    base = dict(draft=draft, pair=None, n_ctx=4096, n_threads=1, n_gpu_layers=0, draft_n_gpu_layers=0, say=said.append)
-    with load_engine(target=mamba, **base, settings=Settings(), parallel=None) as eng:
-        assert eng.parallel == 1 and len(eng.generate(PROMPT, max_tokens=4, **GREEDY).token_ids) == 4
-    assert [s for s in said if "recurrent" in s] == [
-        f"target {mamba} (mamba) keeps a recurrent state, rewound one request at a time: --parallel 1"
-    ]
-    with load_engine(target=mamba, **base, settings=Settings(mode="ar"), parallel=None) as eng:
-        assert eng.parallel == default_parallel(4096) > 1  # plain decoding rewinds nothing within a reply
-    with load_engine(target=target, **base, settings=Settings(), parallel=None) as eng:
-        assert eng.parallel == default_parallel(4096) > 1
-    with pytest.raises(CacheTruncationError) as info:
-        load_engine(target=mamba, **base, settings=Settings(), parallel=4)
-    _assert_refusal(str(info.value), mamba, "target", "mamba", "fsd")
+    base = dict(draft=draft, pair=None, n_ctx=4096, n_threads=1, n_gpu_layers=0, draft_n_gpu_layers=0)
+    for t in (mamba, target):
+        with load_engine(target=t, **base, settings=Settings(), parallel=None) as eng:
+            assert eng.parallel == default_parallel(4096) > 1
+            assert len(eng.generate(PROMPT, max_tokens=4, mode="sd", **GREEDY).token_ids) == 4

@@ -304,12 +304,6 @@ def test_a_regenerated_reply_and_an_edited_last_message_go_back_to_the_state_kep
 
 
 def test_what_cannot_be_rewound_is_refused_naming_the_model(models):
-    for target in ("hybrid_target", "mamba_like_llama"):  # several sequences at once: not yet
-        with pytest.raises(CacheTruncationError) as info:
-            Engine(target=models[target], draft=models["llama"], n_ctx=256, n_threads=1, parallel=2)
-        msg = str(info.value)
-        assert f"target model {models[target]} (" in msg and "keeps a recurrent state" in msg
-        assert "2 sequences at once (--parallel)" in msg and "--parallel 1" in msg and "--mode ar" in msg
     m = _model(models["mamba"])  # loaded by hand with neither snapshots nor a checkpoint
     try:
         with pytest.raises(CacheTruncationError) as info:

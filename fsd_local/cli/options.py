@@ -354,9 +354,10 @@ def load_engine(
     from fsd_local.llama.options import ModelOptions
     from fsd_local.llama.placement import resolve
     from fsd_local.round import rewind_options
+    from fsd_local.server.worker import default_parallel
 
     t, d, settings = models_and_settings(target, draft, pair, settings, say, demo_precision)
-    parallel = parallel or _default_parallel(t, d, settings, n_ctx, say)
+    parallel = parallel or default_parallel(n_ctx)
     rs, draft_rs = rewind_options(settings)  # as the Engine asks: the placement counts their state copies
     both = dict(n_threads=n_threads, n_seq=parallel, use_mmap=not no_mmap, use_mlock=mlock, main_gpu=main_gpu)
     both["flash_attn"] = {"on": True, "off": False, "auto": None}[flash_attn]
@@ -398,23 +399,6 @@ def load_engine(
     eng = (engine_class or Engine)(target=t_opts, draft=d_opts, settings=settings, parallel=parallel)
     say_pairing(eng, say)
     return eng
-
-
-def _default_parallel(target: str, draft: str | None, settings: Settings, n_ctx: int, say) -> int:
-    """serve's requests at once (server/worker.py), or 1 where the target keeps a recurrent state that `settings`
-    rewind: one sequence at a time (llama/kv_cache.py), said in a line."""
-    from fsd_local.llama.gguf_info import read
-    from fsd_local.llama.state_shape import RECURRENT
-    from fsd_local.server.worker import default_parallel
-
-    parallel = default_parallel(n_ctx)
-    if parallel <= 1 or not settings.rewound(target, draft):
-        return parallel
-    if (arch := read(target, "target").architecture) not in RECURRENT:
-        return parallel
-    if say:
-        say(f"target {target} ({arch}) keeps a recurrent state, rewound one request at a time: --parallel 1")
-    return 1
 
 
 def say_pairing(eng, say) -> None:

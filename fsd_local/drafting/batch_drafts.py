@@ -50,7 +50,7 @@ def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
         except ContextOverflowError:  # no room in the draft's cells: this call drafts nothing this round
             k = 0
         sch.k_counts[k] += 1
-    going = dict(picks)
+    going, first = dict(picks), True
     while going or db.n:
         rows_only = db.n == db.n_rows  # one token a sequence: a price for the batch policy
         m, t = db.n_rows, perf_counter()
@@ -58,7 +58,10 @@ def draft_all(sch: Any, slots: list[Any], ks: list[int]) -> list[Proposal]:
         d.synchronize()
         if rows_only:
             sch.prices.observe(sch.prices.draft, m, perf_counter() - t)
-        going = {i: pk for i, pk in going.items() if _next_draft(sch, slots[i], pk)}
+        for i in going if first else ():  # drafts decode one a call: a recurrent state goes back here (else: nothing)
+            if going[i].k > 1:
+                d.checkpoint(slots[i].g.seq_id)
+        going, first = {i: pk for i, pk in going.items() if _next_draft(sch, slots[i], pk)}, False
     share = (perf_counter() - t0) / len(picks) if picks else 0.0
     for i, pk in picks.items():
         ctx = slots[i].g.ctx

@@ -78,7 +78,8 @@ def _caches(m: dict) -> str:
     if (st := m["state"]) is None:
         return f"  at --ctx {m['n_ctx']}: {kv}"
     rows = [f"{st['sequences']} sequence{'s' if st['sequences'] > 1 else ''}"]
-    rows += ["a spare for its checkpoint"] if st["spare"] else []
+    spare = "a spare for its checkpoint" if st["spare"] == 1 else "a spare each for their checkpoints"
+    rows += [spare] if st["spare"] else []
     rows += [f"{st['snapshots']} snapshots each"] if st["snapshots"] else []
     return (
         f"  at --ctx {m['n_ctx']}: {kv}; recurrent state {_size(st['sequence_bytes'])} a sequence, "

@@ -22,16 +22,11 @@ def check_rewindable(models, mode: str) -> None:
     """Raise CacheTruncationError naming the first of `models`, those `mode` rewinds within a reply, whose recurrent
     state this engine cannot rewind (`SequenceCache.rewinds`)."""
     for m in models:
-        if m.recurrent and not m.rewinds:
-            if m.n_seq > 1:
-                why = f"with {m.n_seq} sequences at once (--parallel), which fsd-local cannot yet rewind"
-                fix = "--parallel 1, or decode it plainly with --mode ar"
-            else:  # a Model loaded by hand with neither (the engine asks for one or the other)
-                why = "loaded with neither snapshots nor a checkpoint (ModelOptions n_rs_seq, checkpoint)"
-                fix = "load it with checkpoint=True, or decode it plainly with --mode ar"
+        if m.recurrent and not m.rewinds:  # a Model loaded by hand (the engine asks for one or the other)
             raise CacheTruncationError(
-                f"{m.role} model {m.path} ({m.architecture}) keeps a recurrent state, {why}; mode {mode!r} rewinds "
-                f"it after every rejection: {fix}"
+                f"{m.role} model {m.path} ({m.architecture}) keeps a recurrent state, loaded with neither snapshots "
+                f"nor a checkpoint (ModelOptions n_rs_seq, checkpoint); mode {mode!r} rewinds it after every "
+                "rejection: load it with checkpoint=True, or decode it plainly with --mode ar"
             )
 
 
@@ -51,20 +46,20 @@ class SequenceCache:
     _shared: bool  # a unified cache: the sequences share its cells
     architecture: str
     recurrent: bool  # part of its state is recurrent (llama_model_is_recurrent / is_hybrid): no plain suffix drops
-    # how a recurrent state rewinds (docs/design.md, "Models with a recurrent state"): n_rs_seq, the trailing tokens
-    # of its last decode call llama.cpp keeps snapshots for; _spare, the sequence holding sequence 0's checkpoint
-    # (-1: none), _mark the tokens it holds (-1: none kept); _call, (end, tokens) of sequence 0's last decode call
-    # of several tokens, (0, 0) once anything shortened it
+    # how a recurrent state rewinds (docs/design.md, "Models with a recurrent state"), per sequence s: n_rs_seq, the
+    # trailing tokens of its last decode call llama.cpp keeps snapshots for; sequence _spare + s holds its
+    # checkpoint (_spare -1: none), _mark[s] the tokens it holds (-1: none kept); _call[s], (end, tokens) of its last
+    # decode call, (0, 0) once anything shortened it
     n_rs_seq: int
-    rewinds: bool  # a round can rewind it: no recurrent state, snapshots, or a spare
+    rewinds: bool  # a round can rewind it: no recurrent state, snapshots, or spares
     _spare: int
-    _mark: int
-    _call: tuple[int, int]
-    _saved: list[tuple[int, Any]]  # host copies of sequence 0's recurrent state, oldest first: (tokens, bytes)
+    _mark: list[int]
+    _call: list[tuple[int, int]]
+    _saved: list[list[tuple[int, Any]]]  # each sequence's host copies of its recurrent state, oldest first
 
     @property
     def redecodes(self) -> bool:
-        """Whether a rejection sends sequence 0 back to a checkpoint, so that the accepted text is decoded again."""
+        """Whether a rejection sends a sequence back to a checkpoint, so that the accepted text is decoded again."""
         return self._spare >= 0
 
     @property
@@ -92,10 +87,10 @@ class SequenceCache:
         """truncate for a recurrent state: by its snapshots where they hold position n, else back to the newest
         checkpoint or host copy of at most n tokens, else by emptying the sequence; returns how many it keeps."""
         toks = self.seqs[seq_id]
-        end, count = self._call
-        self._call = (0, 0)  # one rollback a decode call: llama.cpp keeps its pending snapshot index until the next
+        end, count = self._call[seq_id]
+        self._call[seq_id] = (0, 0)  # one rollback a decode call: llama.cpp keeps its pending snapshot index
         r = len(toks) - n
-        if seq_id == SEQ and r <= self.n_rs_seq and end == len(toks) and count > r:
+        if r <= self.n_rs_seq and end == len(toks) and count > r:
             # every dropped token came in the last decode call, and it had more: its snapshots hold the state at n.
             # Past that call, or all of it, seq_rm answers True on a wrong state (llama-cpp-notes.md)
             if not lc.llama_memory_seq_rm(self.mem, seq_id, n, -1):
@@ -104,75 +99,76 @@ class SequenceCache:
                     f"state back by {r} tokens within its {self.n_rs_seq} snapshots; decode it plainly with --mode ar"
                 )
             del toks[n:]  # (a model with snapshots has no checkpoint: Model._create_context)
-            self._forget_past(n)
+            self._forget_past(n, seq_id)
             return n
-        return self._go_back(n) if seq_id == SEQ else self._emptied(seq_id)
+        return self._go_back(n, seq_id)
 
-    def _go_back(self, n: int) -> int:
-        """Sequence 0 back to its newest checkpoint or host copy of at most n tokens, or emptied; returns its
+    def _go_back(self, n: int, s: int) -> int:
+        """Sequence s back to its newest checkpoint or host copy of at most n tokens, or emptied; returns its
         length. Those holding more are forgotten: the text past n may change."""
-        saved = max((m for m, _ in self._saved if m <= n), default=-1)
-        if 0 <= self._mark <= n and self._mark >= saved:
-            kept = self._restore()
-        elif saved < 0 or not self._load(saved):
-            return self._emptied(SEQ)
+        saved = max((m for m, _ in self._saved[s] if m <= n), default=-1)
+        if 0 <= self._mark[s] <= n and self._mark[s] >= saved:
+            kept = self._restore(s)
+        elif saved < 0 or not self._load(saved, s):
+            return self._emptied(s)
         else:
             kept = saved
-        self._forget_past(kept)
+        self._forget_past(kept, s)
         return kept
 
     def _emptied(self, seq_id: int) -> int:
         self.drop(seq_id)
         return 0
 
-    def keep_state(self) -> None:
-        """Copy sequence 0's recurrent state, as it is now, to the host (a transformer, or several sequences:
-        nothing): a later truncate to at least its length may go back to it. The newest SAVED_MAX are kept."""
-        n = len(self.tokens)
-        if not self.recurrent or self.n_seq > 1 or n == 0 or any(m == n for m, _ in self._saved):
+    def keep_state(self, s: int = SEQ) -> None:
+        """Copy sequence s's recurrent state, as it is now, to the host (a transformer: nothing): a later truncate
+        to at least its length may go back to it. The newest SAVED_MAX of each sequence are kept."""
+        n = len(self.seqs[s])
+        if not self.recurrent or n == 0 or any(m == n for m, _ in self._saved[s]):
             return
-        size = lc.llama_state_seq_get_size_ext(self.ctx, SEQ, PARTIAL)
+        size = lc.llama_state_seq_get_size_ext(self.ctx, s, PARTIAL)
         buf = (ctypes.c_uint8 * size)()
-        if size and lc.llama_state_seq_get_data_ext(self.ctx, buf, size, SEQ, PARTIAL) == size:
-            self._saved = [*self._saved, (n, buf)][-SAVED_MAX:]
+        if size and lc.llama_state_seq_get_data_ext(self.ctx, buf, size, s, PARTIAL) == size:
+            self._saved[s] = [*self._saved[s], (n, buf)][-SAVED_MAX:]
 
-    def _load(self, n: int) -> bool:
-        """Sequence 0 back to its host copy of n tokens, the attention past them dropped; False where llama.cpp
+    def _load(self, n: int, s: int) -> bool:
+        """Sequence s back to its host copy of n tokens, the attention past them dropped; False where llama.cpp
         refuses (the caller then empties it)."""
-        buf = next(b for m, b in self._saved if m == n)
-        if lc.llama_state_seq_set_data_ext(self.ctx, buf, len(buf), SEQ, PARTIAL) != len(buf):
+        buf = next(b for m, b in self._saved[s] if m == n)
+        if lc.llama_state_seq_set_data_ext(self.ctx, buf, len(buf), s, PARTIAL) != len(buf):
             return False
-        if not lc.llama_memory_seq_rm(self.mem, SEQ, n, -1):  # the recurrent state now ends at n: only attention
+        if not lc.llama_memory_seq_rm(self.mem, s, n, -1):  # the recurrent state now ends at n: only attention
             return False
-        del self.tokens[n:]
+        del self.seqs[s][n:]
         return True
 
-    def _forget_past(self, n: int) -> None:
-        """Forget the checkpoint and host copies of sequence 0 that hold more than n tokens."""
-        self._saved = [(m, b) for m, b in self._saved if m <= n]
-        if self._mark > n:
-            self._forget_checkpoint()
+    def _forget_past(self, n: int, s: int) -> None:
+        """Forget the checkpoint and host copies of sequence s that hold more than n tokens."""
+        self._saved[s] = [(m, b) for m, b in self._saved[s] if m <= n]
+        if self._mark[s] > n:
+            self._forget_checkpoint(s)
 
-    def checkpoint(self) -> None:
-        """Keep sequence 0's state as it is now, where the model has a spare sequence (ModelOptions.checkpoint on a
+    def checkpoint(self, s: int = SEQ) -> None:
+        """Keep sequence s's state as it is now, where the model has spare sequences (ModelOptions.checkpoint on a
         recurrent model; elsewhere this does nothing): a truncate to at least this length goes back to it."""
-        if self._spare < 0 or self._mark == len(self.tokens):
+        if self._spare < 0 or self._mark[s] == len(self.seqs[s]):
             return
-        lc.llama_memory_seq_rm(self.mem, self._spare, -1, -1)
-        lc.llama_memory_seq_cp(self.mem, SEQ, self._spare, -1, -1)  # cells shared: copied when sequence 0 decodes
-        self._mark = len(self.tokens)
+        spare = self._spare + s
+        lc.llama_memory_seq_rm(self.mem, spare, -1, -1)
+        lc.llama_memory_seq_cp(self.mem, s, spare, -1, -1)  # cells shared: the state copied when s decodes on
+        self._mark[s] = len(self.seqs[s])
 
-    def _restore(self) -> int:
-        """Sequence 0 back to its checkpoint (kept: a later rewind may go back to it again); returns its length."""
-        lc.llama_memory_seq_rm(self.mem, SEQ, -1, -1)
-        lc.llama_memory_seq_cp(self.mem, self._spare, SEQ, -1, -1)
-        del self.tokens[self._mark :]
-        return self._mark
+    def _restore(self, s: int) -> int:
+        """Sequence s back to its checkpoint (kept: a later rewind may go back to it again); returns its length."""
+        lc.llama_memory_seq_rm(self.mem, s, -1, -1)
+        lc.llama_memory_seq_cp(self.mem, self._spare + s, s, -1, -1)
+        del self.seqs[s][self._mark[s] :]
+        return self._mark[s]
 
-    def _forget_checkpoint(self) -> None:
-        if self._mark >= 0:
-            lc.llama_memory_seq_rm(self.mem, self._spare, -1, -1)
-            self._mark = -1
+    def _forget_checkpoint(self, s: int) -> None:
+        if self._mark[s] >= 0:
+            lc.llama_memory_seq_rm(self.mem, self._spare + s, -1, -1)
+            self._mark[s] = -1
 
     def forget_unknown_tail(self, seq_id: int = SEQ) -> None:
         """After an interruption: drop any cache positions beyond what the sequence's mirror records (a recurrent
@@ -180,35 +176,37 @@ class SequenceCache:
         if self._pos_max(seq_id) < len(self.seqs[seq_id]):
             return
         if self.recurrent:
-            self._call = (0, 0)
-            if seq_id == SEQ:
-                self._go_back(len(self.tokens))
-            else:
-                self.drop(seq_id)
+            self._call[seq_id] = (0, 0)
+            self._go_back(len(self.seqs[seq_id]), seq_id)
         else:
             lc.llama_memory_seq_rm(self.mem, seq_id, len(self.seqs[seq_id]), -1)
 
-    def leave(self, seq) -> None:
-        """After a call, whatever ended it (Ctrl-C, errors): sequence 0 a prefix of seq (`forget_unknown_tail`,
+    def leave(self, seq, seq_id: int = SEQ) -> None:
+        """After a call, whatever ended it (Ctrl-C, errors): sequence seq_id a prefix of seq (`forget_unknown_tail`,
         `keep_common_prefix`), its recurrent state kept there for a next turn (`keep_state`)."""
-        self.forget_unknown_tail()
-        self.keep_common_prefix(seq)
-        self.keep_state()
+        self.forget_unknown_tail(seq_id)
+        self.keep_common_prefix(seq, 0, seq_id)
+        self.keep_state(seq_id)
+
+    def forget_states(self) -> None:
+        """No sequence has a checkpoint, a decode call to roll back or a host copy (a new context, or all emptied)."""
+        self._mark, self._call = [-1] * self.n_seq, [(0, 0)] * self.n_seq
+        self._saved = [[] for _ in range(self.n_seq)]
 
     def clear(self) -> None:
         """Empty every sequence."""
         lc.llama_memory_clear(self.mem, True)
         for toks in self.seqs:
             toks.clear()
-        self._mark, self._call, self._saved = -1, (0, 0), []
+        self.forget_states()
 
     def drop(self, seq_id: int) -> None:
         """Empty one sequence (llama.cpp never refuses to remove a whole sequence); the others stay."""
         lc.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
         self.seqs[seq_id].clear()
-        if seq_id == SEQ:
-            self._forget_past(0)
-            self._call = (0, 0)
+        if self.recurrent:
+            self._forget_past(0, seq_id)
+            self._call[seq_id] = (0, 0)
 
     def keep_common_prefix(self, seq, start: int = 0, seq_id: int = SEQ) -> int:
         """Truncate sequence seq_id's cache to its longest common prefix with seq[:-1] (known equal below

@@ -182,23 +182,22 @@ class Model(SequenceCache):
         """The context (opts' sequences, sizes and KV types) and its batch for sequence 0, filled by vector
         writes."""
         # a recurrent state rewinds by snapshots where asked and the architecture keeps them (llama.cpp reads
-        # n_rs_seq back as 0 where it does not), else, with opts.checkpoint, by a spare sequence: it shares sequence
-        # 0's cells (a unified cache), its recurrent state copied only when sequence 0 decodes on. Never both
-        # (seq_cp ignores a pending snapshot index), and one sequence only: with snapshots llama.cpp splits a batch
-        # of several one sequence per ubatch
-        one = self.recurrent and opts.n_seq == 1
-        spare = opts.checkpoint and one and opts.n_rs_seq <= 0
-        self.ctx = self._new_context(opts, one and not spare, spare)
-        if opts.checkpoint and one and not spare and lc.llama_n_rs_seq(self.ctx) == 0:
-            lc.llama_free(self.ctx)  # no snapshots for this architecture (Mamba, RWKV, ...): a spare instead
+        # n_rs_seq back as 0 where it does not), else, with opts.checkpoint, by a spare sequence each: sequence
+        # n_seq + s shares sequence s's cells (a unified cache), its recurrent state copied only when s decodes on.
+        # Never both: seq_cp ignores a pending snapshot index
+        spare = opts.checkpoint and self.recurrent and opts.n_rs_seq <= 0
+        self.ctx = self._new_context(opts, self.recurrent and not spare, spare)
+        if opts.checkpoint and self.recurrent and not spare and lc.llama_n_rs_seq(self.ctx) == 0:
+            lc.llama_free(self.ctx)  # no snapshots for this architecture (Mamba, RWKV, ...): spares instead
             self.ctx, spare = None, True
             self.ctx = self._new_context(opts, False, True)
         self.n_ctx: int = lc.llama_n_ctx_seq(self.ctx)  # the most one sequence holds
         self.n_cells: int = lc.llama_n_ctx(self.ctx)  # every sequence's together
-        self.n_seq: int = lc.llama_n_seq_max(self.ctx) - spare
+        self.n_seq: int = lc.llama_n_seq_max(self.ctx) // (2 if spare else 1)
         self.n_rs_seq: int = lc.llama_n_rs_seq(self.ctx)  # 0 where the architecture has no snapshots
-        self._spare, self._mark, self._call, self._saved = (1 if spare else -1), -1, (0, 0), []
-        self.rewinds = not self.recurrent or (self.n_seq == 1 and (spare or self.n_rs_seq > 0))
+        self._spare = self.n_seq if spare else -1
+        self.forget_states()
+        self.rewinds = not self.recurrent or spare or self.n_rs_seq > 0
         self._shared = self.n_cells < self.n_seq * self.n_ctx  # a unified cache: the sequences share its cells
         self.n_batch: int = opts.n_batch
         self.mem: Any = lc.llama_get_memory(self.ctx)
@@ -219,7 +218,7 @@ class Model(SequenceCache):
         cp = lc.llama_context_default_params()
         cp.n_ctx = opts.n_ctx
         cp.n_batch = cp.n_ubatch = opts.n_batch
-        cp.n_seq_max = opts.n_seq + spare
+        cp.n_seq_max = opts.n_seq * (2 if spare else 1)
         cp.kv_unified = opts.kv_unified or spare
         cp.n_rs_seq = opts.n_rs_seq if snapshots else 0
         cp.n_threads = opts.n_threads or default_threads()
@@ -326,7 +325,7 @@ class Model(SequenceCache):
             if rc != 0:
                 self._failed(rc)
             self.tokens.extend(chunk)
-            self._call = (len(self.tokens), n)  # what a recurrent state's snapshots can roll back (kv_cache.py)
+            self._call[SEQ] = (len(self.tokens), n)  # what a recurrent state's snapshots can roll back (kv_cache.py)
             self.n_outputs = len(chunk) - min(len(chunk), max(0, first_row - start))
             if self.n_outputs > self._view_rows:  # llama.cpp may have grown (moved) its buffer: read it again
                 self._view_rows = 0
@@ -350,7 +349,7 @@ class Model(SequenceCache):
     def _failed(self, rc: int, seq_ids=(SEQ,)) -> None:
         # on failure llama.cpp restores the cache except after an abort or a fatal error; it may have grown (moved)
         # its output buffer before failing, so the view is read again
-        self._view_rows, self._call = 0, (0, 0)
+        self._view_rows, self._call = 0, [(0, 0)] * self.n_seq
         for s in seq_ids:
             del self.seqs[s][self._pos_max(s) + 1 :]
         raise RuntimeError(f"llama_decode failed for the {self.role} model (code {rc}): {recent_log()}")

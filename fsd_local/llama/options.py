@@ -30,9 +30,8 @@ class ModelOptions:
     n_seq: int = 1
     kv_unified: bool = True
     # where the model keeps a recurrent state (kv_cache.py): n_rs_seq, the trailing tokens of a decode call it can
-    # drop by llama.cpp's snapshots (architectures without them: none); checkpoint, where it gets no snapshots, one
-    # spare sequence holding an earlier state of sequence 0 (Model.checkpoint; one sequence only). Transformers
-    # ignore both
+    # drop by llama.cpp's snapshots (architectures without them: none); checkpoint, where it gets no snapshots, a
+    # spare sequence each holding an earlier state of its sequence (Model.checkpoint). Transformers ignore both
     n_rs_seq: int = 0
     checkpoint: bool = False
     main_gpu: int = 0

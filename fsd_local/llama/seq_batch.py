@@ -98,6 +98,7 @@ class SeqBatch:
         for seq_id, start, count, row, n_out in groups:
             m.seqs[seq_id].extend(self._token[start : start + count].tolist())
             self._rows[seq_id] = (row, n_out)
+            m._call[seq_id] = (len(m.seqs[seq_id]), count)  # what a recurrent state's snapshots can roll back
         m.n_outputs = n_rows
         m._view_rows = 0  # read the rows through llama_get_logits: batch order (module docstring)
 
