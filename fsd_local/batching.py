@@ -271,6 +271,8 @@ class Scheduler:
             for i in range(0, len(todo), m.n_batch) if eager else ():
                 b.add(g.seq_id, todo[i : i + m.n_batch], "none")
                 b.decode()
+            if eager:
+                m.keep_state(g.seq_id)  # a recurrent state at the prompt's end: a regenerated reply goes back to it
         g.stats.prompt_seconds = perf_counter() - t0
 
     def chunk_for(self, m: Model) -> int:

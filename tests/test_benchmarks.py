@@ -42,10 +42,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             pair + TINY + ["--repeats", "2", "--tokens", "4", "--prompts", "1", "--light-vocab", "400"],
             "own us/round",
         ),
-        "budget_lumps": (
-            pair + TINY + ["--prompts", "1", "--tokens", "6", "--budgets", "0.1"],
-            "loss per rescue",
-        ),
+        "budget_lumps": (pair + TINY + ["--prompts", "1", "--tokens", "6", "--budgets", "0.1"], "loss per rescue"),
         "budget_bound": (pair + TINY + ["--prompts", prompts, "--tokens", "6", "--budgets", "0.1"], "B 0.1, "),
         "carry_cost": (["--draft-vocab", "50", "--target-vocab", "80", "--repeats", "1"], "us a round of 4"),
         "cold_auto": (
@@ -68,6 +65,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             pair + TINY + ["--asks", "1", "--tokens", "8", "--configs", "sd-k4"],
             "sd-k4 ",
         ),
+        "recurrent_batch": (TINY + ["--rounds", "2"], "hybrid, snapshots"),
         "record_traces": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--out", str(tmp / "t.json")], "written"),
         "repack_cost": (pair + TINY + ["--tokens", "4", "--repeats", "1"], "no-repack / repack"),
         "rules_frontier": (

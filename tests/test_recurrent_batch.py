@@ -126,6 +126,18 @@ def test_greedy_sd_and_fsd_in_a_batch_of_4_equal_ar_alone_and_each_state_is_its_
                 np.testing.assert_allclose(got, want, rtol=0, atol=OTHER_CALLS, err_msg=f"{m.role} sequence {s}")
 
 
+@pytest.mark.parametrize("target", ["hybrid_target", "mamba_like_llama"])
+def test_a_regenerated_reply_in_a_batch_goes_back_to_its_prompts_state(models, target):
+    """A call that joins an idle batch keeps its target's state at the prompt's end: the same prompt again (its
+    sequence the one holding the longest common prefix) evaluates one token, and answers the same."""
+    with Engine(target=models[target], draft=models["llama"], n_ctx=1024, n_threads=1, parallel=2) as eng:
+        prompt = eng.tokenize(PROMPTS[0])
+        first = eng.generate(prompt, mode="sd", draft_policy="fixed", draft_max=K, max_tokens=24, **GREEDY)
+        again = eng.generate(prompt, mode="sd", draft_policy="fixed", draft_max=K, max_tokens=24, **GREEDY)
+        assert first.stats["drafted"] > 0 and first.stats["prompt_evaluated"] == len(prompt)
+        assert again.stats["prompt_evaluated"] == 1 and again.token_ids == first.token_ids
+
+
 def test_serve_runs_a_hybrid_pair_several_requests_at_once(models):
     target, draft = models["hybrid_target"], models["hybrid_draft"]
     hello = [[{"role": "user", "content": p}] for p in PROMPTS]
