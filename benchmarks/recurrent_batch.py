@@ -1,6 +1,7 @@
-"""What a verify decode of several sequences costs a hybrid target, rewound by snapshots or by a spare sequence's
-checkpoint each, beside a transformer of the same shape: llama.cpp splits a batch of recurrent sequences into
-ubatches of equal length per sequence, so counts that differ between sequences cost more ubatches.
+"""What a verify decode of several sequences costs a hybrid target, rewound by a spare sequence's checkpoint each
+(one sequence alone: by snapshots, as the engine loads it), beside a transformer of the same shape: llama.cpp
+splits a batch of recurrent sequences into ubatches of equal length per sequence, so counts that differ between
+sequences cost more ubatches.
 
 Each sequence first holds 50 tokens; then each round checkpoints every sequence, decodes its `counts` tokens with
 logits on every row (a verify batch) and rolls it back to the first (snapshots) or to the checkpoint (spares).
@@ -36,7 +37,8 @@ def models(directory: Path) -> dict[str, tuple[Path, int]]:
     wide = {"n_embd": 512, "n_ff": 1536, "n_head": 8}
     hybrid = write_tiny_lfm2_gguf(directory / "lfm2-wide.gguf", layers="ccacca", **wide)
     transformer = write_tiny_gguf(directory / "llama-wide.gguf", n_layer=6, **wide)
-    return {"hybrid, snapshots": (hybrid, 5), "hybrid, spares": (hybrid, 0), "transformer": (transformer, 0)}
+    # as the engine loads a target: snapshots for one sequence, spares for several (llama/model.py)
+    return {"hybrid, as loaded": (hybrid, 5), "hybrid, spares": (hybrid, 0), "transformer": (transformer, 0)}
 
 
 def verify_seconds(path: Path, n_rs_seq: int, counts: list[int], rounds: int, threads: int) -> tuple[float, float]:

@@ -65,7 +65,7 @@ def _args(name: str, target: str, draft: str, tmp: Path, prompts: str) -> tuple[
             pair + TINY + ["--asks", "1", "--tokens", "8", "--configs", "sd-k4"],
             "sd-k4 ",
         ),
-        "recurrent_batch": (TINY + ["--rounds", "2"], "hybrid, snapshots"),
+        "recurrent_batch": (TINY + ["--rounds", "2"], "hybrid, as loaded"),
         "record_traces": (pair + TINY + ["--prompts", "1", "--tokens", "4", "--out", str(tmp / "t.json")], "written"),
         "repack_cost": (pair + TINY + ["--tokens", "4", "--repeats", "1"], "no-repack / repack"),
         "rules_frontier": (

@@ -15,7 +15,7 @@ import pytest
 
 from fsd_local.server import BackgroundServer
 from fsd_local.settings import CHAT_DEFAULTS
-from support.serving import start_serve
+from support.serving import start_serve, wait_up
 
 HELLO = [{"role": "user", "content": "hello there"}]
 TIMEOUT = 30  # seconds; every wait below is bounded
@@ -299,7 +299,7 @@ def test_fsd_local_serve_on_the_demo_pair_through_the_ollama_client(real_pair):
     )
     proc, url = start_serve(d, t, *args)
     try:
-        _wait_up(proc, url)
+        wait_up(proc, url, path="/api/version")
         c = ollama.Client(host=url, timeout=120)
         assert [m.model for m in c.list().models] == ["demo:latest"]
         shown = c.show("demo:latest")
@@ -335,18 +335,3 @@ def test_fsd_local_serve_on_the_demo_pair_through_the_ollama_client(real_pair):
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=TIMEOUT)
     assert "Ollama's API on" in out
-
-
-def _wait_up(proc, url):
-    import time
-
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        try:
-            if httpx.get(url + "/api/version", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "fsd-local serve did not start"
-        time.sleep(0.2)

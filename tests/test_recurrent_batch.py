@@ -1,6 +1,6 @@
 """Several sequences at once of models that keep a recurrent state, on tiny F32 GGUFs the suite writes: in one
-batch decode each sequence's verify rolls back by its own snapshots (a hybrid target) or goes back to its own spare
-sequence's checkpoint (a Mamba target, every draft), so greedy sd and fsd at tau 0 in a batch of 4 give what ar
+batch decode each sequence goes back to its own spare sequence's checkpoint (snapshots are for one sequence only),
+so greedy sd and fsd at tau 0 in a batch of 4 give what ar
 gives alone, each sequence's state is its text afterwards, and serve runs such a pair several requests at once
 (docs/design.md, "Models with a recurrent state")."""
 
@@ -24,6 +24,19 @@ from support.serving import start_serve, wait_up
 GREEDY = {"temperature": 0, "ignore_eos": True}
 K = 4
 N_SEQ = 3
+# A batch decodes a sequence in other shapes than it alone, and llama.cpp's sums then round differently (by up to
+# ~6e-4 on these models: OTHER_CALLS), so a greedy reply is the same only where each token leads its runner-up by
+# more. These prompts' references lead by MARGIN at every token, for every target here (checked by `_decided`)
+MARGIN = 5e-3
+TEXTS = ["a very the", "the old sings on", "old on ran at dog", "a sea owl"]  # for generate, 64 tokens
+ASKS = ["old on ran at dog", "a sea owl", "sat dog the fox very", "sat far man"]  # for chat, 24 tokens
+
+
+def _decided(c):
+    """c (a reference reply with top_logprobs=2), after checking each token leads its runner-up by MARGIN."""
+    lead = min(top[0][1] - top[1][1] for top in c.top_logprobs)
+    assert lead >= MARGIN, f"the reference has a near tie ({lead:.1e}): a batch may round it the other way"
+    return c
 
 
 def _next_logits_of(m, b: SeqBatch, s: int, seq: list[int]) -> np.ndarray:
@@ -74,7 +87,7 @@ def test_a_rejection_in_one_batch_rewinds_each_sequence_to_its_accepted_text(mod
             nxt = int(np.argmax(tb.rows(s)[j])) if j == K else (drafts[s][j] + 1) % 290  # draft j rejected
             accepted.append(text + drafts[s][:j] + [nxt])
             kept = t.keep_common_prefix(accepted[s], 0, s)
-            assert kept == (len(text) + j if kind == "hybrid" or j == K else len(text) - 1), (s, j)
+            assert kept == (len(text) + j if j == K else len(text) - 1), (s, j)  # several: spares, no snapshots
             assert d.keep_common_prefix(accepted[s], 0, s) == len(text) + (min(j, K - 1) if j >= K - 1 else 0)
         for m, b in ((t, tb), (d, db)):
             for s, seq in enumerate(accepted):
@@ -108,16 +121,17 @@ def test_greedy_sd_and_fsd_in_a_batch_of_4_equal_ar_alone_and_each_state_is_its_
     sequence emptied on the way (`_emptied`, counted) would be a rewind that lost its state."""
     target, draft = (models[n] for n in PAIRS[pair])
     with Engine(target=target, draft=draft, n_ctx=512, n_threads=1) as eng:
-        alone = [eng.generate(p, mode="ar", max_tokens=64, **GREEDY).token_ids for p in PROMPTS]
+        refs = [eng.generate(p, mode="ar", max_tokens=64, logprobs=True, top_logprobs=2, **GREEDY) for p in TEXTS]
+        alone = [_decided(r).token_ids for r in refs]
     emptied = []
     keep = SequenceCache._emptied
     monkeypatch.setattr(SequenceCache, "_emptied", lambda m, s: emptied.append((m.role, s)) or keep(m, s))
     with Engine(target=target, draft=draft, n_ctx=2048, n_threads=1, parallel=4, draft_policy="fixed") as eng:
-        out = _together(eng, PROMPTS, mode=mode, tau=0.0, draft_max=K, max_tokens=64)
+        out = _together(eng, TEXTS, mode=mode, tau=0.0, draft_max=K, max_tokens=64)
         assert [o.token_ids for o in out] == alone
         assert all(o.stats["drafted"] > 0 for o in out) and emptied == []
         for m in (eng.target, eng.draft):  # each sequence a prefix of one reply's text, and continuing as it does
-            texts = [eng.tokenize(p) + a for p, a in zip(PROMPTS, alone)]
+            texts = [eng.tokenize(p) + a for p, a in zip(TEXTS, alone)]
             b = SeqBatch(m)
             for s in range(4):
                 seq = next(x for x in texts if m.seqs[s] == x[: len(m.seqs[s])])
@@ -140,9 +154,10 @@ def test_a_regenerated_reply_in_a_batch_goes_back_to_its_prompts_state(models, t
 
 def test_serve_runs_a_hybrid_pair_several_requests_at_once(models):
     target, draft = models["hybrid_target"], models["hybrid_draft"]
-    hello = [[{"role": "user", "content": p}] for p in PROMPTS]
+    hello = [[{"role": "user", "content": p}] for p in ASKS]
     with Engine(target=target, draft=draft, n_ctx=2048, n_threads=1) as eng:
-        alone = [eng.chat(h, max_tokens=24, mode="ar", temperature=0).text for h in hello]
+        refs = [eng.chat(h, max_tokens=24, mode="ar", temperature=0, logprobs=True, top_logprobs=2) for h in hello]
+        alone = [_decided(r).text for r in refs]
     proc, url = start_serve(draft, target, "--ctx", "2048", "--parallel", "4", "--draft-policy", "fixed")
     try:
         wait_up(proc, url)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from test_engine import _next_logits
+from test_recurrent_batch import ASKS, _decided
 from test_recurrent_rewind import OTHER_CALLS, _fresh_logits
 
 from fsd_local import CacheTruncationError, Engine
@@ -205,9 +206,9 @@ def test_serve_answers_both_apis_with_a_hybrid_pair(models):
     import openai
 
     target, draft = models["hybrid_target"], models["hybrid_draft"]
-    hello = [{"role": "user", "content": PROMPT}]
+    hello = [{"role": "user", "content": ASKS[1]}]  # two at once: a reply with no near tie (test_recurrent_batch)
     with Engine(target=target, draft=draft, n_ctx=2048, n_threads=1) as eng:
-        alone = eng.chat(hello, max_tokens=24, mode="ar", temperature=0).text
+        alone = _decided(eng.chat(hello, max_tokens=24, mode="ar", temperature=0, logprobs=True, top_logprobs=2)).text
         o_alone = eng.chat(hello, max_tokens=24, mode="ar", **{**CHAT_DEFAULTS, "temperature": 0.0}).text
     proc, url = start_serve(draft, target, "--ctx", "2048", "--draft-policy", "fixed", "--draft-max", "4")
     try:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
 import httpx
 import pytest
 
 from fsd_local.server import BackgroundServer
 from fsd_local.server.security import AccessPolicy
-from support.serving import start_serve
+from support.serving import start_serve, wait_up
 
 HELLO = [{"role": "user", "content": "hello there"}]
 TIMEOUT = 20
@@ -138,16 +137,7 @@ def test_fsd_local_serve_takes_the_options_and_the_environment(tiny_pair, monkey
     monkeypatch.setenv("FSD_LOCAL_ORIGINS", "http://from-env.example, http://other.example")
     proc, url = start_serve(d, t, "--allow-origin", "http://from-flag.example", "--allow-host", "box.lan")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "fsd-local serve did not start"
-            time.sleep(0.1)
+        wait_up(proc, url, 60)
         for origin, status in (
             ("http://from-flag.example", 200),
             ("http://from-env.example", 200),

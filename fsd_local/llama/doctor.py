@@ -22,7 +22,7 @@ def model_summary(path: str, role: str, opts: ModelOptions | None = None) -> dic
     info = gguf_info.read(path, role)
     opts = opts or ModelOptions(path)
     spare, snapshots = state_shape.copies(info.architecture, opts.n_seq, opts.n_rs_seq, opts.checkpoint)
-    rows = (opts.n_seq + spare) * (1 + snapshots)
+    rows = state_shape.rows(info.architecture, opts.n_seq, opts.n_rs_seq, opts.checkpoint)
     one = info.state_bytes * sum(info.recurrent)  # one sequence's recurrent state, every layer's
     kv = info.kv_bytes(opts.n_ctx, KV_TYPES[opts.cache_type_k], KV_TYPES[opts.cache_type_v])
     return {

@@ -184,10 +184,12 @@ class Model(SequenceCache):
         # a recurrent state rewinds by snapshots where asked and the architecture keeps them (llama.cpp reads
         # n_rs_seq back as 0 where it does not), else, with opts.checkpoint, by a spare sequence each: sequence
         # n_seq + s shares sequence s's cells (a unified cache), its recurrent state copied only when s decodes on.
-        # Never both: seq_cp ignores a pending snapshot index
-        spare = opts.checkpoint and self.recurrent and opts.n_rs_seq <= 0
-        self.ctx = self._new_context(opts, self.recurrent and not spare, spare)
-        if opts.checkpoint and self.recurrent and not spare and lc.llama_n_rs_seq(self.ctx) == 0:
+        # Never both (seq_cp ignores a pending snapshot index), and snapshots for one sequence only: several
+        # sequences in one decode leave some rolled back wrong (docs/measurements/recurrent-batch.md)
+        one = self.recurrent and opts.n_seq == 1
+        spare = opts.checkpoint and self.recurrent and (opts.n_rs_seq <= 0 or not one)
+        self.ctx = self._new_context(opts, one and not spare, spare)
+        if opts.checkpoint and one and not spare and lc.llama_n_rs_seq(self.ctx) == 0:
             lc.llama_free(self.ctx)  # no snapshots for this architecture (Mamba, RWKV, ...): spares instead
             self.ctx, spare = None, True
             self.ctx = self._new_context(opts, False, True)

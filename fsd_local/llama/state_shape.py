@@ -72,8 +72,8 @@ def row_bytes(meta: dict, n_embd: int, n_head: int) -> int:
 
 def copies(arch: str, n_seq: int, n_rs_seq: int, checkpoint: bool) -> tuple[int, int]:
     """(spare sequences, snapshots a row) that a context of these options takes, as Model._create_context asks: a
-    spare a sequence for its checkpoints where there are no snapshots."""
-    snapshots = n_rs_seq if arch in SNAPSHOTS else 0
+    spare a sequence for its checkpoints where there are no snapshots (several sequences have none)."""
+    snapshots = n_rs_seq if arch in SNAPSHOTS and n_seq == 1 else 0
     return (n_seq if checkpoint and snapshots == 0 else 0), snapshots
 
 

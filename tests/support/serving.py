@@ -41,13 +41,13 @@ def start_serve(draft: str, target: str, *extra: str) -> tuple[subprocess.Popen,
     return proc, f"http://127.0.0.1:{port}"
 
 
-def wait_up(proc: subprocess.Popen, base: str, seconds: float = 120) -> None:
-    """Until the server at `base` answers /health (fails if the process exits first, or after `seconds`)."""
+def wait_up(proc: subprocess.Popen, base: str, seconds: float = 120, path: str = "/health") -> None:
+    """Until the server at `base` answers `path` (fails if the process exits first, or after `seconds`)."""
     deadline = time.monotonic() + seconds
     while True:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
         try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
+            if httpx.get(base + path, timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass
